@@ -1,0 +1,97 @@
+"""Typed, fail-fast configuration.
+
+Each service declares a frozen dataclass subclass of ``Settings``; ``from_env()`` reads one environment
+variable per field (``ELASTICO_<FIELD>`` upper-cased, e.g. ``ELASTICO_PORT``), converts it to the
+field's type and validates it, raising ``ConfigError`` with the variable's name and the reason. A
+service with a wrong setting refuses to start instead of misbehaving later. Units are in field names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Self
+
+from elastico.errors import ConfigError
+
+ENV_PREFIX = "ELASTICO_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("auto", "json", "console")
+
+
+def _parse(raw: str, tp: Any, var: str) -> Any:
+    try:
+        if tp is bool:
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected one of 1/0/true/false/yes/no/on/off")
+        if tp is int:
+            return int(raw)
+        if tp is float:
+            return float(raw)
+        if tp is str:
+            return raw
+    except ValueError as exc:
+        raise ConfigError(f"{var}={raw!r}: not a valid {tp.__name__} ({exc})") from None
+    raise ConfigError(f"{var}: unsupported setting type {tp!r}")  # pragma: no cover - programming error
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Settings every service shares."""
+
+    service_name: str = "elastico"  # set by each subclass; names the service in logs and metrics
+    host: str = "127.0.0.1"  # interface the gRPC server binds
+    port: int = 0  # gRPC port; 0 = pick a free one (printed at start-up)
+    metrics_port: int = -1  # Prometheus /metrics HTTP port; 0 = pick a free one; -1 = disabled
+    log_level: str = "info"  # debug, info, warning, error
+    log_format: str = "auto"  # json, console, or auto (console on a TTY, JSON otherwise)
+    shutdown_grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM
+    redis_url: str = ""  # redis://host:port/db of the shared state; "" = service does not use Redis
+    port_file: str = ""  # if set, the bound gRPC port is written here (for supervisors using port 0)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Self:
+        """Build settings from ``ELASTICO_*`` variables (``env`` defaults to ``os.environ``).
+
+        Raises:
+            ConfigError: a variable does not parse or a value is out of range; the message names it.
+        """
+        env = os.environ if env is None else env
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            var = ENV_PREFIX + f.name.upper()
+            if f.name in overrides:
+                values[f.name] = overrides[f.name]
+            elif var in env:
+                values[f.name] = _parse(env[var], hints[f.name], var)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Check ranges; subclasses extend it and call ``super().validate()``."""
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"ELASTICO_PORT={self.port}: must be in [0, 65535]")
+        if not -1 <= self.metrics_port <= 65535:
+            raise ConfigError(f"ELASTICO_METRICS_PORT={self.metrics_port}: must be -1 (off) or in [0, 65535]")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"ELASTICO_LOG_LEVEL={self.log_level!r}: must be one of {', '.join(LOG_LEVELS)}")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"ELASTICO_LOG_FORMAT={self.log_format!r}: must be one of {', '.join(LOG_FORMATS)}")
+        if self.shutdown_grace_s < 0:
+            raise ConfigError(f"ELASTICO_SHUTDOWN_GRACE_S={self.shutdown_grace_s}: must be >= 0")
+        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"ELASTICO_REDIS_URL={self.redis_url!r}: must start with redis://, rediss:// or unix://")
+
+    def require_redis(self) -> None:
+        """Fail fast for services that cannot work without shared state."""
+        if not self.redis_url:
+            raise ConfigError(f"ELASTICO_REDIS_URL is required by the {self.service_name} service")

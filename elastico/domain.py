@@ -1,0 +1,279 @@
+"""Domain model of ElastiCo: frozen dataclasses shared by every service and the simulator.
+
+These types carry no protobuf, gRPC or Redis dependency. Protobuf <-> domain conversion happens once,
+at the servicer edge (``elastico.rpc.convert``); storage encoding lives in ``elastico.state.codec``.
+Times are float seconds since the Unix epoch (``*_s``) unless named otherwise.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from dataclasses import dataclass, field
+
+from elastico.errors import InvalidSpec
+
+
+class JobKind(enum.Enum):
+    """Training runs a fixed number of steps; inference serves a rate until cancelled."""
+
+    TRAINING = "training"
+    INFERENCE = "inference"
+
+
+class JobState(enum.Enum):
+    """Job lifecycle; see ``JobState`` in ``types.proto`` for the transitions."""
+
+    PENDING = "pending"
+    PLACED = "placed"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        """True when no further transition is possible."""
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class StateReason(enum.Enum):
+    """Why a job is in its state; "unschedulable now" and "never schedulable" stay distinct."""
+
+    SUBMITTED = "submitted"
+    UNSCHEDULABLE_NOW = "unschedulable_now"
+    NEVER_SCHEDULABLE = "never_schedulable"
+    PLACED = "placed"
+    STARTED = "started"
+    COMPLETED = "completed"
+    OWN_FAILURE = "own_failure"
+    COTENANT_FAULT = "cotenant_fault"
+    PREEMPTED = "preempted"
+    RESIZED = "resized"
+    NODE_LOST = "node_lost"
+    CANCELLED_BY_CLIENT = "cancelled_by_client"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One feasible resource configuration of a job."""
+
+    num_gpus: int  # GPUs of one type, gang-placed
+    compute_share_pct: float  # MPS active-thread percentage on each GPU, (0, 100]
+    mem_mib: int  # pinned device memory limit on each GPU, MiB
+    batch_size: int = 0  # per-GPU batch size in this shape; 0 = the job's own
+    gpu_type: str = ""  # GPU type; "" = any
+    throughput: float = 0.0  # isolated throughput in this shape, steps/s or requests/s
+
+
+@dataclass(frozen=True)
+class TrainingWork:
+    """Work of a training job."""
+
+    total_steps: int  # steps to completion
+    max_slowdown: float = 0.0  # co-location floor 1/max_slowdown of isolated speed; 0 = policy default
+
+
+@dataclass(frozen=True)
+class InferenceWork:
+    """Work of an inference service."""
+
+    demand_rps: float  # offered request rate, requests/s
+    latency_slo_ms: float  # latency objective, milliseconds
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a client asks for."""
+
+    kind: JobKind
+    name: str = ""  # human-readable, not unique
+    tenant: str = "default"  # owner, for fairness and quotas
+    priority: int = 0  # higher is more important
+    model_family: str = ""  # e.g. "ResNet-50"; drives interference prediction
+    batch_size: int = 0  # per-GPU batch size
+    precision: str = "fp32"  # "fp32", "amp", "bf16"...
+    shapes: tuple[Shape, ...] = ()  # explicit shape family; () = derive from profiles
+    training: TrainingWork | None = None  # set iff kind is TRAINING
+    inference: InferenceWork | None = None  # set iff kind is INFERENCE
+    command: str = ""  # command line for the node agent; "" = built-in synthetic workload
+    labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
+
+
+@dataclass(frozen=True)
+class GpuSlice:
+    """A compute share and a memory limit on one GPU, granted to one job."""
+
+    node_id: str
+    gpu_index: int  # index on the node (CUDA_VISIBLE_DEVICES order)
+    compute_share_pct: float  # (0, 100]
+    mem_mib: int  # MiB
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and in which shape a job runs."""
+
+    job_id: str
+    shape_index: int  # index into the job's shape family
+    shape: Shape
+    slices: tuple[GpuSlice, ...]  # one per GPU of the shape
+    epoch: int = 0  # leader epoch (fencing token) of the committing allocator
+    committed_at_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as the allocator knows it."""
+
+    job_id: str
+    request_id: str  # idempotency key of its SubmitJob
+    spec: JobSpec
+    state: JobState = JobState.PENDING
+    reason: StateReason = StateReason.SUBMITTED
+    message: str = ""  # human-readable detail of the reason
+    placement: Placement | None = None  # set while PLACED or RUNNING
+    progress_steps: float = 0.0  # training steps done
+    restarts: int = 0  # restarts after preemption, resize or faults
+    version: int = 0  # optimistic-concurrency version; the store sets it
+    submitted_at_s: float = 0.0
+    updated_at_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class GpuCounters:
+    """Hardware counters; None = unknown."""
+
+    sm_util_pct: float | None = None  # GPU or SM-occupancy utilisation, percent
+    mem_bw_util_pct: float | None = None  # memory-bandwidth utilisation, percent
+    mem_used_mib: float | None = None  # device memory in use, MiB
+    tensor_util_pct: float | None = None  # tensor-pipe activity, percent
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU of a node."""
+
+    index: int
+    uuid: str
+    gpu_type: str  # e.g. "v100"
+    mem_total_mib: int  # MiB
+    allocated_share_pct: float = 0.0  # MPS shares committed to it, percent
+    allocated_mem_mib: int = 0  # memory limits committed to it, MiB
+    counters: GpuCounters = field(default_factory=GpuCounters)
+    healthy: bool = True  # False while drained
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node as its agent reports it."""
+
+    node_id: str
+    address: str  # host:port of its NodeAgent endpoint
+    gpu_backend: str  # "nvml" or "simulated"
+    gpus: tuple[GpuInfo, ...]
+    last_heartbeat_s: float = 0.0
+    ready: bool = True
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One job's process on a node."""
+
+    job_id: str
+    gpu_indices: tuple[int, ...]
+    compute_share_pct: float  # MPS active-thread percentage at launch
+    mem_mib: int  # MPS pinned memory limit at launch, MiB
+    status: str = "starting"  # starting, running, succeeded, failed, killed
+    pid: int = 0
+    progress_steps: float = 0.0
+    throughput: float = 0.0  # observed steps/s or requests/s
+    started_at_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """A change of a job's state, as appended to the event stream."""
+
+    event_id: str  # assigned by the store; monotonically increasing
+    job_id: str
+    state: JobState
+    reason: StateReason
+    message: str = ""
+    version: int = 0  # job record version after the change
+    time_s: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Validation: every check names the offending field with a dotted path, so the gRPC layer can answer
+# INVALID_ARGUMENT with it.
+
+REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+TENANT_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+MAX_GPUS_PER_JOB = 1024
+
+
+def _finite_positive(value: float, path: str, *, upper: float | None = None) -> None:
+    if not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
+        raise InvalidSpec(path, f"must be a finite number, got {value!r}")
+    if value <= 0:
+        raise InvalidSpec(path, f"must be > 0, got {value!r}")
+    if upper is not None and value > upper:
+        raise InvalidSpec(path, f"must be <= {upper}, got {value!r}")
+
+
+def validate_request_id(request_id: str, path: str = "request_id") -> None:
+    """Raise InvalidSpec unless ``request_id`` is a usable idempotency key."""
+    if not REQUEST_ID_RE.match(request_id or ""):
+        raise InvalidSpec(path, "must be 1-128 characters of [A-Za-z0-9._:-]")
+
+
+def validate_shape(shape: Shape, path: str) -> None:
+    """Raise InvalidSpec naming the first malformed field of ``shape``."""
+    if not 1 <= shape.num_gpus <= MAX_GPUS_PER_JOB:
+        raise InvalidSpec(f"{path}.num_gpus", f"must be in [1, {MAX_GPUS_PER_JOB}], got {shape.num_gpus}")
+    _finite_positive(shape.compute_share_pct, f"{path}.compute_share_pct", upper=100.0)
+    if shape.mem_mib <= 0:
+        raise InvalidSpec(f"{path}.mem_mib", f"must be > 0, got {shape.mem_mib}")
+    if shape.batch_size < 0:
+        raise InvalidSpec(f"{path}.batch_size", f"must be >= 0, got {shape.batch_size}")
+    if math.isnan(shape.throughput) or math.isinf(shape.throughput) or shape.throughput < 0:
+        raise InvalidSpec(f"{path}.throughput", f"must be a finite number >= 0, got {shape.throughput!r}")
+
+
+def validate_job_spec(spec: JobSpec, path: str = "spec") -> None:
+    """Raise InvalidSpec naming the first malformed field of ``spec``.
+
+    Checks structure only; whether any GPU of the cluster can host the job is the allocator's
+    business (``Infeasible`` / NEVER_SCHEDULABLE), not a malformed request.
+    """
+    if not TENANT_RE.match(spec.tenant or ""):
+        raise InvalidSpec(f"{path}.tenant", "must be 1-64 characters of [A-Za-z0-9._-]")
+    if len(spec.name) > 253:
+        raise InvalidSpec(f"{path}.name", "must be at most 253 characters")
+    if spec.batch_size < 0:
+        raise InvalidSpec(f"{path}.batch_size", f"must be >= 0, got {spec.batch_size}")
+    if spec.kind is JobKind.TRAINING:
+        if spec.training is None:
+            raise InvalidSpec(f"{path}.training", "is required for a training job")
+        if spec.inference is not None:
+            raise InvalidSpec(f"{path}.inference", "must be unset for a training job")
+        if spec.training.total_steps <= 0:
+            raise InvalidSpec(f"{path}.training.total_steps", f"must be > 0, got {spec.training.total_steps}")
+        ms = spec.training.max_slowdown
+        if math.isnan(ms) or math.isinf(ms) or (ms != 0 and ms < 1):
+            raise InvalidSpec(f"{path}.training.max_slowdown", f"must be 0 (default) or >= 1, got {ms!r}")
+    elif spec.kind is JobKind.INFERENCE:
+        if spec.inference is None:
+            raise InvalidSpec(f"{path}.inference", "is required for an inference job")
+        if spec.training is not None:
+            raise InvalidSpec(f"{path}.training", "must be unset for an inference job")
+        _finite_positive(spec.inference.demand_rps, f"{path}.inference.demand_rps")
+        _finite_positive(spec.inference.latency_slo_ms, f"{path}.inference.latency_slo_ms")
+    else:  # pragma: no cover - enum exhausts the cases
+        raise InvalidSpec(f"{path}.kind", f"unknown kind {spec.kind!r}")
+    for i, shape in enumerate(spec.shapes):
+        validate_shape(shape, f"{path}.shapes[{i}]")
+    if not spec.shapes and not spec.model_family:
+        raise InvalidSpec(f"{path}.model_family", "is required when no shapes are given (shapes are derived from it)")

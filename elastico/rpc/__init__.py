@@ -1,0 +1,1 @@
+"""gRPC plumbing shared by every service: server bootstrap, interceptors, conversion, clients."""

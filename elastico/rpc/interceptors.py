@@ -1,0 +1,117 @@
+"""The one place where exceptions become gRPC statuses, and where every call is logged and metered.
+
+Servicers raise domain errors (``elastico.errors``); this interceptor maps them to their status code
+(INVALID_ARGUMENT carries the offending field in the message and in the ``field`` trailing metadata).
+Anything unexpected is logged with a traceback and answered INTERNAL with an incident id, never UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from prometheus_client import Counter, Histogram
+
+from elastico.errors import ElasticoError, InvalidSpec
+from elastico.logging import get_logger
+
+REQUESTS = Counter("elastico_grpc_requests_total", "gRPC calls handled", ["service", "method", "code"])
+LATENCY = Histogram(
+    "elastico_grpc_request_seconds",
+    "gRPC call latency in seconds (until the last message for streams)",
+    ["service", "method"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
+log = get_logger(component="rpc")
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """Map an exception to (status code, client-facing message)."""
+    if isinstance(exc, ElasticoError):
+        return grpc.StatusCode[exc.code_name], exc.message
+    incident = uuid.uuid4().hex[:12]
+    return grpc.StatusCode.INTERNAL, f"internal error (incident {incident}); see server logs"
+
+
+class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps unary and server-streaming handlers with error mapping, logging and metrics."""
+
+    def __init__(self, service: str) -> None:
+        self._service = service
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(method, handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream(method, handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler  # client- and bidi-streaming: none in the v1 API
+
+    async def _fail(self, method: str, exc: BaseException, context: grpc.aio.ServicerContext, started: float) -> None:
+        code, message = status_for(exc)
+        self._record(method, code, started)
+        if code is grpc.StatusCode.INTERNAL:
+            log.error("rpc failed", method=method, code=code.name, detail=message, exc_info=exc)
+        else:
+            log.info("rpc rejected", method=method, code=code.name, detail=message)
+        if isinstance(exc, InvalidSpec):
+            context.set_trailing_metadata((("field", exc.field),))
+        await context.abort(code, message)
+
+    def _record(self, method: str, code: grpc.StatusCode, started: float) -> None:
+        REQUESTS.labels(self._service, method, code.name).inc()
+        LATENCY.labels(self._service, method).observe(time.perf_counter() - started)
+
+    def _wrap_unary(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            started = time.perf_counter()
+            try:
+                result = behavior(request, context)
+                if inspect.isawaitable(result):
+                    result = await result
+            except (asyncio.CancelledError, grpc.aio.AbortError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - this is the one error channel
+                await self._fail(method, exc, context, started)
+                raise AssertionError("unreachable: context.abort raises") from exc  # pragma: no cover
+            self._record(method, grpc.StatusCode.OK, started)
+            log.debug("rpc ok", method=method)
+            return result
+
+        return wrapped
+
+    def _wrap_stream(self, method: str, behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            started = time.perf_counter()
+            try:
+                async for item in behavior(request, context):
+                    yield item
+            except (asyncio.CancelledError, grpc.aio.AbortError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - this is the one error channel
+                await self._fail(method, exc, context, started)
+                return
+            self._record(method, grpc.StatusCode.OK, started)
+
+        return wrapped

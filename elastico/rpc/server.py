@@ -1,0 +1,149 @@
+"""Server bootstrap shared by every service.
+
+``create_server`` builds a ``grpc.aio`` server with the health service, reflection, the error/metrics
+interceptor and (optionally) a Prometheus ``/metrics`` endpoint. ``serve`` runs it until SIGTERM/SIGINT
+and shuts down gracefully: health flips to NOT_SERVING first (load balancers stop routing), in-flight
+calls get ``shutdown_grace_s`` to finish, then the service's own cleanup runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from elastico.config import Settings
+from elastico.logging import configure_logging, get_logger
+from elastico.rpc.interceptors import ErrorMappingInterceptor
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass(frozen=True)
+class ServiceBinding:
+    """One gRPC service to expose: its full name, its servicer and the generated ``add_*_to_server``."""
+
+    name: str  # full service name, e.g. "elastico.v1.Pricer"
+    servicer: Any
+    add_to_server: Callable[[Any, grpc.aio.Server], None]
+
+
+@dataclass
+class ElasticoServer:
+    """A started-or-startable server with its health servicer and metrics endpoint."""
+
+    grpc_server: grpc.aio.Server
+    health: health_aio.HealthServicer
+    service_names: tuple[str, ...]
+    metrics_port: int | None = None
+    _metrics_http: Any = field(default=None, repr=False)
+
+    async def start(self) -> None:
+        await self.grpc_server.start()
+        await self.set_serving(True)
+
+    async def set_serving(self, serving: bool) -> None:
+        """Flip every service's health status (the overall "" service included)."""
+        status = SERVING if serving else NOT_SERVING
+        for name in ("", *self.service_names):
+            await self.health.set(name, status)
+
+    async def stop(self, grace_s: float) -> None:
+        """NOT_SERVING, then drain in-flight calls for up to ``grace_s``, then close."""
+        await self.set_serving(False)
+        await self.grpc_server.stop(grace_s)
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+            self._metrics_http = None
+
+
+async def create_server(settings: Settings, bindings: Sequence[ServiceBinding]) -> tuple[ElasticoServer, int]:
+    """Build the server for ``bindings`` and bind ``settings.host:settings.port``.
+
+    Returns:
+        The server (not yet started) and the bound port (the real one when ``settings.port`` is 0).
+    """
+    server = grpc.aio.server(
+        interceptors=[ErrorMappingInterceptor(settings.service_name)],
+        options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 * 1024 * 1024)],
+    )
+    for b in bindings:
+        b.add_to_server(b.servicer, server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    names = tuple(b.name for b in bindings)
+    reflection.enable_server_reflection((*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        raise OSError(f"could not bind {settings.host}:{settings.port}")
+    es = ElasticoServer(grpc_server=server, health=health, service_names=names)
+    for name in ("", *names):
+        await health.set(name, NOT_SERVING)
+    if settings.metrics_port >= 0:
+        http, _thread = start_http_server(settings.metrics_port, addr=settings.host)
+        es._metrics_http = http
+        es.metrics_port = http.server_port
+    return es, port
+
+
+Cleanup = Callable[[], Awaitable[None]]
+
+
+async def serve(
+    settings: Settings,
+    build: Callable[[], Awaitable[tuple[Sequence[ServiceBinding], Cleanup | None]]],
+) -> None:
+    """Run a service until SIGTERM/SIGINT.
+
+    Args:
+        settings: the service's validated settings.
+        build: creates the servicers (and background tasks) and returns the bindings and an optional
+            cleanup coroutine run after the server has drained.
+    """
+    log = configure_logging(settings.service_name, settings.log_level, settings.log_format)
+    bindings, cleanup = await build()
+    server, port = await create_server(settings, bindings)
+    await server.start()
+    if settings.port_file:
+        Path(settings.port_file).write_text(f"{port}\n")
+    log.info("serving", address=f"{settings.host}:{port}", metrics_port=server.metrics_port, services=list(server.service_names))
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down", grace_s=settings.shutdown_grace_s)
+    await server.stop(settings.shutdown_grace_s)
+    if cleanup is not None:
+        await cleanup()
+    log.info("stopped")
+
+
+def run_main(settings_factory: Callable[[], Settings], build_factory: Callable[[Settings], Callable[[], Awaitable[Any]]]) -> int:
+    """Entry point helper for ``python -m services.<name>``: config errors exit 2 with a clear message."""
+    from elastico.errors import ConfigError
+
+    try:
+        settings = settings_factory()
+    except ConfigError as exc:
+        import sys
+
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(settings, build_factory(settings)))
+    return 0
+
+
+__all__ = ["ElasticoServer", "ServiceBinding", "create_server", "get_logger", "run_main", "serve"]

@@ -1,0 +1,76 @@
+"""Every Redis key name ElastiCo uses, in one module.
+
+All keys share the hash tag ``{<namespace>}`` so that they live in one Redis Cluster slot: the atomic
+Lua transaction touches jobs, GPUs and node desired state together, which Redis only allows within a
+slot. ``namespace`` lets several independent clusters (or test runs) share one Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key builder for one namespace."""
+
+    namespace: str = "elastico"
+
+    @property
+    def prefix(self) -> str:
+        return "{" + self.namespace + "}:"
+
+    def job(self, job_id: str) -> str:
+        """Hash: data (JSON of Job), version, state."""
+        return f"{self.prefix}job:{job_id}"
+
+    @property
+    def job_index(self) -> str:
+        """Sorted set: job_id scored by submission sequence (for paging, newest first)."""
+        return f"{self.prefix}jobs"
+
+    @property
+    def job_seq(self) -> str:
+        """Counter: submission sequence."""
+        return f"{self.prefix}jobs:seq"
+
+    @property
+    def requests(self) -> str:
+        """Hash: request_id -> job_id (SubmitJob idempotency)."""
+        return f"{self.prefix}requests"
+
+    def gpu(self, node_id: str, gpu_index: int) -> str:
+        """Hash: share_cap, mem_cap, share_used, mem_used (share in 1/100 percent, integers)."""
+        return f"{self.prefix}gpu:{node_id}:{gpu_index}"
+
+    def node(self, node_id: str) -> str:
+        """String: JSON of NodeInfo as last reported by its agent."""
+        return f"{self.prefix}node:{node_id}"
+
+    @property
+    def nodes(self) -> str:
+        """Set: known node ids."""
+        return f"{self.prefix}nodes"
+
+    def desired(self, node_id: str) -> str:
+        """Hash: job_id -> JSON of Placement that should run on the node."""
+        return f"{self.prefix}desired:{node_id}"
+
+    def desired_gen(self, node_id: str) -> str:
+        """Counter: bumped on every change of the node's desired state."""
+        return f"{self.prefix}desired:{node_id}:gen"
+
+    @property
+    def leader(self) -> str:
+        """String with TTL: holder id of the allocator leader lease."""
+        return f"{self.prefix}leader"
+
+    @property
+    def epoch(self) -> str:
+        """Counter: leader epoch (fencing token), incremented on every new lease."""
+        return f"{self.prefix}leader:epoch"
+
+    @property
+    def events(self) -> str:
+        """Stream: job state-change events."""
+        return f"{self.prefix}events"

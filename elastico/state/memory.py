@@ -1,0 +1,173 @@
+"""In-process ``Store``: the same semantics as Redis, for unit tests, the simulator and single-process runs.
+
+Not durable and not shared between processes: a production deployment uses ``RedisStore``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from elastico.domain import NodeInfo, Placement
+from elastico.errors import Conflict, NotFound, StaleEpoch
+from elastico.state import codec
+from elastico.state.store import (
+    DuplicateRequest,
+    JobEvent,
+    StoreBase,
+    Transaction,
+    event_from_fields,
+    gpu_capacity_units,
+)
+
+
+class MemoryStore(StoreBase):
+    """Dictionary-backed store; ``_apply`` runs each transaction under one lock, check-then-write."""
+
+    def __init__(self, clock: callable = time.monotonic) -> None:
+        self._lock = asyncio.Lock()
+        self._clock = clock
+        self._jobs: dict[str, tuple[int, str, str]] = {}  # job_id -> (version, state, data)
+        self._index: dict[str, int] = {}
+        self._seq = 0
+        self._requests: dict[str, str] = {}
+        self._gpu_caps: dict[tuple[str, int], tuple[int, int]] = {}
+        self._gpu_used: dict[tuple[str, int], list[int]] = {}
+        self._nodes: dict[str, str] = {}
+        self._desired: dict[str, dict[str, str]] = {}
+        self._desired_gen: dict[str, int] = {}
+        self._leader: tuple[str, float] | None = None  # (holder, expires at monotonic s)
+        self._epoch = 0
+        self._events: list[tuple[int, dict[str, str]]] = []
+        self._event_cond = asyncio.Condition(self._lock)
+
+    async def _apply(self, tx: Transaction) -> None:
+        async with self._lock:
+            if tx.epoch is not None and tx.epoch != self._epoch:
+                raise StaleEpoch(f"epoch {tx.epoch} is stale (current {self._epoch})")
+            if tx.claim_request and tx.claim_request[0] in self._requests:
+                raise DuplicateRequest(self._requests[tx.claim_request[0]])
+            for w in tx.jobs:
+                current = self._jobs.get(w.job_id)
+                version = current[0] if current else 0
+                if version != w.expected_version:
+                    raise Conflict(f"job {w.job_id} is at version {version}, expected {w.expected_version}")
+            pending: dict[tuple[str, int], list[int]] = {}
+            for d in tx.gpus:
+                key = (d.node_id, d.gpu_index)
+                if key not in self._gpu_caps:
+                    raise Conflict(f"unknown GPU {d.node_id}:{d.gpu_index}")
+                used = pending.setdefault(key, list(self._gpu_used[key]))
+                used[0] += d.share_units
+                used[1] += d.mem_mib
+                cap = self._gpu_caps[key]
+                if (d.share_units > 0 and used[0] > cap[0]) or (d.mem_mib > 0 and used[1] > cap[1]):
+                    raise Conflict(f"GPU {d.node_id}:{d.gpu_index} lacks capacity")
+            # all checks passed: write
+            if tx.claim_request:
+                self._requests[tx.claim_request[0]] = tx.claim_request[1]
+            for w in tx.jobs:
+                self._jobs[w.job_id] = (w.new_version, w.state, w.data)
+                if w.index_score is not None:
+                    self._index[w.job_id] = w.index_score
+            for key, used in pending.items():
+                self._gpu_used[key] = [max(0, used[0]), max(0, used[1])]
+            for op in tx.desired:
+                table = self._desired.setdefault(op.node_id, {})
+                if op.data is None:
+                    table.pop(op.job_id, None)
+                else:
+                    table[op.job_id] = op.data
+                self._desired_gen[op.node_id] = self._desired_gen.get(op.node_id, 0) + 1
+            for e in tx.events:
+                self._events.append((len(self._events) + 1, {
+                    "job_id": e.job_id, "state": e.state, "reason": e.reason, "message": e.message,
+                    "version": str(e.version), "time_s": repr(e.time_s)}))
+            if tx.events:
+                self._event_cond.notify_all()
+
+    async def _get_job_data(self, job_id: str) -> str | None:
+        entry = self._jobs.get(job_id)
+        return entry[2] if entry else None
+
+    async def _request_owner(self, request_id: str) -> str | None:
+        return self._requests.get(request_id)
+
+    async def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    async def _index_page(self, before_score: int | None, count: int) -> list[tuple[str, int]]:
+        items = sorted(((s, j) for j, s in self._index.items() if before_score is None or s < before_score), reverse=True)
+        return [(j, s) for s, j in items[:count]]
+
+    async def _gpu_usage(self, node_id: str, gpu_indices: Sequence[int]) -> list[tuple[int, int]]:
+        return [tuple(self._gpu_used.get((node_id, i), (0, 0))) for i in gpu_indices]
+
+    # --- nodes ---------------------------------------------------------------------------------------
+    async def put_node(self, node: NodeInfo) -> None:
+        async with self._lock:
+            self._nodes[node.node_id] = codec.dumps(node)
+            for g in node.gpus:
+                key = (node.node_id, g.index)
+                self._gpu_caps[key] = gpu_capacity_units(g)
+                self._gpu_used.setdefault(key, [0, 0])
+
+    async def get_node(self, node_id: str) -> NodeInfo:
+        data = self._nodes.get(node_id)
+        if data is None:
+            raise NotFound(f"node {node_id!r} not found")
+        return await self._node_with_usage(codec.loads(NodeInfo, data))
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        return [await self.get_node(n) for n in sorted(self._nodes)]
+
+    async def remove_node(self, node_id: str) -> None:
+        async with self._lock:
+            data = self._nodes.pop(node_id, None)
+            if data is not None:
+                for g in codec.loads(NodeInfo, data).gpus:
+                    self._gpu_caps.pop((node_id, g.index), None)
+
+    async def get_desired(self, node_id: str) -> tuple[int, dict[str, Placement]]:
+        table = self._desired.get(node_id, {})
+        return self._desired_gen.get(node_id, 0), {j: codec.loads(Placement, d) for j, d in table.items()}
+
+    # --- leadership ---------------------------------------------------------------------------------
+    async def acquire_leadership(self, holder: str, ttl_s: float) -> int | None:
+        async with self._lock:
+            now = self._clock()
+            if self._leader is not None and self._leader[1] > now and self._leader[0] != holder:
+                return None
+            if self._leader is None or self._leader[0] != holder or self._leader[1] <= now:
+                self._epoch += 1
+            self._leader = (holder, now + ttl_s)
+            return self._epoch
+
+    async def release_leadership(self, holder: str) -> None:
+        async with self._lock:
+            if self._leader is not None and self._leader[0] == holder:
+                self._leader = None
+
+    async def current_leader(self) -> tuple[str | None, int]:
+        if self._leader is not None and self._leader[1] > self._clock():
+            return self._leader[0], self._epoch
+        return None, self._epoch
+
+    # --- events -------------------------------------------------------------------------------------
+    async def read_events(self, after_id: str = "0", limit: int = 100, block_s: float = 0.0) -> list[JobEvent]:
+        after = int(after_id.split("-")[0]) if after_id else 0
+        async with self._lock:
+            if len(self._events) <= after and block_s > 0:
+                try:
+                    await asyncio.wait_for(self._event_cond.wait_for(lambda: len(self._events) > after), block_s)
+                except TimeoutError:
+                    return []
+            return [event_from_fields(f"{n}-0", f) for n, f in self._events[after:after + limit]]
+
+    async def last_event_id(self) -> str:
+        return f"{len(self._events)}-0"
+
+    async def close(self) -> None:
+        return None

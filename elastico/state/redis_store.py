@@ -1,0 +1,202 @@
+"""``Store`` on Redis (redis.asyncio): durable (with AOF), shared by every service and replica.
+
+Every multi-key change is one Lua script (``lua.APPLY``) so checks and writes are atomic even with two
+allocators racing; a connection failure surfaces as ``Unavailable`` (retry), never as a half-write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from elastico.domain import NodeInfo, Placement
+from elastico.errors import Conflict, NotFound, StaleEpoch, Unavailable
+from elastico.state import codec, lua
+from elastico.state.keys import Keys
+from elastico.state.store import (
+    DuplicateRequest,
+    JobEvent,
+    StoreBase,
+    Transaction,
+    event_from_fields,
+    gpu_capacity_units,
+)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+EVENT_STREAM_MAXLEN = 100_000
+
+
+def _unavailable_on_connection_error(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise Unavailable(f"redis unavailable: {exc}") from exc
+
+    return wrapper
+
+
+class RedisStore(StoreBase):
+    """Store on one Redis (or one Redis Cluster slot: all keys share a hash tag)."""
+
+    def __init__(self, client: aioredis.Redis, namespace: str = "elastico") -> None:
+        self._r = client
+        self._k = Keys(namespace)
+        self._apply_script = client.register_script(lua.APPLY)
+        self._acquire_script = client.register_script(lua.ACQUIRE)
+        self._release_script = client.register_script(lua.RELEASE)
+
+    @classmethod
+    def from_url(cls, url: str, namespace: str = "elastico", timeout_s: float = 5.0) -> RedisStore:
+        """Connect lazily to ``url`` with socket timeouts (a hung Redis becomes ``Unavailable``)."""
+        client = aioredis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            health_check_interval=30,
+        )
+        return cls(client, namespace)
+
+    @_unavailable_on_connection_error
+    async def ping(self) -> bool:
+        return bool(await self._r.ping())
+
+    @_unavailable_on_connection_error
+    async def _apply(self, tx: Transaction) -> None:
+        payload: dict[str, Any] = dataclasses.asdict(tx)
+        for e in payload["events"]:
+            e["time_s"] = repr(float(e["time_s"]))
+        result = await self._apply_script(args=[self._k.prefix, json.dumps(payload), str(EVENT_STREAM_MAXLEN)])
+        if result is None:
+            return
+        kind, *detail = result
+        if kind == "stale_epoch":
+            raise StaleEpoch(f"epoch {tx.epoch} is stale (current {detail[0]})")
+        if kind == "duplicate":
+            raise DuplicateRequest(detail[0])
+        if kind == "version":
+            raise Conflict(f"job {detail[0]} is at version {detail[1]}, expected {detail[2]}")
+        if kind == "unknown_gpu":
+            raise Conflict(f"unknown GPU {detail[0]}")
+        if kind == "capacity":
+            raise Conflict(f"GPU {detail[0]} lacks capacity")
+        raise RuntimeError(f"unexpected script result {result!r}")  # pragma: no cover
+
+    @_unavailable_on_connection_error
+    async def _get_job_data(self, job_id: str) -> str | None:
+        return await self._r.hget(self._k.job(job_id), "data")
+
+    @_unavailable_on_connection_error
+    async def _request_owner(self, request_id: str) -> str | None:
+        return await self._r.hget(self._k.requests, request_id)
+
+    @_unavailable_on_connection_error
+    async def _next_seq(self) -> int:
+        return int(await self._r.incr(self._k.job_seq))
+
+    @_unavailable_on_connection_error
+    async def _index_page(self, before_score: int | None, count: int) -> list[tuple[str, int]]:
+        top = f"({before_score}" if before_score is not None else "+inf"
+        rows = await self._r.zrevrangebyscore(self._k.job_index, top, "-inf", start=0, num=count, withscores=True)
+        return [(job_id, int(score)) for job_id, score in rows]
+
+    @_unavailable_on_connection_error
+    async def _gpu_usage(self, node_id: str, gpu_indices: Sequence[int]) -> list[tuple[int, int]]:
+        pipe = self._r.pipeline(transaction=False)
+        for i in gpu_indices:
+            pipe.hmget(self._k.gpu(node_id, i), "share_used", "mem_used")
+        rows = await pipe.execute()
+        return [(int(s or 0), int(m or 0)) for s, m in rows]
+
+    # --- nodes ---------------------------------------------------------------------------------------
+    @_unavailable_on_connection_error
+    async def put_node(self, node: NodeInfo) -> None:
+        """Record an agent's report (heartbeat) and the capacity of its GPUs; usage is left alone."""
+        pipe = self._r.pipeline(transaction=True)
+        pipe.set(self._k.node(node.node_id), codec.dumps(node))
+        pipe.sadd(self._k.nodes, node.node_id)
+        for g in node.gpus:
+            share_cap, mem_cap = gpu_capacity_units(g)
+            key = self._k.gpu(node.node_id, g.index)
+            pipe.hset(key, mapping={"share_cap": share_cap, "mem_cap": mem_cap})
+            pipe.hsetnx(key, "share_used", 0)
+            pipe.hsetnx(key, "mem_used", 0)
+        await pipe.execute()
+
+    @_unavailable_on_connection_error
+    async def get_node(self, node_id: str) -> NodeInfo:
+        data = await self._r.get(self._k.node(node_id))
+        if data is None:
+            raise NotFound(f"node {node_id!r} not found")
+        return await self._node_with_usage(codec.loads(NodeInfo, data))
+
+    @_unavailable_on_connection_error
+    async def list_nodes(self) -> list[NodeInfo]:
+        ids = sorted(await self._r.smembers(self._k.nodes))
+        out = []
+        for node_id in ids:
+            try:
+                out.append(await self.get_node(node_id))
+            except NotFound:
+                continue
+        return out
+
+    @_unavailable_on_connection_error
+    async def remove_node(self, node_id: str) -> None:
+        data = await self._r.get(self._k.node(node_id))
+        pipe = self._r.pipeline(transaction=True)
+        pipe.delete(self._k.node(node_id))
+        pipe.srem(self._k.nodes, node_id)
+        if data is not None:
+            for g in codec.loads(NodeInfo, data).gpus:
+                pipe.hset(self._k.gpu(node_id, g.index), mapping={"share_cap": 0, "mem_cap": 0})
+        await pipe.execute()
+
+    @_unavailable_on_connection_error
+    async def get_desired(self, node_id: str) -> tuple[int, dict[str, Placement]]:
+        pipe = self._r.pipeline(transaction=True)
+        pipe.get(self._k.desired_gen(node_id))
+        pipe.hgetall(self._k.desired(node_id))
+        gen, table = await pipe.execute()
+        return int(gen or 0), {j: codec.loads(Placement, d) for j, d in table.items()}
+
+    # --- leadership ---------------------------------------------------------------------------------
+    @_unavailable_on_connection_error
+    async def acquire_leadership(self, holder: str, ttl_s: float) -> int | None:
+        epoch = await self._acquire_script(keys=[self._k.leader, self._k.epoch], args=[holder, int(ttl_s * 1000)])
+        return None if epoch is None else int(epoch)
+
+    @_unavailable_on_connection_error
+    async def release_leadership(self, holder: str) -> None:
+        await self._release_script(keys=[self._k.leader], args=[holder])
+
+    @_unavailable_on_connection_error
+    async def current_leader(self) -> tuple[str | None, int]:
+        holder, epoch = await self._r.mget(self._k.leader, self._k.epoch)
+        return holder, int(epoch or 0)
+
+    # --- events -------------------------------------------------------------------------------------
+    @_unavailable_on_connection_error
+    async def read_events(self, after_id: str = "0", limit: int = 100, block_s: float = 0.0) -> list[JobEvent]:
+        block = int(block_s * 1000) if block_s > 0 else None
+        rows = await self._r.xread({self._k.events: after_id or "0"}, count=limit, block=block)
+        if not rows:
+            return []
+        _stream, entries = rows[0]
+        return [event_from_fields(eid, fields) for eid, fields in entries]
+
+    @_unavailable_on_connection_error
+    async def last_event_id(self) -> str:
+        info = await self._r.xinfo_stream(self._k.events) if await self._r.exists(self._k.events) else None
+        return info["last-generated-id"] if info else "0-0"
+
+    async def close(self) -> None:
+        await self._r.aclose()

@@ -1,0 +1,306 @@
+"""The ``Store`` contract and the backend-independent half of every implementation.
+
+Design: each backend implements a handful of primitives, the most important being ``_apply``, which
+executes one ``Transaction`` atomically — all of its checks (leader epoch, job versions, GPU capacity,
+request-id uniqueness) pass and all of its writes happen, or nothing changes. Every high-level
+operation (submit, update, commit placements, release) is written once in ``StoreBase`` as "read,
+build a transaction, apply", so Redis and memory behave identically and one contract test suite
+covers both. In Redis ``_apply`` is a single Lua script; in memory it runs under a lock.
+
+Compute shares are stored as integers in 1/100 of a percent (``SHARE_UNITS_PER_PCT``) so that
+capacity checks never suffer floating-point drift after thousands of add/remove cycles.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol, runtime_checkable
+
+from elastico.domain import GpuInfo, Job, JobEvent, JobState, NodeInfo, Placement, StateReason
+from elastico.errors import Conflict, NotFound, WrongState
+from elastico.state import codec
+
+SHARE_UNITS_PER_PCT = 100
+FULL_GPU_SHARE_UNITS = 100 * SHARE_UNITS_PER_PCT
+
+
+def share_units(pct: float) -> int:
+    """Percent of a GPU -> integer share units."""
+    return int(round(pct * SHARE_UNITS_PER_PCT))
+
+
+@dataclass(frozen=True)
+class JobWrite:
+    """Replace a job record if its version is still ``expected_version`` (0 = must not exist yet)."""
+
+    job_id: str
+    expected_version: int
+    new_version: int
+    state: str
+    data: str  # JSON of the new Job
+    index_score: int | None = None  # add to the job index with this score (creation only)
+
+
+@dataclass(frozen=True)
+class GpuDelta:
+    """Add (or with negative values, release) a compute share and memory on one GPU."""
+
+    node_id: str
+    gpu_index: int
+    share_units: int  # 1/100 percent
+    mem_mib: int
+
+
+@dataclass(frozen=True)
+class DesiredOp:
+    """Set (``data`` = Placement JSON) or delete (``data`` = None) one job in a node's desired state."""
+
+    node_id: str
+    job_id: str
+    data: str | None
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """An event to append to the job event stream."""
+
+    job_id: str
+    state: str
+    reason: str
+    message: str
+    version: int
+    time_s: float
+
+
+@dataclass
+class Transaction:
+    """One atomic change. ``epoch`` not None = fenced: rejected unless it equals the current epoch."""
+
+    epoch: int | None = None
+    claim_request: tuple[str, str] | None = None  # (request_id, job_id): fails if request_id is taken
+    jobs: list[JobWrite] = field(default_factory=list)
+    gpus: list[GpuDelta] = field(default_factory=list)
+    desired: list[DesiredOp] = field(default_factory=list)
+    events: list[EventRecord] = field(default_factory=list)
+
+
+class DuplicateRequest(Exception):
+    """Internal: the transaction's request id already maps to ``job_id``."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(job_id)
+        self.job_id = job_id
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Cluster state shared by the services. All methods are coroutines; all changes are atomic."""
+
+    async def create_job(self, job: Job) -> tuple[Job, bool]: ...
+    async def get_job(self, job_id: str) -> Job: ...
+    async def find_job_by_request(self, request_id: str) -> Job | None: ...
+    async def list_jobs(
+        self, states: Sequence[JobState] = (), tenant: str = "", page_size: int = 100, page_token: str = ""
+    ) -> tuple[list[Job], str]: ...
+    async def update_job(self, old: Job, new: Job, *, epoch: int | None = None) -> Job: ...
+    async def commit_placements(self, epoch: int, placements: Sequence[tuple[Job, Placement]]) -> list[Job]: ...
+    async def release_job(
+        self, epoch: int | None, job: Job, state: JobState, reason: StateReason, message: str = ""
+    ) -> Job: ...
+    async def put_node(self, node: NodeInfo) -> None: ...
+    async def get_node(self, node_id: str) -> NodeInfo: ...
+    async def list_nodes(self) -> list[NodeInfo]: ...
+    async def remove_node(self, node_id: str) -> None: ...
+    async def get_desired(self, node_id: str) -> tuple[int, dict[str, Placement]]: ...
+    async def acquire_leadership(self, holder: str, ttl_s: float) -> int | None: ...
+    async def release_leadership(self, holder: str) -> None: ...
+    async def current_leader(self) -> tuple[str | None, int]: ...
+    async def read_events(self, after_id: str = "0", limit: int = 100, block_s: float = 0.0) -> list[JobEvent]: ...
+    async def close(self) -> None: ...
+
+
+class StoreBase:
+    """High-level operations written once over backend primitives."""
+
+    # --- primitives each backend provides -----------------------------------------------------------
+    async def _apply(self, tx: Transaction) -> None:
+        """Run ``tx`` atomically. Raises StaleEpoch, Conflict or DuplicateRequest; nothing changes then."""
+        raise NotImplementedError
+
+    async def _get_job_data(self, job_id: str) -> str | None:
+        raise NotImplementedError
+
+    async def _request_owner(self, request_id: str) -> str | None:
+        raise NotImplementedError
+
+    async def _next_seq(self) -> int:
+        raise NotImplementedError
+
+    async def _index_page(self, before_score: int | None, count: int) -> list[tuple[str, int]]:
+        """Job ids with their index score, newest first, scores strictly below ``before_score``."""
+        raise NotImplementedError
+
+    async def _gpu_usage(self, node_id: str, gpu_indices: Sequence[int]) -> list[tuple[int, int]]:
+        """(share_units_used, mem_mib_used) per GPU."""
+        raise NotImplementedError
+
+    # --- jobs ---------------------------------------------------------------------------------------
+    async def create_job(self, job: Job) -> tuple[Job, bool]:
+        """Store a new PENDING job; idempotent by ``job.request_id``.
+
+        Returns:
+            (the stored job, True) or, when the request id was seen before, (the existing job, False).
+        """
+        now = job.submitted_at_s or time.time()
+        job = replace(job, version=1, submitted_at_s=now, updated_at_s=now)
+        seq = await self._next_seq()
+        tx = Transaction(
+            claim_request=(job.request_id, job.job_id),
+            jobs=[JobWrite(job.job_id, 0, 1, job.state.value, codec.dumps(job), index_score=seq)],
+            events=[_event(job)],
+        )
+        try:
+            await self._apply(tx)
+        except DuplicateRequest as dup:
+            return await self.get_job(dup.job_id), False
+        return job, True
+
+    async def get_job(self, job_id: str) -> Job:
+        data = await self._get_job_data(job_id)
+        if data is None:
+            raise NotFound(f"job {job_id!r} not found")
+        return codec.loads(Job, data)
+
+    async def find_job_by_request(self, request_id: str) -> Job | None:
+        job_id = await self._request_owner(request_id)
+        return None if job_id is None else await self.get_job(job_id)
+
+    async def list_jobs(
+        self, states: Sequence[JobState] = (), tenant: str = "", page_size: int = 100, page_token: str = ""
+    ) -> tuple[list[Job], str]:
+        """Jobs newest first, filtered; returns (page, next_page_token or "")."""
+        before = int(page_token) if page_token else None
+        wanted = set(states)
+        out: list[Job] = []
+        while len(out) < page_size:
+            batch = await self._index_page(before, max(page_size * 2, 50))
+            if not batch:
+                return out, ""
+            for job_id, score in batch:
+                before = score
+                data = await self._get_job_data(job_id)
+                if data is None:
+                    continue
+                job = codec.loads(Job, data)
+                if (not wanted or job.state in wanted) and (not tenant or job.spec.tenant == tenant):
+                    out.append(job)
+                    if len(out) == page_size:
+                        break
+        more = await self._index_page(before, 1)
+        return out, (str(before) if more else "")
+
+    async def update_job(self, old: Job, new: Job, *, epoch: int | None = None) -> Job:
+        """Replace ``old`` by ``new`` if nobody changed it since ``old`` was read (compare-and-set).
+
+        An event is appended when the state or reason changes. Placement bookkeeping is not touched:
+        use ``commit_placements`` / ``release_job`` for that.
+
+        Raises:
+            Conflict: the stored version is no longer ``old.version``.
+            StaleEpoch: ``epoch`` is given and is not the current leader epoch.
+        """
+        stored = replace(new, version=old.version + 1, updated_at_s=time.time())
+        tx = Transaction(epoch=epoch, jobs=[JobWrite(old.job_id, old.version, stored.version, stored.state.value, codec.dumps(stored))])
+        if (old.state, old.reason) != (stored.state, stored.reason):
+            tx.events.append(_event(stored))
+        await self._apply(tx)
+        return stored
+
+    async def commit_placements(self, epoch: int, placements: Sequence[tuple[Job, Placement]]) -> list[Job]:
+        """Place PENDING jobs, all or nothing, fenced by ``epoch``.
+
+        Checks in one atomic step: the epoch is current; every job is still at the version it was
+        read at; every target GPU has room for the slice's compute share and memory. Then marks the
+        jobs PLACED, books the GPU capacity and writes each node's desired state.
+
+        Raises:
+            StaleEpoch: a newer leader exists. Conflict: a version moved or a GPU lacks room.
+            WrongState: a job is not PENDING.
+        """
+        now = time.time()
+        tx = Transaction(epoch=epoch)
+        placed: list[Job] = []
+        for job, placement in placements:
+            if job.state is not JobState.PENDING:
+                raise WrongState(f"job {job.job_id} is {job.state.value}, only pending jobs can be placed")
+            placement = replace(placement, job_id=job.job_id, epoch=epoch, committed_at_s=now)
+            new = replace(job, state=JobState.PLACED, reason=StateReason.PLACED, message="", placement=placement,
+                          version=job.version + 1, updated_at_s=now)
+            tx.jobs.append(JobWrite(job.job_id, job.version, new.version, new.state.value, codec.dumps(new)))
+            for s in placement.slices:
+                tx.gpus.append(GpuDelta(s.node_id, s.gpu_index, share_units(s.compute_share_pct), s.mem_mib))
+            for node_id in sorted({s.node_id for s in placement.slices}):
+                tx.desired.append(DesiredOp(node_id, job.job_id, codec.dumps(placement)))
+            tx.events.append(_event(new))
+            placed.append(new)
+        await self._apply(tx)
+        return placed
+
+    async def release_job(
+        self, epoch: int | None, job: Job, state: JobState, reason: StateReason, message: str = ""
+    ) -> Job:
+        """Take a placed job off its GPUs (freeing capacity and desired state) and move it to ``state``.
+
+        Used for completion, failure, cancellation, preemption and requeue (``state`` PENDING).
+
+        Raises:
+            Conflict: the job changed since it was read. StaleEpoch: ``epoch`` is stale.
+        """
+        now = time.time()
+        restarts = job.restarts + (1 if state is JobState.PENDING and job.placement is not None else 0)
+        new = replace(job, state=state, reason=reason, message=message, placement=None, restarts=restarts,
+                      version=job.version + 1, updated_at_s=now)
+        tx = Transaction(epoch=epoch, jobs=[JobWrite(job.job_id, job.version, new.version, state.value, codec.dumps(new))])
+        if job.placement is not None:
+            for s in job.placement.slices:
+                tx.gpus.append(GpuDelta(s.node_id, s.gpu_index, -share_units(s.compute_share_pct), -s.mem_mib))
+            for node_id in sorted({s.node_id for s in job.placement.slices}):
+                tx.desired.append(DesiredOp(node_id, job.job_id, None))
+        tx.events.append(_event(new))
+        await self._apply(tx)
+        return new
+
+    # --- nodes --------------------------------------------------------------------------------------
+    def _with_usage(self, node: NodeInfo, usage: list[tuple[int, int]]) -> NodeInfo:
+        gpus = tuple(
+            replace(g, allocated_share_pct=u[0] / SHARE_UNITS_PER_PCT, allocated_mem_mib=u[1])
+            for g, u in zip(node.gpus, usage, strict=True)
+        )
+        return replace(node, gpus=gpus)
+
+    async def _node_with_usage(self, node: NodeInfo) -> NodeInfo:
+        return self._with_usage(node, await self._gpu_usage(node.node_id, [g.index for g in node.gpus]))
+
+
+def _event(job: Job) -> EventRecord:
+    return EventRecord(job.job_id, job.state.value, job.reason.value, job.message, job.version, job.updated_at_s or time.time())
+
+
+def event_from_fields(event_id: str, fields: dict[str, str]) -> JobEvent:
+    """Rebuild a JobEvent from its stored string fields."""
+    return JobEvent(
+        event_id=event_id,
+        job_id=fields["job_id"],
+        state=JobState(fields["state"]),
+        reason=StateReason(fields["reason"]),
+        message=fields.get("message", ""),
+        version=int(fields["version"]),
+        time_s=float(fields["time_s"]),
+    )
+
+
+def gpu_capacity_units(gpu: GpuInfo) -> tuple[int, int]:
+    """(share capacity in units, memory capacity MiB) of a healthy GPU; an unhealthy one has none left."""
+    return (FULL_GPU_SHARE_UNITS, gpu.mem_total_mib) if gpu.healthy else (0, 0)

@@ -1,0 +1,185 @@
+"""One contract, two backends: MemoryStore and RedisStore (real redis-server) must behave the same."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from elastico.domain import GpuSlice, JobState, Placement, Shape, StateReason
+from elastico.errors import Conflict, NotFound, StaleEpoch, WrongState
+from tests.conftest import half_gpu_shape, make_job, make_node
+
+
+def placement_on(node: str, gpu: int, share: float = 50.0, mem: int = 8192) -> Placement:
+    shape = Shape(num_gpus=1, compute_share_pct=share, mem_mib=mem)
+    return Placement(job_id="", shape_index=0, shape=shape, slices=(GpuSlice(node, gpu, share, mem),))
+
+
+async def test_create_is_idempotent_by_request_id(store):
+    job = make_job(request_id="same-request")
+    first, created = await store.create_job(job)
+    assert created and first.version == 1 and first.state is JobState.PENDING
+    again, created_again = await store.create_job(make_job(request_id="same-request"))
+    assert not created_again
+    assert again.job_id == first.job_id
+    assert (await store.find_job_by_request("same-request")).job_id == first.job_id
+
+
+async def test_get_unknown_job_is_not_found(store):
+    with pytest.raises(NotFound):
+        await store.get_job("nope")
+
+
+async def test_update_with_stale_version_is_rejected_and_changes_nothing(store):
+    job, _ = await store.create_job(make_job())
+    updated = await store.update_job(job, job.__class__(**{**job.__dict__, "message": "first"}))
+    assert updated.version == 2
+    with pytest.raises(Conflict):
+        await store.update_job(job, job.__class__(**{**job.__dict__, "message": "stale writer"}))
+    assert (await store.get_job(job.job_id)).message == "first"
+
+
+async def test_leader_epoch_fences_writes(store):
+    await store.put_node(make_node())
+    epoch1 = await store.acquire_leadership("alloc-a", ttl_s=0.2)
+    assert epoch1 is not None
+    assert await store.acquire_leadership("alloc-b", ttl_s=5) is None  # lease held
+    assert await store.acquire_leadership("alloc-a", ttl_s=0.2) == epoch1  # renewal keeps the epoch
+    await asyncio.sleep(0.35)
+    epoch2 = await store.acquire_leadership("alloc-b", ttl_s=5)
+    assert epoch2 is not None and epoch2 > epoch1
+    assert await store.current_leader() == ("alloc-b", epoch2)
+
+    job, _ = await store.create_job(make_job())
+    with pytest.raises(StaleEpoch):
+        await store.commit_placements(epoch1, [(job, placement_on("node-1", 0))])
+    # nothing changed: job still pending at version 1, GPU still empty, no desired state
+    assert (await store.get_job(job.job_id)).state is JobState.PENDING
+    assert (await store.get_job(job.job_id)).version == 1
+    assert (await store.get_node("node-1")).gpus[0].allocated_share_pct == 0
+    assert (await store.get_desired("node-1"))[1] == {}
+    placed = await store.commit_placements(epoch2, [(job, placement_on("node-1", 0))])
+    assert placed[0].state is JobState.PLACED and placed[0].placement.epoch == epoch2
+
+
+async def test_commit_never_oversubscribes_a_gpu(store):
+    await store.put_node(make_node(gpus=1, mem_mib=16384))
+    epoch = await store.acquire_leadership("a", 5)
+    j1, _ = await store.create_job(make_job())
+    j2, _ = await store.create_job(make_job())
+    j3, _ = await store.create_job(make_job())
+    await store.commit_placements(epoch, [(j1, placement_on("node-1", 0, 60.0, 4096))])
+    # 60 + 50 > 100: the whole batch (including j3's fitting slice) is rejected
+    with pytest.raises(Conflict):
+        await store.commit_placements(epoch, [(j3, placement_on("node-1", 0, 10.0, 1024)), (j2, placement_on("node-1", 0, 50.0, 4096))])
+    assert (await store.get_job(j3.job_id)).state is JobState.PENDING
+    gpu = (await store.get_node("node-1")).gpus[0]
+    assert (gpu.allocated_share_pct, gpu.allocated_mem_mib) == (60.0, 4096)
+    # memory is checked too
+    with pytest.raises(Conflict):
+        await store.commit_placements(epoch, [(j2, placement_on("node-1", 0, 10.0, 16000))])
+    # exactly full is fine
+    await store.commit_placements(epoch, [(j2, placement_on("node-1", 0, 40.0, 12288))])
+    gpu = (await store.get_node("node-1")).gpus[0]
+    assert (gpu.allocated_share_pct, gpu.allocated_mem_mib) == (100.0, 16384)
+
+
+async def test_commit_rejects_unknown_gpu_and_non_pending_jobs(store):
+    await store.put_node(make_node(gpus=1))
+    epoch = await store.acquire_leadership("a", 5)
+    job, _ = await store.create_job(make_job())
+    with pytest.raises(Conflict):
+        await store.commit_placements(epoch, [(job, placement_on("node-1", 7))])
+    (placed,) = await store.commit_placements(epoch, [(job, placement_on("node-1", 0))])
+    with pytest.raises(WrongState):
+        await store.commit_placements(epoch, [(placed, placement_on("node-1", 0))])
+    with pytest.raises(Conflict):  # stale read of the job: version moved
+        await store.commit_placements(epoch, [(job, placement_on("node-1", 0))])
+
+
+async def test_release_frees_capacity_and_desired_state(store):
+    await store.put_node(make_node(gpus=1))
+    epoch = await store.acquire_leadership("a", 5)
+    job, _ = await store.create_job(make_job())
+    (placed,) = await store.commit_placements(epoch, [(job, placement_on("node-1", 0))])
+    gen, desired = await store.get_desired("node-1")
+    assert set(desired) == {job.job_id} and gen >= 1
+    assert desired[job.job_id].slices[0].compute_share_pct == 50.0
+    requeued = await store.release_job(epoch, placed, JobState.PENDING, StateReason.PREEMPTED, "resize")
+    assert requeued.state is JobState.PENDING and requeued.restarts == 1 and requeued.placement is None
+    gen2, desired2 = await store.get_desired("node-1")
+    assert desired2 == {} and gen2 > gen
+    assert (await store.get_node("node-1")).gpus[0].allocated_share_pct == 0
+
+
+async def test_many_add_remove_cycles_do_not_drift(store):
+    await store.put_node(make_node(gpus=1))
+    epoch = await store.acquire_leadership("a", 5)
+    for _ in range(20):
+        job, _ = await store.create_job(make_job())
+        (placed,) = await store.commit_placements(epoch, [(job, placement_on("node-1", 0, 33.33, 100))])
+        await store.release_job(epoch, placed, JobState.SUCCEEDED, StateReason.COMPLETED)
+    assert (await store.get_node("node-1")).gpus[0].allocated_share_pct == 0
+
+
+async def test_list_jobs_pages_and_filters(store):
+    ids = []
+    for i in range(7):
+        job, _ = await store.create_job(make_job(spec=None))
+        ids.append(job.job_id)
+    page1, token = await store.list_jobs(page_size=3)
+    assert [j.job_id for j in page1] == ids[::-1][:3] and token
+    page2, token2 = await store.list_jobs(page_size=3, page_token=token)
+    page3, token3 = await store.list_jobs(page_size=3, page_token=token2)
+    assert [j.job_id for j in page1 + page2 + page3] == ids[::-1] and token3 == ""
+    job = await store.get_job(ids[0])
+    await store.update_job(job, job.__class__(**{**job.__dict__, "state": JobState.CANCELLED, "reason": StateReason.CANCELLED_BY_CLIENT}))
+    cancelled, _ = await store.list_jobs(states=[JobState.CANCELLED])
+    assert [j.job_id for j in cancelled] == [ids[0]]
+    assert (await store.list_jobs(tenant="someone-else"))[0] == []
+
+
+async def test_event_stream_is_ordered_and_resumable(store):
+    job, _ = await store.create_job(make_job())
+    await store.update_job(job, job.__class__(**{**job.__dict__, "state": JobState.CANCELLED, "reason": StateReason.CANCELLED_BY_CLIENT}))
+    events = await store.read_events("0")
+    mine = [e for e in events if e.job_id == job.job_id]
+    assert [e.state for e in mine] == [JobState.PENDING, JobState.CANCELLED]
+    assert [e.version for e in mine] == [1, 2]
+    after = await store.read_events(mine[0].event_id)
+    assert [e.event_id for e in after] == [mine[1].event_id]
+    assert await store.read_events(mine[1].event_id) == []
+
+
+async def test_blocking_read_wakes_on_new_event(store):
+    last = await store.last_event_id()
+    reader = asyncio.create_task(store.read_events(last, block_s=3.0))
+    await asyncio.sleep(0.1)
+    job, _ = await store.create_job(make_job())
+    events = await asyncio.wait_for(reader, 5)
+    assert [e.job_id for e in events] == [job.job_id]
+
+
+async def test_concurrent_commits_race_safely(store):
+    """Two writers race for the last slice of one GPU: exactly one wins, capacity is never exceeded."""
+    await store.put_node(make_node(gpus=1))
+    epoch = await store.acquire_leadership("a", 5)
+    jobs = [ (await store.create_job(make_job()))[0] for _ in range(6)]
+    results = await asyncio.gather(*(store.commit_placements(epoch, [(j, placement_on("node-1", 0, 40.0, 1000))]) for j in jobs),
+                                   return_exceptions=True)
+    wins = [r for r in results if not isinstance(r, Exception)]
+    assert len(wins) == 2
+    assert all(isinstance(r, Conflict) for r in results if isinstance(r, Exception))
+    assert (await store.get_node("node-1")).gpus[0].allocated_share_pct == 80.0
+
+
+async def test_node_roundtrip_and_removal(store):
+    node = make_node("n7", gpus=3)
+    await store.put_node(node)
+    got = await store.get_node("n7")
+    assert [g.uuid for g in got.gpus] == [g.uuid for g in node.gpus]
+    assert [n.node_id for n in await store.list_nodes()] == ["n7"]
+    await store.remove_node("n7")
+    with pytest.raises(NotFound):
+        await store.get_node("n7")
