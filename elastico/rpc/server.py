@@ -133,16 +133,20 @@ async def serve(
 
 def run_main(settings_factory: Callable[[], Settings], build_factory: Callable[[Settings], Callable[[], Awaitable[Any]]]) -> int:
     """Entry point helper for ``python -m services.<name>``: config errors exit 2 with a clear message."""
-    from elastico.errors import ConfigError
+    import sys
+
+    from elastico.errors import ConfigError, ElasticoError
 
     try:
         settings = settings_factory()
     except ConfigError as exc:
-        import sys
-
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(settings, build_factory(settings)))
+    try:
+        asyncio.run(serve(settings, build_factory(settings)))
+    except ElasticoError as exc:  # e.g. Redis unreachable at start-up
+        print(f"{settings.service_name}: cannot start: {exc}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -1,0 +1,63 @@
+# ElastiCo — every command a user or CI needs. `make demo` and `make test` work on a clean clone:
+# they create .venv, install the pinned dependencies and generate the gRPC stubs first.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PY     := $(BIN)/python
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+GEN    := elastico/v1/.generated
+PROTOS := $(wildcard protos/elastico/v1/*.proto)
+NODES  ?= 2
+
+.PHONY: all venv protos test demo up down ps logs status bench clean distclean
+
+all: protos
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+venv: $(STAMP)
+
+# Stubs (with .pyi) are generated into the git-ignored package elastico/v1, never committed.
+$(GEN): $(PROTOS) $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+	@touch elastico/v1/__init__.py $@
+
+protos: $(GEN)
+
+test: protos
+	$(PY) -m pytest -q
+
+up: protos
+	$(PY) -m elastico.cluster up --nodes $(NODES)
+
+down:
+	@test -x $(PY) && $(PY) -m elastico.cluster down || true
+
+ps: protos
+	$(PY) -m elastico.cluster ps
+
+logs: protos
+	$(PY) -m elastico.cluster logs
+
+status: protos
+	$(PY) -m elastico.cluster status
+
+# The README's first command: start the local cluster, show health and the GPUs the agents report, stop.
+demo: protos
+	$(PY) -m elastico.demo --nodes $(NODES)
+
+bench: protos
+	@for b in bench/*.py; do m=$$(basename $$b .py); [ "$$m" = "__init__" ] && continue; \
+	  echo "== bench.$$m =="; $(PY) -m bench.$$m || exit 1; done
+
+clean:
+	rm -rf .run .pytest_cache .hypothesis elastico/v1
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: down clean
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,280 @@
+"""Local cluster supervisor: ``python -m elastico.cluster up|down|ps|logs|status``.
+
+``up`` starts Redis (a private, embedded redis-server with AOF under the run directory, unless
+``ELASTICO_REDIS_URL`` points at one), the pricer, predictor and allocator, and N node agents on
+simulated GPUs, each as its own detached process with its own log file; it waits until every health
+check answers SERVING and prints the endpoints. ``down`` stops them (SIGTERM, then SIGKILL after a
+grace period) and removes the run state, so no stray process is left behind.
+
+Configuration (environment):
+    ELASTICO_RUN_DIR      where pids, logs and Redis data live (default .run)
+    ELASTICO_REDIS_URL    use this Redis instead of starting one
+    ELASTICO_NODES        number of node agents (default 2)
+    ELASTICO_SIM_GPU_COUNT, ELASTICO_SIM_GPU_TYPE, ELASTICO_SIM_GPU_MEM_MIB  passed to each agent
+    ELASTICO_BASE_PORT    first port to try for the services (default 50050); busy ports are skipped
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import grpc
+
+from elastico.healthcheck import health_status
+from elastico.redis_embedded import EmbeddedRedis, free_port
+
+SERVICES = ("allocator", "pricer", "predictor")
+
+
+@dataclass
+class Proc:
+    name: str
+    pid: int
+    address: str  # host:port ("" for Redis)
+    log: str
+
+
+def run_dir() -> Path:
+    return Path(os.environ.get("ELASTICO_RUN_DIR", ".run")).resolve()
+
+
+def _state_file() -> Path:
+    return run_dir() / "cluster.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as dead
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][:1] != "Z"
+    except OSError:
+        return True
+
+
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _ports(count: int) -> list[int]:
+    """``count`` free ports from ELASTICO_BASE_PORT upwards (skipping busy ones)."""
+    port = int(os.environ.get("ELASTICO_BASE_PORT", "50050"))
+    out: list[int] = []
+    while len(out) < count and port < 65535:
+        if _port_free(port):
+            out.append(port)
+        port += 1
+    if len(out) < count:
+        return [free_port() for _ in range(count)]
+    return out
+
+
+def load_state() -> dict | None:
+    f = _state_file()
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def _spawn(name: str, module: str, env: dict[str, str], logs: Path) -> subprocess.Popen[bytes]:
+    log_path = logs / f"{name}.log"
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", module], env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def up(nodes: int, timeout_s: float = 30.0) -> dict:
+    """Start the suite; returns the run state. Raises RuntimeError if something does not come up."""
+    state = load_state()
+    if state and any(_alive(p["pid"]) for p in state["procs"]):
+        print("cluster already running (make down first); endpoints:")
+        print_endpoints(state)
+        return state
+    rd = run_dir()
+    logs = rd / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    procs: list[Proc] = []
+    redis_url = os.environ.get("ELASTICO_REDIS_URL", "")
+    state = {"redis_url": redis_url, "embedded_redis": not redis_url, "procs": []}
+
+    def save() -> None:
+        state["procs"] = [asdict(p) for p in procs]
+        _state_file().write_text(json.dumps(state, indent=2))
+
+    try:
+        if not redis_url:
+            redis = EmbeddedRedis(rd / "redis")
+            redis.start(detach=True)
+            redis_url = state["redis_url"] = redis.url
+            procs.append(Proc("redis", redis.proc.pid, f"127.0.0.1:{redis.port}", str(rd / "redis" / "redis.log")))
+            save()
+        ports = _ports(len(SERVICES) + nodes)
+        base_env = {**os.environ, "ELASTICO_REDIS_URL": redis_url, "ELASTICO_HOST": "127.0.0.1",
+                    "ELASTICO_LOG_FORMAT": os.environ.get("ELASTICO_LOG_FORMAT", "json"), "PYTHONUNBUFFERED": "1"}
+        addr = {name: f"127.0.0.1:{port}" for name, port in zip(SERVICES, ports, strict=False)}
+        for name, port in zip(SERVICES, ports, strict=False):
+            env = {**base_env, "ELASTICO_PORT": str(port), "ELASTICO_METRICS_PORT": "0",
+                   "ELASTICO_PRICER_ADDRESS": addr["pricer"], "ELASTICO_PREDICTOR_ADDRESS": addr["predictor"]}
+            p = _spawn(name, f"services.{name}", env, logs)
+            procs.append(Proc(name, p.pid, addr[name], str(logs / f"{name}.log")))
+            save()
+        for i, port in enumerate(ports[len(SERVICES):]):
+            name = f"node-{i + 1}"
+            env = {**base_env, "ELASTICO_PORT": str(port), "ELASTICO_NODE_ID": name,
+                   "ELASTICO_GPU_BACKEND": os.environ.get("ELASTICO_GPU_BACKEND", "simulated")}
+            p = _spawn(name, "services.node_agent", env, logs)
+            procs.append(Proc(name, p.pid, f"127.0.0.1:{port}", str(logs / f"{name}.log")))
+            save()
+        wait_serving(state, timeout_s)
+    except BaseException:
+        down(quiet=True)
+        raise
+    print_endpoints(state)
+    return state
+
+
+def wait_serving(state: dict, timeout_s: float) -> None:
+    """Block until every gRPC process answers SERVING; RuntimeError naming the laggards otherwise."""
+    deadline = time.monotonic() + timeout_s
+    pending = [p for p in state["procs"] if p["name"] != "redis"]
+    while pending:
+        for p in list(pending):
+            if not _alive(p["pid"]):
+                tail = Path(p["log"]).read_text()[-3000:] if Path(p["log"]).exists() else ""
+                raise RuntimeError(f"{p['name']} exited during start-up; log tail:\n{tail}")
+            if health_status(p["address"]) == "SERVING":
+                pending.remove(p)
+        if pending and time.monotonic() > deadline:
+            raise RuntimeError(f"not SERVING after {timeout_s:.0f}s: {', '.join(p['name'] for p in pending)} (see .run/logs)")
+        if pending:
+            time.sleep(0.2)
+
+
+def print_endpoints(state: dict) -> None:
+    print(f"{'process':<12} {'pid':>7}  {'endpoint':<22} health")
+    for p in state["procs"]:
+        health = "-" if p["name"] == "redis" else health_status(p["address"])
+        endpoint = state["redis_url"] if p["name"] == "redis" else p["address"]
+        print(f"{p['name']:<12} {p['pid']:>7}  {endpoint:<22} {health}")
+
+
+def down(quiet: bool = False, grace_s: float = 10.0) -> None:
+    """Stop every process of the run (services first, Redis last so they can flush) and forget them."""
+    state = load_state()
+    if not state:
+        if not quiet:
+            print("no cluster running")
+        return
+    procs = state["procs"]
+    ordered = [p for p in procs if p["name"] != "redis"] + [p for p in procs if p["name"] == "redis"]
+    for group in ([p for p in ordered if p["name"] != "redis"], [p for p in ordered if p["name"] == "redis"]):
+        for p in group:
+            if _alive(p["pid"]):
+                try:
+                    os.killpg(p["pid"], signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        while any(_alive(p["pid"]) for p in group) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for p in group:
+            if _alive(p["pid"]):
+                try:
+                    os.killpg(p["pid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    _state_file().unlink(missing_ok=True)
+    if not quiet:
+        print(f"stopped {len(procs)} processes")
+
+
+def ps() -> None:
+    state = load_state()
+    if not state:
+        print("no cluster running")
+        return
+    print_endpoints(state)
+
+
+def logs(lines: int) -> None:
+    state = load_state()
+    if not state:
+        print("no cluster running")
+        return
+    for p in state["procs"]:
+        print(f"==> {p['name']} ({p['log']}) <==")
+        path = Path(p["log"])
+        if path.exists():
+            print("\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
+
+
+def status() -> None:
+    """Each service's health and the GPUs every node agent reports (through its own gRPC API)."""
+    from elastico.v1 import node_agent_pb2, node_agent_pb2_grpc
+
+    state = load_state()
+    if not state:
+        print("no cluster running")
+        return
+    print_endpoints(state)
+    print()
+    print(f"{'node':<10} {'gpu':>3}  {'type':<6} {'memory':>10}  {'allocated':>9}  backend")
+    for p in state["procs"]:
+        if not p["name"].startswith("node-"):
+            continue
+        with grpc.insecure_channel(p["address"]) as ch:
+            resp = node_agent_pb2_grpc.NodeAgentStub(ch).GetNodeStatus(node_agent_pb2.GetNodeStatusRequest(), timeout=5)
+        for g in resp.node.gpus:
+            print(f"{resp.node.node_id:<10} {g.index:>3}  {g.gpu_type:<6} {g.mem_total_mib:>6} MiB  {g.allocated_share_pct:>8.0f}%  {resp.node.gpu_backend}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m elastico.cluster", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p_up = sub.add_parser("up", help="start Redis, the services and N node agents")
+    p_up.add_argument("--nodes", type=int, default=int(os.environ.get("ELASTICO_NODES", "2")))
+    p_up.add_argument("--timeout-s", type=float, default=30.0)
+    sub.add_parser("down", help="stop everything started by up")
+    sub.add_parser("ps", help="processes, endpoints and health")
+    p_logs = sub.add_parser("logs", help="tail every log")
+    p_logs.add_argument("-n", type=int, default=20)
+    sub.add_parser("status", help="health and the GPUs each node agent reports")
+    args = ap.parse_args(argv)
+    if args.cmd == "up":
+        if args.nodes < 1:
+            ap.error("--nodes must be >= 1")
+        try:
+            up(args.nodes, args.timeout_s)
+        except RuntimeError as exc:
+            print(f"make up failed: {exc}", file=sys.stderr)
+            return 1
+    elif args.cmd == "down":
+        down()
+    elif args.cmd == "ps":
+        ps()
+    elif args.cmd == "logs":
+        logs(args.n)
+    elif args.cmd == "status":
+        status()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

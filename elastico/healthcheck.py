@@ -1,0 +1,35 @@
+"""``python -m elastico.healthcheck HOST:PORT [SERVICE]``: exit 0 iff the gRPC health check says SERVING.
+
+Used as the container healthcheck in docker-compose.yml and by Kubernetes exec probes, so images need
+no extra probe binary.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def health_status(address: str, service: str = "", timeout_s: float = 1.0) -> str:
+    """SERVING / NOT_SERVING / UNREACHABLE for ``service`` ("" = the whole server) at ``address``."""
+    try:
+        with grpc.insecure_channel(address) as ch:
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    except grpc.RpcError:
+        return "UNREACHABLE"
+
+
+def main(argv: list[str]) -> int:
+    if not 1 <= len(argv) <= 2:
+        print("usage: python -m elastico.healthcheck HOST:PORT [SERVICE]", file=sys.stderr)
+        return 2
+    status = health_status(argv[0], argv[1] if len(argv) == 2 else "", timeout_s=3.0)
+    print(status)
+    return 0 if status == "SERVING" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,125 @@
+"""elastico.v1.Allocator over gRPC: validation and conversion only; state lives in the Store.
+
+Scheduling rounds (pricing, placement, commits) are driven elsewhere; this servicer is the job API.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import grpc
+
+from elastico.domain import Job, JobState, StateReason, validate_request_id
+from elastico.errors import Conflict, InvalidSpec, WrongState
+from elastico.logging import get_logger
+from elastico.rpc import convert
+from elastico.state.store import Store
+from elastico.v1 import allocator_pb2 as apb
+from elastico.v1 import allocator_pb2_grpc
+from services.allocator.settings import AllocatorSettings
+
+log = get_logger(component="allocator")
+
+MAX_PAGE_SIZE = 1000
+CAS_RETRIES = 5
+
+
+def _require_job_id(job_id: str) -> str:
+    if not job_id or len(job_id) > 128:
+        raise InvalidSpec("job_id", "must be 1-128 characters")
+    return job_id
+
+
+class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
+    """Job API over a Store."""
+
+    def __init__(self, store: Store, settings: AllocatorSettings) -> None:
+        self._store = store
+        self._settings = settings
+
+    async def SubmitJob(self, request: apb.SubmitJobRequest, context: grpc.aio.ServicerContext) -> apb.SubmitJobResponse:
+        validate_request_id(request.request_id)
+        if not request.HasField("spec"):
+            raise InvalidSpec("spec", "is required")
+        spec = convert.job_spec_from_pb(request.spec)
+        job = Job(job_id=f"j-{uuid.uuid4().hex[:16]}", request_id=request.request_id, spec=spec)
+        stored, created = await self._store.create_job(job)
+        if created:
+            log.info("job submitted", job_id=stored.job_id, request_id=stored.request_id, tenant=spec.tenant, kind=spec.kind.value)
+        return apb.SubmitJobResponse(job=convert.job_to_pb(stored), created=created)
+
+    async def CancelJob(self, request: apb.CancelJobRequest, context: grpc.aio.ServicerContext) -> apb.CancelJobResponse:
+        job_id = _require_job_id(request.job_id)
+        for _ in range(CAS_RETRIES):
+            job = await self._store.get_job(job_id)
+            if job.state.terminal:
+                raise WrongState(f"job {job_id} is already {job.state.value}")
+            try:
+                if job.placement is not None:
+                    done = await self._store.release_job(None, job, JobState.CANCELLED, StateReason.CANCELLED_BY_CLIENT)
+                else:
+                    done = await self._store.update_job(job, replace(job, state=JobState.CANCELLED, reason=StateReason.CANCELLED_BY_CLIENT, message=""))
+            except Conflict:
+                continue  # the job moved under us (placed, progressed): re-read and retry
+            log.info("job cancelled", job_id=job_id)
+            return apb.CancelJobResponse(job=convert.job_to_pb(done))
+        raise Conflict(f"job {job_id} kept changing; retry the cancel")
+
+    async def GetJob(self, request: apb.GetJobRequest, context: grpc.aio.ServicerContext) -> apb.GetJobResponse:
+        return apb.GetJobResponse(job=convert.job_to_pb(await self._store.get_job(_require_job_id(request.job_id))))
+
+    async def ListJobs(self, request: apb.ListJobsRequest, context: grpc.aio.ServicerContext) -> apb.ListJobsResponse:
+        if request.page_size > MAX_PAGE_SIZE:
+            raise InvalidSpec("page_size", f"must be at most {MAX_PAGE_SIZE}, got {request.page_size}")
+        if request.page_token and not request.page_token.isdigit():
+            raise InvalidSpec("page_token", "is not a token returned by ListJobs")
+        states = [convert.state_from_pb(s, f"states[{i}]") for i, s in enumerate(request.states)]
+        jobs, token = await self._store.list_jobs(states=states, tenant=request.tenant,
+                                                  page_size=request.page_size or 100, page_token=request.page_token)
+        return apb.ListJobsResponse(jobs=[convert.job_to_pb(j) for j in jobs], next_page_token=token)
+
+    async def WatchJobs(self, request: apb.WatchJobsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[apb.JobEvent]:
+        after = request.after_event_id
+        if after and not all(part.isdigit() for part in after.split("-", 1)):
+            raise InvalidSpec("after_event_id", "is not an event id returned by WatchJobs")
+        if not after:
+            after = await self._store.last_event_id()
+        wanted = set(request.job_ids)
+        while not context.done():
+            for ev in await self._store.read_events(after, limit=500, block_s=self._settings.watch_poll_s):
+                after = ev.event_id
+                if wanted and ev.job_id not in wanted:
+                    continue
+                yield apb.JobEvent(event_id=ev.event_id, job_id=ev.job_id, state=convert.state_to_pb(ev.state),
+                                   reason=convert.reason_to_pb(ev.reason), message=ev.message, version=ev.version,
+                                   time_unix_s=ev.time_s)
+
+    async def GetClusterState(self, request: apb.GetClusterStateRequest, context: grpc.aio.ServicerContext) -> apb.GetClusterStateResponse:
+        now = time.time()
+        nodes = await self._store.list_nodes()
+        holder, epoch = await self._store.current_leader()
+        usage: dict[str, apb.TenantUsage] = defaultdict(apb.TenantUsage)
+        token = ""
+        while True:
+            jobs, token = await self._store.list_jobs(states=[JobState.PENDING, JobState.PLACED, JobState.RUNNING],
+                                                      page_size=MAX_PAGE_SIZE, page_token=token)
+            for j in jobs:
+                u = usage[j.spec.tenant]
+                u.tenant = j.spec.tenant
+                if j.state is JobState.PENDING:
+                    u.pending_jobs += 1
+                else:
+                    u.running_jobs += 1
+                    if j.placement is not None:
+                        u.allocated_gpus += sum(s.compute_share_pct for s in j.placement.slices) / 100.0
+            if not token:
+                break
+        degraded = [] if holder else ["no allocator leader: scheduling rounds are not running"]
+        return apb.GetClusterStateResponse(
+            nodes=[convert.node_to_pb(replace(n, ready=n.ready and now - n.last_heartbeat_s <= self._settings.node_stale_s)) for n in nodes],
+            tenants=[usage[t] for t in sorted(usage)], leader_epoch=epoch, leader_id=holder or "", degraded=degraded,
+        )
