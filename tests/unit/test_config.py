@@ -1,0 +1,61 @@
+"""Settings.from_env: typed parsing and fail-fast validation with the variable named."""
+
+from __future__ import annotations
+
+import pytest
+
+from elastico.config import Settings
+from elastico.errors import ConfigError
+from services.allocator.settings import AllocatorSettings
+from services.node_agent.settings import NodeAgentSettings
+from services.pricer.settings import PricerSettings
+from services.predictor.settings import PredictorSettings
+
+
+def test_defaults_and_overrides_parse_types():
+    s = PricerSettings.from_env({"ELASTICO_PORT": "6000", "ELASTICO_SHUTDOWN_GRACE_S": "1.5", "ELASTICO_LOG_FORMAT": "json"})
+    assert (s.port, s.shutdown_grace_s, s.log_format, s.service_name) == (6000, 1.5, "json", "pricer")
+    assert PredictorSettings.from_env({}).port == 50052
+
+
+@pytest.mark.parametrize(
+    ("cls", "env", "var"),
+    [
+        (PricerSettings, {"ELASTICO_PORT": "abc"}, "ELASTICO_PORT"),
+        (PricerSettings, {"ELASTICO_PORT": "70000"}, "ELASTICO_PORT"),
+        (PricerSettings, {"ELASTICO_LOG_LEVEL": "loud"}, "ELASTICO_LOG_LEVEL"),
+        (PricerSettings, {"ELASTICO_DEFAULT_GAP_TOLERANCE": "2"}, "ELASTICO_DEFAULT_GAP_TOLERANCE"),
+        (AllocatorSettings, {}, "ELASTICO_REDIS_URL"),
+        (AllocatorSettings, {"ELASTICO_REDIS_URL": "http://x"}, "ELASTICO_REDIS_URL"),
+        (NodeAgentSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_GPU_BACKEND": "cuda"}, "ELASTICO_GPU_BACKEND"),
+        (NodeAgentSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_SIM_GPU_COUNT": "0"}, "ELASTICO_SIM_GPU_COUNT"),
+        (Settings, {"ELASTICO_METRICS_PORT": "-5"}, "ELASTICO_METRICS_PORT"),
+    ],
+    ids=["port-not-int", "port-range", "log-level", "gap-tolerance", "redis-required", "redis-scheme", "gpu-backend",
+         "sim-gpu-count", "metrics-port"],
+)
+def test_bad_settings_fail_fast_naming_the_variable(cls, env, var):
+    with pytest.raises(ConfigError, match=var):
+        cls.from_env(env)
+
+
+def test_bool_parsing():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class WithFlag(Settings):
+        flag: bool = False
+
+    assert WithFlag.from_env({"ELASTICO_FLAG": "yes"}).flag is True
+    with pytest.raises(ConfigError, match="ELASTICO_FLAG"):
+        WithFlag.from_env({"ELASTICO_FLAG": "maybe"})
+
+
+def test_service_refuses_to_start_on_bad_config(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "services.allocator"], env={"PATH": "/usr/bin:/bin"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "ELASTICO_REDIS_URL is required" in r.stderr

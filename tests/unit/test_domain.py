@@ -1,0 +1,89 @@
+"""Domain validation names the offending field; storage codec round-trips every domain type."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from elastico.domain import (
+    GpuSlice,
+    InferenceWork,
+    Job,
+    JobKind,
+    JobState,
+    NodeInfo,
+    Placement,
+    Shape,
+    StateReason,
+    TrainingWork,
+    validate_job_spec,
+    validate_request_id,
+)
+from elastico.errors import InvalidSpec
+from elastico.state import codec
+from tests.conftest import make_node, make_spec
+
+BAD_SPECS = [
+    (make_spec(tenant=""), "spec.tenant"),
+    (make_spec(tenant="a b"), "spec.tenant"),
+    (make_spec(training=None), "spec.training"),
+    (make_spec(training=TrainingWork(total_steps=0)), "spec.training.total_steps"),
+    (make_spec(training=TrainingWork(total_steps=10, max_slowdown=0.5)), "spec.training.max_slowdown"),
+    (make_spec(training=TrainingWork(total_steps=10, max_slowdown=math.nan)), "spec.training.max_slowdown"),
+    (make_spec(inference=InferenceWork(1, 1)), "spec.inference"),
+    (make_spec(JobKind.INFERENCE, inference=InferenceWork(demand_rps=math.nan, latency_slo_ms=10)), "spec.inference.demand_rps"),
+    (make_spec(JobKind.INFERENCE, inference=InferenceWork(demand_rps=5, latency_slo_ms=-1)), "spec.inference.latency_slo_ms"),
+    (make_spec(shapes=(Shape(0, 50, 100),)), "spec.shapes[0].num_gpus"),
+    (make_spec(shapes=(Shape(1, 50, 100), Shape(1, 150, 100))), "spec.shapes[1].compute_share_pct"),
+    (make_spec(shapes=(Shape(1, math.inf, 100),)), "spec.shapes[0].compute_share_pct"),
+    (make_spec(shapes=(Shape(1, 50, 0),)), "spec.shapes[0].mem_mib"),
+    (make_spec(shapes=(Shape(1, 50, 10, throughput=-1),)), "spec.shapes[0].throughput"),
+    (make_spec(model_family=""), "spec.model_family"),
+    (make_spec(batch_size=-3), "spec.batch_size"),
+]
+
+
+@pytest.mark.parametrize(("spec", "field"), BAD_SPECS, ids=[f for _, f in BAD_SPECS])
+def test_invalid_spec_names_field(spec, field):
+    with pytest.raises(InvalidSpec) as exc:
+        validate_job_spec(spec)
+    assert exc.value.field == field
+
+
+def test_valid_specs_pass():
+    validate_job_spec(make_spec())
+    validate_job_spec(make_spec(JobKind.INFERENCE))
+    validate_job_spec(make_spec(model_family="", shapes=(Shape(2, 50, 4096, throughput=3.0),)))
+
+
+@pytest.mark.parametrize("rid", ["", "x" * 129, "has space", "slash/no"], ids=["empty", "too-long", "space", "slash"])
+def test_bad_request_ids(rid):
+    with pytest.raises(InvalidSpec, match="request_id"):
+        validate_request_id(rid)
+
+
+def test_terminal_states():
+    assert {s for s in JobState if s.terminal} == {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
+
+
+shapes = st.builds(Shape, num_gpus=st.integers(1, 8), compute_share_pct=st.floats(1, 100), mem_mib=st.integers(1, 80_000),
+                   batch_size=st.integers(0, 512), gpu_type=st.sampled_from(["", "v100", "k80"]), throughput=st.floats(0, 1e4))
+
+
+@given(shape=shapes, state=st.sampled_from(list(JobState)), reason=st.sampled_from(list(StateReason)),
+       steps=st.floats(0, 1e9), labels=st.dictionaries(st.text(min_size=1, max_size=5), st.text(max_size=5), max_size=3))
+def test_job_codec_roundtrip(shape, state, reason, steps, labels):
+    spec = make_spec(shapes=(shape,), labels=tuple(sorted(labels.items())))
+    placement = Placement("j", 0, shape, (GpuSlice("n", 1, shape.compute_share_pct, shape.mem_mib),), epoch=3, committed_at_s=1.5)
+    job = Job("j", "r", spec, state=state, reason=reason, placement=placement, progress_steps=steps, version=4)
+    assert codec.loads(Job, codec.dumps(job)) == job
+    assert codec.loads(Job, codec.dumps(replace(job, placement=None))).placement is None
+
+
+def test_node_codec_roundtrip():
+    node: NodeInfo = make_node(gpus=3)
+    assert codec.loads(NodeInfo, codec.dumps(node)) == node
