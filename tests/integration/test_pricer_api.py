@@ -1,0 +1,92 @@
+"""Pricer over gRPC: a real solve through the wire, and INVALID_ARGUMENT naming the field for bad input."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+
+import grpc
+import numpy as np
+import pytest
+
+from elastico.rpc.server import ServiceBinding, create_server
+from elastico.v1 import pricer_pb2 as ppb
+from elastico.v1 import pricer_pb2_grpc
+from services.pricer.servicer import PricerServicer
+from services.pricer.settings import PricerSettings
+
+
+@pytest.fixture
+async def pricer() -> AsyncIterator[pricer_pb2_grpc.PricerStub]:
+    settings = PricerSettings.from_env({}, port=0, max_jobs=1000)
+    server, port = await create_server(settings, [ServiceBinding("elastico.v1.Pricer", PricerServicer(settings), pricer_pb2_grpc.add_PricerServicer_to_server)])
+    await server.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        yield pricer_pb2_grpc.PricerStub(ch)
+    await server.stop(0)
+
+
+def request(jobs: int = 30, seed: int = 0) -> ppb.ComputeAllocationRequest:
+    rng = np.random.default_rng(seed)
+    req = ppb.ComputeAllocationRequest(pools=[ppb.ResourcePool(name="v100/gpus", capacity=8), ppb.ResourcePool(name="v100/mem_mib", capacity=8 * 16384)])
+    for j in range(jobs):
+        job = req.jobs.add(job_id=f"j{j}")
+        for g in (1, 2, 4):
+            job.shapes.add(utility=float(rng.uniform(0.5, 1.0) * g ** 0.8), demand=[g, g * float(rng.integers(2000, 16000))])
+    return req
+
+
+async def test_solves_within_capacity_with_certificate(pricer):
+    req = request()
+    resp = await pricer.ComputeAllocation(req, timeout=10)
+    assert [a.job_id for a in resp.assignments] == [j.job_id for j in req.jobs]
+    load = np.zeros(2)
+    for job, a in zip(req.jobs, resp.assignments, strict=True):
+        if a.shape_index >= 0:
+            load += np.array(job.shapes[a.shape_index].demand)
+    assert (load <= np.array([p.capacity for p in req.pools]) + 1e-9).all()
+    assert resp.dual_bound >= resp.primal_value - 1e-9 and resp.relative_gap >= 0
+    assert resp.status in (ppb.SOLVER_STATUS_OPTIMAL, ppb.SOLVER_STATUS_FEASIBLE) and len(resp.prices) == 2
+
+
+def _bad(mutate) -> ppb.ComputeAllocationRequest:
+    req = request(jobs=3)
+    mutate(req)
+    return req
+
+
+BAD = [
+    (lambda r: r.ClearField("pools"), "pools"),
+    (lambda r: setattr(r.pools[1], "name", "v100/gpus"), "pools[1].name"),
+    (lambda r: setattr(r.pools[0], "capacity", math.nan), "pools[0].capacity"),
+    (lambda r: setattr(r.pools[1], "capacity", -1.0), "pools[1].capacity"),
+    (lambda r: [setattr(p, "capacity", 0.0) for p in r.pools], "pools"),
+    (lambda r: setattr(r.jobs[2], "job_id", "j0"), "jobs[2].job_id"),
+    (lambda r: setattr(r.jobs[1], "job_id", ""), "jobs[1].job_id"),
+    (lambda r: r.jobs[1].shapes[2].demand.append(1.0), "jobs[1].shapes[2].demand"),
+    (lambda r: setattr(r.jobs[0].shapes[1], "utility", math.nan), "jobs[0].shapes[1].utility"),
+    (lambda r: setattr(r.jobs[0].shapes[0], "utility", math.inf), "jobs[0].shapes[0].utility"),
+    (lambda r: r.jobs[2].shapes[0].demand.__setitem__(1, -5.0), "jobs[2].shapes[0].demand[1]"),
+    (lambda r: r.warm_start_prices.extend([1.0]), "warm_start_prices"),
+    (lambda r: r.warm_start_prices.extend([1.0, math.nan]), "warm_start_prices[1]"),
+    (lambda r: setattr(r, "gap_tolerance", 2.0), "gap_tolerance"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "field"), BAD, ids=[f"{f}-{i}" for i, (_, f) in enumerate(BAD)])
+async def test_malformed_requests_are_invalid_argument_naming_the_field(pricer, mutate, field):
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await pricer.ComputeAllocation(_bad(mutate), timeout=10)
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert exc.value.details().startswith(field + ":"), exc.value.details()
+
+
+async def test_too_many_jobs_is_invalid_argument(pricer):
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await pricer.ComputeAllocation(request(jobs=1001), timeout=10)
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT and exc.value.details().startswith("jobs:")
+
+
+async def test_empty_job_list_is_fine(pricer):
+    resp = await pricer.ComputeAllocation(ppb.ComputeAllocationRequest(pools=[ppb.ResourcePool(name="g", capacity=4)]), timeout=5)
+    assert resp.status == ppb.SOLVER_STATUS_OPTIMAL and list(resp.assignments) == []
