@@ -177,19 +177,46 @@ class NodeInfo:
     ready: bool = True
 
 
+WORKLOAD_STATUSES = ("starting", "running", "succeeded", "failed", "killed")
+WORKLOAD_ENDED = ("succeeded", "failed", "killed")
+
+
 @dataclass(frozen=True)
 class Workload:
-    """One job's process on a node."""
+    """One job's process on a node, as its node agent observes it (the node's *actual* state).
+
+    An ended workload (status succeeded/failed/killed) stays in the actual state, with ``reason`` saying
+    why it ended, until the allocator removes the job from the node's desired state: that is how the
+    allocator learns the outcome, and why the agent never starts the same placement twice.
+    """
 
     job_id: str
     gpu_indices: tuple[int, ...]
     compute_share_pct: float  # MPS active-thread percentage at launch
     mem_mib: int  # MPS pinned memory limit at launch, MiB
     status: str = "starting"  # starting, running, succeeded, failed, killed
-    pid: int = 0
-    progress_steps: float = 0.0
-    throughput: float = 0.0  # observed steps/s or requests/s
+    pid: int = 0  # OS pid of the workload's supervisor (its process group leader); 0 when not running
+    progress_steps: float = 0.0  # steps (training) or requests (inference) done, as last reported
+    throughput: float = 0.0  # observed steps/s or requests/s over the last measurement window
     started_at_s: float = 0.0
+    placement_id: str = ""  # which placement incarnation it runs ("<epoch>:<committed_at_s>"), see placement_id()
+    reason: StateReason | None = None  # why it ended: COMPLETED, OWN_FAILURE, COTENANT_FAULT, or PREEMPTED (stopped)
+    exit_code: int | None = None  # exit status; negative = killed by that signal; None = unknown/running
+    message: str = ""  # human-readable detail of the end (e.g. "exit 3", "CUDA out of memory", "MPS server fault")
+    cotenants: tuple[str, ...] = ()  # job ids sharing at least one of its GPUs at the last measurement
+    norm_throughput: float | None = None  # throughput / isolated throughput in its shape, when both are known
+    counters: GpuCounters = field(default_factory=GpuCounters)  # per-process counters (NVML), unknown if None
+    log_path: str = ""  # the workload's log file on its node
+    ended_at_s: float = 0.0  # when it was seen ended; 0 while running
+
+
+def placement_id(p: Placement) -> str:
+    """Identity of one placement incarnation: a job re-placed (requeue, resize) gets a new one.
+
+    The allocator commits every placement with its leader epoch and commit time, so the pair
+    distinguishes two placements of the same job even when shape and GPUs are identical.
+    """
+    return f"{p.epoch}:{p.committed_at_s:.6f}"
 
 
 @dataclass(frozen=True)

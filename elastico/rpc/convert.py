@@ -128,6 +128,14 @@ def node_to_pb(n: d.NodeInfo) -> pb.NodeInfo:
 
 
 def workload_to_pb(w: d.Workload) -> pb.Workload:
-    return pb.Workload(job_id=w.job_id, gpu_indices=list(w.gpu_indices), compute_share_pct=w.compute_share_pct,
-                       mem_mib=w.mem_mib, status=w.status, pid=w.pid, progress_steps=w.progress_steps,
-                       throughput=w.throughput, started_at=ts(w.started_at_s))
+    m = pb.Workload(job_id=w.job_id, gpu_indices=list(w.gpu_indices), compute_share_pct=w.compute_share_pct,
+                    mem_mib=w.mem_mib, status=w.status, pid=w.pid, progress_steps=w.progress_steps,
+                    throughput=w.throughput, started_at=ts(w.started_at_s), placement_id=w.placement_id,
+                    reason=_REASON_TO_PB[w.reason] if w.reason is not None else pb.STATE_REASON_UNSPECIFIED,
+                    message=w.message, cotenants=list(w.cotenants), counters=counters_to_pb(w.counters),
+                    log_path=w.log_path, ended_at=ts(w.ended_at_s))
+    if w.exit_code is not None:
+        m.exit_code = w.exit_code
+    if w.norm_throughput is not None:
+        m.norm_throughput = w.norm_throughput
+    return m

@@ -60,6 +60,14 @@ class Keys:
         """Counter: bumped on every change of the node's desired state."""
         return f"{self.prefix}desired:{node_id}:gen"
 
+    def workloads(self, node_id: str) -> str:
+        """Hash: job_id -> JSON of Workload, the node's actual state as its agent last reported it."""
+        return f"{self.prefix}workloads:{node_id}"
+
+    def workloads_gen(self, node_id: str) -> str:
+        """String: desired-state generation the node's agent had applied when it last reported workloads."""
+        return f"{self.prefix}workloads:{node_id}:gen"
+
     @property
     def leader(self) -> str:
         """String with TTL: holder id of the allocator leader lease."""

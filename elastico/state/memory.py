@@ -9,7 +9,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from elastico.domain import NodeInfo, Placement
+from elastico.domain import NodeInfo, Placement, Workload
 from elastico.errors import Conflict, NotFound, StaleEpoch
 from elastico.state import codec
 from elastico.state.store import (
@@ -37,6 +37,7 @@ class MemoryStore(StoreBase):
         self._nodes: dict[str, str] = {}
         self._desired: dict[str, dict[str, str]] = {}
         self._desired_gen: dict[str, int] = {}
+        self._workloads: dict[str, tuple[int, dict[str, str]]] = {}  # node_id -> (applied gen, job_id -> JSON)
         self._leader: tuple[str, float] | None = None  # (holder, expires at monotonic s)
         self._epoch = 0
         self._events: list[tuple[int, dict[str, str]]] = []
@@ -133,6 +134,14 @@ class MemoryStore(StoreBase):
     async def get_desired(self, node_id: str) -> tuple[int, dict[str, Placement]]:
         table = self._desired.get(node_id, {})
         return self._desired_gen.get(node_id, 0), {j: codec.loads(Placement, d) for j, d in table.items()}
+
+    async def report_workloads(self, node_id: str, applied_generation: int, workloads: Sequence[Workload]) -> None:
+        async with self._lock:
+            self._workloads[node_id] = (int(applied_generation), {w.job_id: codec.dumps(w) for w in workloads})
+
+    async def get_workloads(self, node_id: str) -> tuple[int, dict[str, Workload]]:
+        gen, table = self._workloads.get(node_id, (0, {}))
+        return gen, {j: codec.loads(Workload, d) for j, d in table.items()}
 
     # --- leadership ---------------------------------------------------------------------------------
     async def acquire_leadership(self, holder: str, ttl_s: float) -> int | None:

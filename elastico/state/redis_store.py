@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from elastico.domain import NodeInfo, Placement
+from elastico.domain import NodeInfo, Placement, Workload
 from elastico.errors import Conflict, NotFound, StaleEpoch, Unavailable
 from elastico.state import codec, lua
 from elastico.state.keys import Keys
@@ -167,6 +167,26 @@ class RedisStore(StoreBase):
         pipe.hgetall(self._k.desired(node_id))
         gen, table = await pipe.execute()
         return int(gen or 0), {j: codec.loads(Placement, d) for j, d in table.items()}
+
+    # --- actual state (written by node agents) -------------------------------------------------------
+    @_unavailable_on_connection_error
+    async def report_workloads(self, node_id: str, applied_generation: int, workloads: Sequence[Workload]) -> None:
+        """Replace the node's actual state in one MULTI/EXEC: a reader never sees half a report."""
+        key = self._k.workloads(node_id)
+        pipe = self._r.pipeline(transaction=True)
+        pipe.delete(key)
+        if workloads:
+            pipe.hset(key, mapping={w.job_id: codec.dumps(w) for w in workloads})
+        pipe.set(self._k.workloads_gen(node_id), int(applied_generation))
+        await pipe.execute()
+
+    @_unavailable_on_connection_error
+    async def get_workloads(self, node_id: str) -> tuple[int, dict[str, Workload]]:
+        pipe = self._r.pipeline(transaction=True)
+        pipe.get(self._k.workloads_gen(node_id))
+        pipe.hgetall(self._k.workloads(node_id))
+        gen, table = await pipe.execute()
+        return int(gen or 0), {j: codec.loads(Workload, d) for j, d in table.items()}
 
     # --- leadership ---------------------------------------------------------------------------------
     @_unavailable_on_connection_error

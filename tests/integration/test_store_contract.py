@@ -183,3 +183,41 @@ async def test_node_roundtrip_and_removal(store):
     await store.remove_node("n7")
     with pytest.raises(NotFound):
         await store.get_node("n7")
+
+
+async def test_actual_workloads_are_replaced_atomically_per_node(store):
+    from elastico.domain import GpuCounters, Workload
+
+    assert await store.get_workloads("node-1") == (0, {})
+    running = Workload(job_id="j1", gpu_indices=(0,), compute_share_pct=50.0, mem_mib=4096, status="running", pid=123,
+                       progress_steps=10.5, throughput=2.5, started_at_s=1.0, placement_id="3:1.000000",
+                       cotenants=("j2",), norm_throughput=0.6, counters=GpuCounters(sm_util_pct=40.0))
+    ended = Workload(job_id="j2", gpu_indices=(0, 1), compute_share_pct=25.0, mem_mib=1024, status="failed",
+                     placement_id="3:2.000000", reason=StateReason.COTENANT_FAULT, exit_code=-9,
+                     message="MPS server fault on GPU 0", ended_at_s=5.0)
+    await store.report_workloads("node-1", 7, [running, ended])
+    await store.report_workloads("node-2", 1, [running])
+    gen, table = await store.get_workloads("node-1")
+    assert gen == 7 and table == {"j1": running, "j2": ended}  # every field round-trips, enums and None included
+    # a new report replaces the whole table (j2 acknowledged and dropped), other nodes untouched
+    await store.report_workloads("node-1", 8, [running])
+    assert await store.get_workloads("node-1") == (8, {"j1": running})
+    await store.report_workloads("node-1", 9, [])
+    assert await store.get_workloads("node-1") == (9, {})
+    assert (await store.get_workloads("node-2"))[1] == {"j1": running}
+
+
+async def test_unhealthy_gpu_has_no_capacity_until_healthy_again(store):
+    """A drained GPU (MPS server fault) takes no new placements; capacity returns with its health."""
+    from dataclasses import replace
+
+    node = make_node(gpus=2)
+    await store.put_node(replace(node, gpus=(replace(node.gpus[0], healthy=False), node.gpus[1])))
+    epoch = await store.acquire_leadership("a", 5)
+    job, _ = await store.create_job(make_job())
+    with pytest.raises(Conflict):
+        await store.commit_placements(epoch, [(job, placement_on("node-1", 0, 10.0, 100))])
+    await store.commit_placements(epoch, [(job, placement_on("node-1", 1, 10.0, 100))])
+    await store.put_node(node)
+    job2, _ = await store.create_job(make_job())
+    await store.commit_placements(epoch, [(job2, placement_on("node-1", 0, 10.0, 100))])
