@@ -1,7 +1,13 @@
-"""``python -m services.node_agent``: one agent per node."""
+"""``python -m services.node_agent [--gpu-backend nvml|simulated|auto]``: one agent per node.
+
+Start-up order matters: re-adopt the ledger's workloads and start MPS *before* serving or polling, so
+the first reconcile pass already knows what runs (no duplicate starts after a restart); register the
+node (first heartbeat) so the allocator sees its GPUs at once; then serve Sync and poll.
+"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import sys
@@ -10,6 +16,9 @@ from elastico.rpc.server import ServiceBinding, run_main
 from elastico.state.redis_store import RedisStore
 from elastico.v1 import node_agent_pb2, node_agent_pb2_grpc
 from services.node_agent.gpu import make_backend
+from services.node_agent.mps import make_mps
+from services.node_agent.observations import PredictorReporter
+from services.node_agent.reconcile import Reconciler
 from services.node_agent.servicer import NodeAgent, NodeAgentServicer
 from services.node_agent.settings import NodeAgentSettings
 
@@ -18,17 +27,36 @@ def build(settings: NodeAgentSettings):
     async def _build():
         node_id = settings.effective_node_id
         backend = make_backend(settings.gpu_backend, node_id, settings.sim_gpu_type, settings.sim_gpu_count, settings.sim_gpu_mem_mib)
+        try:
+            mps = make_mps(settings.mps, backend.name, settings.effective_mps_pipe_dir, settings.effective_mps_log_dir,
+                           settings.mps_control_bin, settings.mps_control_timeout_s)
+        except BaseException:
+            backend.close()
+            raise
         store = RedisStore.from_url(settings.redis_url, namespace=settings.redis_namespace)
         await store.ping()
         address = settings.advertise_address or f"{settings.host}:{settings.port}"
-        agent = NodeAgent(store, backend, node_id, address)
+        gpu_type = next((g.gpu_type for g in backend.gpus()), "")
+        reporter = PredictorReporter(settings.predictor_address, gpu_type, settings.predictor_timeout_s) if settings.predictor_address else None
+        reconciler = Reconciler(store, backend, mps, node_id, settings.effective_state_dir,
+                                stop_grace_s=settings.stop_grace_s, fault_holddown_s=settings.mps_fault_holddown_s,
+                                observation_interval_s=settings.observation_interval_s, observation_sink=reporter)
+        await reconciler.recover()
+        agent = NodeAgent(store, backend, node_id, address, reconciler)
         await agent.heartbeat()  # register before serving, so the allocator sees the GPUs at once
-        task = asyncio.create_task(agent.heartbeat_forever(settings.heartbeat_interval_s))
+        tasks = [asyncio.create_task(agent.heartbeat_forever(settings.heartbeat_interval_s)),
+                 asyncio.create_task(reconciler.run_forever(settings.reconcile_interval_s))]
 
         async def cleanup() -> None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if settings.stop_workloads_on_exit:
+                await reconciler.stop_all()
+            if reporter is not None:
+                await reporter.close()
             backend.close()
             await store.close()
 
@@ -39,5 +67,13 @@ def build(settings: NodeAgentSettings):
     return _build
 
 
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m services.node_agent", description="ElastiCo node agent (settings: ELASTICO_* variables)")
+    ap.add_argument("--gpu-backend", choices=("nvml", "simulated", "auto"), help="overrides ELASTICO_GPU_BACKEND")
+    args = ap.parse_args(argv)
+    overrides = {"gpu_backend": args.gpu_backend} if args.gpu_backend else {}
+    return run_main(lambda: NodeAgentSettings.from_env(**overrides), build)
+
+
 if __name__ == "__main__":
-    sys.exit(run_main(NodeAgentSettings.from_env, build))
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Co-located throughput measured on this node, sent to the predictor (``ReportObservation``).
+
+Best effort by design: observations improve the interference model over time, but a predictor that is
+down, slow or not built yet (UNIMPLEMENTED) must never slow down or break reconciliation. Every call
+carries a deadline; failures are logged (UNIMPLEMENTED once) and dropped.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from elastico.domain import JobKind
+from elastico.logging import get_logger
+from elastico.v1 import predictor_pb2, predictor_pb2_grpc, types_pb2
+from services.node_agent.runner import LedgerEntry
+
+log = get_logger(component="observations")
+
+_KIND = {JobKind.TRAINING.value: types_pb2.JOB_KIND_TRAINING, JobKind.INFERENCE.value: types_pb2.JOB_KIND_INFERENCE}
+
+
+def profile(e: LedgerEntry, gpu_type: str) -> predictor_pb2.TaskProfile:
+    return predictor_pb2.TaskProfile(job_id=e.job_id, model_family=e.model, batch_size=e.batch_size,
+                                     precision=e.precision, kind=_KIND.get(e.kind, types_pb2.JOB_KIND_UNSPECIFIED),
+                                     gpu_type=gpu_type, mps_share_pct=e.compute_share_pct)
+
+
+def to_observation(a: LedgerEntry, b: LedgerEntry, node_id: str, gpu_type: str) -> predictor_pb2.Observation:
+    """Normalised throughputs are clamped to the API's [0, 1.5] range (measurement noise can exceed 1)."""
+    return predictor_pb2.Observation(a=profile(a, gpu_type), b=profile(b, gpu_type),
+                                     norm_tput_a=min(1.5, max(0.0, a.norm_throughput or 0.0)),
+                                     norm_tput_b=min(1.5, max(0.0, b.norm_throughput or 0.0)),
+                                     node_id=node_id, time_unix_s=time.time())
+
+
+class PredictorReporter:
+    """Sends observations over one long-lived channel, each call with ``timeout_s``."""
+
+    def __init__(self, address: str, gpu_type: str, timeout_s: float = 2.0) -> None:
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = predictor_pb2_grpc.PredictorStub(self._channel)
+        self._gpu_type = gpu_type
+        self._timeout_s = timeout_s
+        self._unimplemented_logged = False
+        self.sent = 0
+
+    async def __call__(self, pairs: list[tuple[LedgerEntry, LedgerEntry, str]]) -> None:
+        req = predictor_pb2.ReportObservationRequest(
+            observations=[to_observation(a, b, node, self._gpu_type) for a, b, node in pairs])
+        try:
+            resp = await self._stub.ReportObservation(req, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                if not self._unimplemented_logged:
+                    log.info("predictor does not accept observations yet (UNIMPLEMENTED); continuing", detail=exc.details())
+                    self._unimplemented_logged = True
+                return
+            log.warning("ReportObservation failed; dropping observations", code=exc.code().name,
+                        detail=exc.details(), count=len(pairs))
+            return
+        self.sent += len(pairs)
+        log.debug("observations reported", count=len(pairs), accepted=resp.accepted)
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,460 @@
+"""Level-triggered reconciliation: make what runs on this node equal what the allocator wants.
+
+Every ``reconcile_interval_s`` (and at once on a Sync nudge) the agent reads the node's desired state
+``{job_id: Placement}`` and compares it with its ledger of workloads — never with a log of changes, so a
+lost nudge, a restart or a Redis blip can delay but never lose or duplicate work:
+
+1. **MPS**: probe the daemon (restart it if dead; start nothing while it is dead or stuck) and collect
+   fault events. A fault drains the GPUs it hit: they are reported ``healthy=False`` (the store then
+   gives them no capacity) until every client on them has exited and ``mps_fault_holddown_s`` passed.
+2. **Observe**: a workload whose process ended is classified — success (exit 0), own failure (non-zero
+   exit, OOM), co-tenant fault (its GPU's MPS server failed while it ran: requeue without penalty), or
+   stopped by us (no longer desired).
+3. **Stop** what is running but no longer desired (or desired with another placement: MPS limits are
+   fixed at launch, so a new shape is a restart): SIGTERM to its process group, SIGKILL after
+   ``stop_grace_s``. Ended workloads that are no longer desired are forgotten.
+4. **Start** what is desired and has no workload yet. A placement that already ran here (same
+   ``placement_id``) is never started again, whatever its outcome: the allocator re-places a job to run it
+   again, which gives it a new placement id.
+5. **Measure and report**: emulated rates (simulated GPUs), progress, throughput, co-tenants; the ledger
+   is saved atomically, the node's actual state goes to the store, co-located observations to the predictor.
+
+The ledger (``<state_dir>/ledger.json``) makes a restarted agent re-adopt its running processes (matched
+by pid *and* start time) instead of starting them twice or leaving them orphaned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from elastico.domain import (
+    GpuCounters,
+    JobKind,
+    NodeInfo,
+    Placement,
+    StateReason,
+    Workload,
+    placement_id,
+)
+from elastico.errors import NotFound, Unavailable
+from elastico.logging import get_logger
+from elastico.state.store import Store
+from services.node_agent.coloc import ColocationTruth, Tenant
+from services.node_agent.gpu import GpuBackend
+from services.node_agent.mps import MpsController, MpsFault
+from services.node_agent.runner import LedgerEntry, LedgerFile, Runner, find_tagged, synthetic_argv, workload_dir
+
+log = get_logger(component="reconcile")
+
+# (a, b, node_id) -> awaitable; see ObservationSink in services/node_agent/observations.py
+ObservationSink = Callable[[list[tuple[LedgerEntry, LedgerEntry, str]]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """Outcome of one reconcile pass."""
+
+    applied_generation: int
+    started: int
+    stopped: int
+    workloads: tuple[Workload, ...]
+
+
+@dataclass
+class _Samples:
+    """Progress samples since the workload's co-tenants last changed (throughput = their slope)."""
+
+    key: tuple = ()
+    first: tuple[float, float] | None = None  # (time, steps)
+    last: tuple[float, float] | None = None
+
+
+class Reconciler:
+    """Owns the ledger, the runner and the MPS controller of one node."""
+
+    def __init__(self, store: Store, backend: GpuBackend, mps: MpsController, node_id: str, state_dir: Path, *,
+                 stop_grace_s: float = 10.0, fault_holddown_s: float = 5.0, observation_interval_s: float = 30.0,
+                 observation_sink: ObservationSink | None = None, truth: ColocationTruth | None = None) -> None:
+        self.store = store
+        self.backend = backend
+        self.mps = mps
+        self.node_id = node_id
+        self.state_dir = Path(state_dir)
+        self.runner = Runner(self.state_dir)
+        self.ledger = LedgerFile.load(self.state_dir / "ledger.json")
+        self.stop_grace_s = stop_grace_s
+        self.fault_holddown_s = fault_holddown_s
+        self.observation_interval_s = observation_interval_s
+        self._sink = observation_sink
+        self._truth = truth
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._samples: dict[str, _Samples] = {}
+        self._last_observed: dict[tuple[str, str], float] = {}
+        self._child_pids: dict[str, int] = {}
+        self._drain_clear_at: dict[int, float] = {}  # gpu -> when its last faulted client was seen gone
+        self.mps_state = "ok"
+
+    # --- start-up -------------------------------------------------------------------------------------
+    async def recover(self) -> None:
+        """Re-adopt processes from the ledger and from tagged processes missing in it; start MPS."""
+        await asyncio.to_thread(self.mps.start)
+        tagged = await asyncio.to_thread(find_tagged, str(self.state_dir))
+        known = {(e.job_id, e.placement_id) for e in self.ledger.entries.values()}
+        for (job_id, pid_), pid in tagged.items():
+            if (job_id, pid_) in known:
+                continue
+            # started right before a crash, never recorded: launch.json has its entry
+            launch = workload_dir(self.state_dir, job_id, pid_) / "launch.json"
+            try:
+                from elastico.state import codec
+
+                entry = codec.loads(LedgerEntry, launch.read_text())
+            except (OSError, ValueError, KeyError) as exc:
+                log.error("unknown tagged workload process; killing it", job_id=job_id, pid=pid, error=str(exc))
+                self.runner.signal_group(LedgerEntry(job_id, pid_, _EMPTY_PLACEMENT, (), 0, 0, "", pid=pid,
+                                                     pid_start_ticks=_ticks(pid)), signal.SIGKILL)
+                continue
+            if job_id in self.ledger.entries:  # an older placement of the same job is recorded: keep the newest
+                old = self.ledger.entries[job_id]
+                if old.running:
+                    log.warning("two placements of one job running; stopping the unrecorded one", job_id=job_id)
+                    self.runner.signal_group(replace(entry, pid=pid, pid_start_ticks=_ticks(pid)), signal.SIGKILL)
+                    continue
+            self.ledger.entries[job_id] = replace(entry, status="running", pid=pid, pid_start_ticks=_ticks(pid))
+            log.info("re-adopted unrecorded workload", job_id=job_id, pid=pid)
+        adopted = [e.job_id for e in self.ledger.entries.values() if e.running and self.runner.alive(e)]
+        if adopted:
+            log.info("re-adopted running workloads from the ledger", jobs=sorted(adopted))
+        await asyncio.to_thread(self.ledger.save)
+
+    # --- loop -----------------------------------------------------------------------------------------
+    def nudge(self) -> None:
+        """Ask the loop for a pass now (Sync does its own pass; this is for other callers)."""
+        self._wake.set()
+
+    async def run_forever(self, interval_s: float) -> None:
+        """Reconcile every ``interval_s`` (or when nudged); a Redis outage is logged and retried."""
+        while True:
+            try:
+                await self.reconcile()
+            except Unavailable as exc:
+                log.warning("reconcile skipped: store unavailable", error=str(exc))
+            except Exception:  # noqa: BLE001 - the loop must survive any single bad pass
+                log.exception("reconcile pass failed")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=interval_s)
+            except TimeoutError:
+                pass
+
+    async def reconcile(self, min_generation: int = 0, deadline_s: float | None = None) -> SyncResult:
+        """One pass; with ``min_generation`` wait (until ``deadline_s``) for that desired generation.
+
+        Raises:
+            Unavailable: the store is unreachable, or ``min_generation`` did not become visible in time.
+        """
+        async with self._lock:
+            gen, desired = await self.store.get_desired(self.node_id)
+            while gen < min_generation:
+                if deadline_s is not None and time.monotonic() >= deadline_s:
+                    raise Unavailable(f"desired state generation {min_generation} not visible yet (store at {gen})")
+                await asyncio.sleep(0.05)
+                gen, desired = await self.store.get_desired(self.node_id)
+            return await self._pass(gen, desired)
+
+    async def _pass(self, gen: int, desired: dict[str, Placement]) -> SyncResult:
+        now = time.time()
+        await self._check_mps(now)
+        self._observe_ends(now)
+        self._update_drains(now)
+        stopped = await self._stop_unwanted(desired)
+        started = await self._start_missing(desired)
+        await self._measure(now)
+        self.ledger.applied_generation = gen
+        await asyncio.to_thread(self.ledger.save)
+        workloads = self.workloads()
+        await self.store.report_workloads(self.node_id, gen, workloads)
+        await self._observe_pairs(now)
+        if started or stopped:
+            log.info("reconciled", generation=gen, started=started, stopped=stopped,
+                     running=sum(1 for w in workloads if w.status == "running"))
+        return SyncResult(gen, started, stopped, tuple(workloads))
+
+    # --- 1. MPS ---------------------------------------------------------------------------------------
+    async def _check_mps(self, now: float) -> None:
+        health = await asyncio.to_thread(self.mps.health)
+        if health.state == "dead":
+            log.warning("MPS control daemon is dead; restarting it", detail=health.detail)
+            try:
+                await asyncio.to_thread(self.mps.start)
+                health = await asyncio.to_thread(self.mps.health)
+            except Exception as exc:  # noqa: BLE001 - reported through mps_state and readiness
+                log.error("MPS control daemon restart failed", error=str(exc))
+        elif health.state == "stuck":
+            log.error("MPS control daemon is stuck; starting no workloads until it answers", detail=health.detail)
+        self.mps_state = health.state if health.state != "off" else "ok"
+        for fault in await asyncio.to_thread(self.mps.fault_events):
+            self._apply_fault(fault, now)
+
+    def _apply_fault(self, fault: MpsFault, now: float) -> None:
+        gpus = set(fault.gpu_indices)
+        for e in self.ledger.entries.values():
+            if not e.running:
+                continue
+            child = self._child_pid(e)
+            if gpus & set(e.gpu_indices) or (not fault.gpu_indices and child in fault.client_pids):
+                gpus.update(e.gpu_indices)
+        for e in list(self.ledger.entries.values()):
+            if e.running and gpus & set(e.gpu_indices):
+                self.ledger.entries[e.job_id] = replace(e, cotenant_fault=True)
+        for g in gpus:
+            self.ledger.drained.setdefault(g, now)
+            self._drain_clear_at.pop(g, None)
+        log.error("MPS server fault: draining GPUs", gpus=sorted(gpus), detail=fault.detail,
+                  victims=sorted(e.job_id for e in self.ledger.entries.values() if e.cotenant_fault and e.running))
+
+    def _update_drains(self, now: float) -> None:
+        """A drained GPU returns once no workload of ours runs on it and the hold-down has passed."""
+        for g in list(self.ledger.drained):
+            busy = any(e.running and g in e.gpu_indices for e in self.ledger.entries.values())
+            if busy:
+                self._drain_clear_at.pop(g, None)
+                continue
+            clear_at = self._drain_clear_at.setdefault(g, now)
+            if now - clear_at >= self.fault_holddown_s:
+                del self.ledger.drained[g]
+                del self._drain_clear_at[g]
+                log.info("GPU back in service after MPS fault", gpu=g)
+
+    # --- 2. ends --------------------------------------------------------------------------------------
+    def _observe_ends(self, now: float) -> None:
+        for e in list(self.ledger.entries.values()):
+            if e.running and not self.runner.alive(e):
+                self.ledger.entries[e.job_id] = self._classify(e, now)
+
+    def _classify(self, e: LedgerEntry, now: float) -> LedgerEntry:
+        code, message = self.runner.exit_status(e)
+        if e.stop_requested:
+            status, reason = "killed", StateReason.PREEMPTED
+            message = f"stopped by the node agent ({message})"
+        elif e.cotenant_fault and code != 0:
+            status, reason = "failed", StateReason.COTENANT_FAULT
+            message = f"MPS server fault on GPU {','.join(map(str, e.gpu_indices))} ({message}); requeue without penalty"
+        elif code == 0:
+            status, reason = "succeeded", StateReason.COMPLETED
+        else:
+            status, reason = "failed", StateReason.OWN_FAILURE
+            if self.runner.log_mentions_oom(e):
+                message = f"out of memory ({message})"
+        progress = self.runner.read_progress(e.progress_file)
+        ended = replace(e, status=status, reason=reason, exit_code=code, message=message, ended_at_s=now,
+                        progress_steps=progress[0] if progress else e.progress_steps, throughput=0.0)
+        log.info("workload ended", job_id=e.job_id, status=status, reason=reason.value, detail=message)
+        self._samples.pop(e.job_id, None)
+        self._child_pids.pop(e.job_id, None)
+        return ended
+
+    # --- 3. stop --------------------------------------------------------------------------------------
+    async def _stop_unwanted(self, desired: dict[str, Placement]) -> int:
+        victims = []
+        for e in list(self.ledger.entries.values()):
+            want = desired.get(e.job_id)
+            if want is not None and placement_id(want) == e.placement_id:
+                continue
+            if e.running:
+                victims.append(e)
+            else:
+                del self.ledger.entries[e.job_id]  # outcome acknowledged by the allocator: forget it
+        if not victims:
+            return 0
+        for e in victims:
+            self.ledger.entries[e.job_id] = replace(e, stop_requested=True)
+            self.runner.signal_group(e, signal.SIGTERM)
+        await asyncio.to_thread(self.ledger.save)  # a crash mid-stop still classifies them as stopped
+        deadline = time.monotonic() + self.stop_grace_s
+        while any(self.runner.alive(e) for e in victims) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for e in victims:
+            if self.runner.alive(e):
+                log.warning("workload ignored SIGTERM; killing it", job_id=e.job_id, grace_s=self.stop_grace_s)
+                self.runner.signal_group(e, signal.SIGKILL)
+        while any(self.runner.alive(e) for e in victims):
+            await asyncio.sleep(0.02)
+        now = time.time()
+        for e in victims:
+            # stopped on request: the allocator already knows why (it released or re-placed the job),
+            # so the entry goes; a re-placed job starts below under its new placement id
+            ended = self._classify(self.ledger.entries.pop(e.job_id), now)
+            log.info("stopped workload", job_id=e.job_id, detail=ended.message)
+        return len(victims)
+
+    # --- 4. start -------------------------------------------------------------------------------------
+    async def _start_missing(self, desired: dict[str, Placement]) -> int:
+        if self.mps_state != "ok":
+            return 0
+        started = 0
+        for job_id, p in sorted(desired.items()):
+            if job_id in self.ledger.entries:
+                continue  # running, or ran with this placement: never twice
+            slices = [s for s in p.slices if s.node_id == self.node_id]
+            if not slices:
+                continue
+            gpus = tuple(s.gpu_index for s in slices)
+            if any(g in self.ledger.drained for g in gpus):
+                continue  # wait for the GPU to come back (or for the allocator to move the job)
+            try:
+                job = await self.store.get_job(job_id)
+            except NotFound:
+                log.warning("desired job has no record; not starting it", job_id=job_id)
+                continue
+            spec = job.spec
+            share, mem = slices[0].compute_share_pct, slices[0].mem_mib
+            pid_ = placement_id(p)
+            entry = LedgerEntry(
+                job_id=job_id, placement_id=pid_, placement=p, gpu_indices=gpus, compute_share_pct=share, mem_mib=mem,
+                workdir=str(workload_dir(self.state_dir, job_id, pid_)), model=spec.model_family,
+                batch_size=p.shape.batch_size or spec.batch_size, kind=spec.kind.value, precision=spec.precision,
+                progress_steps=job.progress_steps, isolated_throughput=self._isolated(p, spec.model_family,
+                                                                                       p.shape.batch_size or spec.batch_size, len(gpus)),
+            )
+            env = self.mps.client_env(gpus, share, mem)
+            if spec.command:
+                argv = self.runner.command_argv(spec.command)
+            else:
+                total = spec.training.total_steps if spec.kind is JobKind.TRAINING and spec.training else 0
+                argv = synthetic_argv(total, job.progress_steps)
+                env["ELASTICO_SIM_RATE_FILE"] = entry.rate_file
+            try:
+                entry = await asyncio.to_thread(self.runner.start, entry, argv, env)
+            except OSError as exc:
+                entry = replace(entry, status="failed", reason=StateReason.OWN_FAILURE, message=f"cannot start: {exc}",
+                                ended_at_s=time.time())
+            self.ledger.entries[job_id] = entry
+            await asyncio.to_thread(self.ledger.save)
+            started += 1
+            log.info("started workload", job_id=job_id, pid=entry.pid, gpus=list(gpus), share_pct=share, mem_mib=mem,
+                     placement_id=pid_)
+        return started
+
+    def _isolated(self, p: Placement, model: str, batch_size: int, num_gpus: int) -> float:
+        if p.shape.throughput > 0:
+            return p.shape.throughput
+        gpu_type = getattr(self.backend, "gpu_type", "") or next((g.gpu_type for g in self.backend.gpus()), "")
+        truth = self._truth or ColocationTruth.default()
+        return truth.isolated(model, batch_size, gpu_type, num_gpus) or 0.0
+
+    # --- 5. measure -----------------------------------------------------------------------------------
+    def _child_pid(self, e: LedgerEntry) -> int | None:
+        if e.job_id not in self._child_pids:
+            child = self.runner.child_pid(e)
+            if child is None:
+                return None
+            self._child_pids[e.job_id] = child
+        return self._child_pids[e.job_id]
+
+    def _cotenants(self, e: LedgerEntry) -> tuple[str, ...]:
+        return tuple(sorted(o.job_id for o in self.ledger.entries.values()
+                            if o.running and o.job_id != e.job_id and set(o.gpu_indices) & set(e.gpu_indices)))
+
+    async def _measure(self, now: float) -> None:
+        running = [e for e in self.ledger.entries.values() if e.running]
+        tenants = [Tenant(e.job_id, e.model, e.batch_size, e.gpu_indices, e.compute_share_pct) for e in running]
+        rates = self.backend.emulated_rates(tenants, {e.job_id: e.mem_mib for e in running})
+        for e in running:
+            if e.job_id in rates:
+                await asyncio.to_thread(self.runner.write_rate, e, rates[e.job_id][0])
+            progress = self.runner.read_progress(e.progress_file)
+            s = self._samples.setdefault(e.job_id, _Samples())
+            key = (self._cotenants(e), rates.get(e.job_id, (None,))[0])
+            if key != s.key:  # co-tenants (hence speed) changed: measure afresh from here
+                s.key, s.first, s.last = key, None, None
+            throughput = e.throughput
+            if progress is not None:
+                if s.first is None or progress[1] < s.first[0]:
+                    s.first = (progress[1], progress[0])
+                s.last = (progress[1], progress[0])
+                span = s.last[0] - s.first[0]
+                if span >= 0.5:
+                    throughput = (s.last[1] - s.first[1]) / span
+            norm = throughput / e.isolated_throughput if e.isolated_throughput > 0 and throughput > 0 else None
+            self.ledger.entries[e.job_id] = replace(e, progress_steps=progress[0] if progress else e.progress_steps,
+                                                    throughput=throughput, norm_throughput=norm)
+
+    def workloads(self) -> list[Workload]:
+        """The node's actual state (every ledger entry) as domain objects."""
+        counters = self.backend.process_counters()
+        out = []
+        for e in sorted(self.ledger.entries.values(), key=lambda x: x.job_id):
+            child = self._child_pid(e) if e.running else None
+            out.append(Workload(
+                job_id=e.job_id, gpu_indices=e.gpu_indices, compute_share_pct=e.compute_share_pct, mem_mib=e.mem_mib,
+                status=e.status, pid=e.pid if e.running else 0, progress_steps=e.progress_steps,
+                throughput=e.throughput if e.running else 0.0, started_at_s=e.started_at_s,
+                placement_id=e.placement_id, reason=e.reason, exit_code=e.exit_code, message=e.message,
+                cotenants=self._cotenants(e) if e.running else (), norm_throughput=e.norm_throughput if e.running else None,
+                counters=counters.get(child, GpuCounters()) if child else GpuCounters(), log_path=e.log_path,
+                ended_at_s=e.ended_at_s))
+        return out
+
+    def drained_gpus(self) -> frozenset[int]:
+        return frozenset(self.ledger.drained)
+
+    def apply_health(self, node: NodeInfo) -> NodeInfo:
+        """Mark drained GPUs unhealthy and the node not ready while MPS is dead or stuck."""
+        drained = self.drained_gpus()
+        gpus = tuple(replace(g, healthy=False) if g.index in drained else g for g in node.gpus)
+        return replace(node, gpus=gpus, ready=node.ready and self.mps_state == "ok")
+
+    async def _observe_pairs(self, now: float) -> None:
+        """Hand each measured co-located pair (two single-GPU tenants of one GPU) to the sink, rate-limited."""
+        if self._sink is None:
+            return
+        by_gpu: dict[int, list[LedgerEntry]] = {}
+        for e in self.ledger.entries.values():
+            if e.running and len(e.gpu_indices) == 1:
+                by_gpu.setdefault(e.gpu_indices[0], []).append(e)
+        pairs = []
+        for tenants in by_gpu.values():
+            if len(tenants) != 2:
+                continue
+            a, b = sorted(tenants, key=lambda x: x.job_id)
+            if a.norm_throughput is None or b.norm_throughput is None:
+                continue
+            sa, sb = self._samples.get(a.job_id), self._samples.get(b.job_id)
+            if not (sa and sb and sa.first and sa.last and sb.first and sb.last) or min(
+                    sa.last[0] - sa.first[0], sb.last[0] - sb.first[0]) < 2.0:
+                continue  # too short a window to be a measurement
+            key = (f"{a.job_id}@{a.placement_id}", f"{b.job_id}@{b.placement_id}")
+            if now - self._last_observed.get(key, 0.0) < self.observation_interval_s:
+                continue
+            self._last_observed[key] = now
+            pairs.append((a, b, self.node_id))
+        if pairs:
+            try:
+                await self._sink(pairs)
+            except Exception as exc:  # noqa: BLE001 - observations are best effort
+                log.warning("reporting observations failed", error=str(exc))
+
+    # --- shutdown -------------------------------------------------------------------------------------
+    async def stop_all(self) -> int:
+        """Stop every workload and quit MPS (``stop_workloads_on_exit``; the default leaves them running)."""
+        async with self._lock:
+            n = await self._stop_unwanted({})
+            await asyncio.to_thread(self.ledger.save)
+            await asyncio.to_thread(self.mps.stop)
+            return n
+
+
+_EMPTY_PLACEMENT = Placement(job_id="", shape_index=0, shape=None, slices=())  # type: ignore[arg-type]
+
+
+def _ticks(pid: int) -> int:
+    from services.node_agent.runner import proc_start_ticks
+
+    return proc_start_ticks(pid) or 0

@@ -1,0 +1,320 @@
+"""Workloads as real processes: launch, observe, stop, re-adopt; and the on-disk ledger that survives the agent.
+
+Each workload runs as ``shim -> command`` (see ``services/node_agent/shim.py``) in its own session, so
+the agent can crash, be upgraded or be ``kill -9``-ed without taking workloads down. Every workload has
+a directory ``<state_dir>/workloads/<job_id>/<placement_id>/`` holding:
+
+- ``launch.json``  the ledger entry as it was at launch (written *before* the process starts)
+- ``workload.log`` stdout and stderr of the workload
+- ``progress``     written by the workload, optional (``ELASTICO_PROGRESS_FILE``): a number of steps
+                   done, or JSON ``{"steps": ..}``; programs that write nothing still run, without progress
+- ``rate``         simulated GPUs only: steps/s the synthetic workload must run at (``ELASTICO_SIM_RATE_FILE``)
+- ``child.json``, ``exit.json``  written by the shim: the real command's pid, and its exit status
+
+A process is identified by (pid, start time from ``/proc/<pid>/stat``), so a recycled pid is never
+mistaken for a workload. Every shim carries ``ELASTICO_WORKLOAD_TAG=<state_dir>|<job_id>|<placement_id>``
+in its environment: if the agent dies between starting a process and recording it in the ledger, the
+restarted agent still finds it by that tag instead of starting a duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from elastico.domain import Placement, StateReason
+from elastico.logging import get_logger
+from elastico.state import codec
+from services.node_agent.mps import read_environ
+
+log = get_logger(component="runner")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TAG_VAR = "ELASTICO_WORKLOAD_TAG"
+PROGRESS_VAR = "ELASTICO_PROGRESS_FILE"
+RATE_VAR = "ELASTICO_SIM_RATE_FILE"
+OOM_MARKERS = ("out of memory", "cuda_error_out_of_memory", "outofmemoryerror")
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One workload the agent started (or is about to start), as recorded on disk."""
+
+    job_id: str
+    placement_id: str
+    placement: Placement
+    gpu_indices: tuple[int, ...]  # this node's GPUs of the placement
+    compute_share_pct: float
+    mem_mib: int
+    workdir: str
+    status: str = "starting"  # starting, running, succeeded, failed, killed
+    pid: int = 0  # shim pid = process group id
+    pid_start_ticks: int = 0  # /proc/<pid>/stat field 22: tells a recycled pid apart
+    started_at_s: float = 0.0
+    ended_at_s: float = 0.0
+    reason: StateReason | None = None
+    exit_code: int | None = None
+    message: str = ""
+    progress_steps: float = 0.0
+    throughput: float = 0.0
+    norm_throughput: float | None = None
+    model: str = ""  # model family (drives emulation and observations)
+    batch_size: int = 0
+    kind: str = "training"
+    precision: str = "fp32"
+    isolated_throughput: float = 0.0  # reference speed in this shape, steps/s; 0 = unknown
+    stop_requested: bool = False  # the agent stopped it (no longer desired)
+    cotenant_fault: bool = False  # an MPS fault hit its GPU while it ran
+
+    @property
+    def running(self) -> bool:
+        return self.status in ("starting", "running")
+
+    @property
+    def log_path(self) -> str:
+        return str(Path(self.workdir) / "workload.log")
+
+    @property
+    def progress_file(self) -> str:
+        return str(Path(self.workdir) / "progress")
+
+    @property
+    def rate_file(self) -> str:
+        return str(Path(self.workdir) / "rate")
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write-then-rename with fsync: a crash leaves the old or the new file, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:  # pragma: no cover - some filesystems refuse directory fsync
+        pass
+
+
+@dataclass
+class LedgerFile:
+    """``<state_dir>/ledger.json``: every workload entry plus drained GPUs, replaced atomically."""
+
+    path: Path
+    entries: dict[str, LedgerEntry] = field(default_factory=dict)  # job_id -> entry
+    drained: dict[int, float] = field(default_factory=dict)  # gpu index -> drained since (s)
+    applied_generation: int = 0
+
+    @classmethod
+    def load(cls, path: Path) -> LedgerFile:
+        if not path.exists():
+            return cls(path)
+        data = json.loads(path.read_text())
+        entries = {e["job_id"]: codec.from_jsonable(LedgerEntry, e) for e in data.get("entries", [])}
+        drained = {int(k): float(v) for k, v in data.get("drained", {}).items()}
+        return cls(path, entries, drained, int(data.get("applied_generation", 0)))
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"version": 1, "applied_generation": self.applied_generation,
+                "drained": {str(k): v for k, v in sorted(self.drained.items())},
+                "entries": [codec.to_jsonable(e) for _, e in sorted(self.entries.items())]}
+        atomic_write(self.path, json.dumps(data, indent=1, sort_keys=True))
+
+
+# --- /proc -----------------------------------------------------------------------------------------
+def proc_start_ticks(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot, or None when the process is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if rest[0] in ("Z", "X"):
+        return None
+    return int(rest[19])  # field 22 of stat; rest starts at field 3
+
+
+def is_alive(pid: int, start_ticks: int) -> bool:
+    """True if ``pid`` runs and is the same process that was started (not a recycled pid)."""
+    return pid > 0 and proc_start_ticks(pid) == start_ticks
+
+
+def find_tagged(state_dir: str) -> dict[tuple[str, str], int]:
+    """Shims started by an agent with this state dir: (job_id, placement_id) -> pid."""
+    uid = os.getuid()
+    prefix = f"{state_dir}|"
+    out: dict[tuple[str, str], int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+        except OSError:
+            continue
+        pid = int(entry.name)
+        env = read_environ(pid)
+        tag = (env or {}).get(TAG_VAR, "")
+        if not tag.startswith(prefix) or proc_start_ticks(pid) is None:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"services.node_agent.shim" not in f.read():
+                    continue  # the workload itself inherits the tag; the shim is the one we track
+        except OSError:
+            continue
+        _, job_id, pid_placement = tag.split("|", 2)
+        out[(job_id, pid_placement)] = pid
+    return out
+
+
+def kill_tagged(state_dir: str, sig: int = signal.SIGKILL) -> list[int]:
+    """Signal every workload process group of this state dir (test clean-up, ``stop on exit``)."""
+    killed = []
+    for pid in find_tagged(state_dir).values():
+        try:
+            os.killpg(pid, sig)
+            killed.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return killed
+
+
+# --- runner ----------------------------------------------------------------------------------------
+def workload_dir(state_dir: Path, job_id: str, placement_id: str) -> Path:
+    safe = placement_id.replace(":", "_").replace("/", "_")
+    return state_dir / "workloads" / job_id / safe
+
+
+def synthetic_argv(total_steps: float, start_steps: float) -> list[str]:
+    return [sys.executable, "-m", "services.node_agent.synthetic", "--total-steps", repr(float(total_steps)),
+            "--start-steps", repr(float(start_steps))]
+
+
+class Runner:
+    """Starts, observes and stops workload processes for one agent (one state dir)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = Path(state_dir)
+        self._children: dict[int, subprocess.Popen[bytes]] = {}  # shims we started: reaped by poll()
+
+    def start(self, entry: LedgerEntry, argv: list[str], extra_env: dict[str, str]) -> LedgerEntry:
+        """Launch ``argv`` under a shim in its own session; returns the entry with pid and start time.
+
+        ``launch.json`` is written first, so a crash right after the fork still leaves a record that
+        the restarted agent can match with the tagged process.
+        """
+        workdir = Path(entry.workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        for stale in ("exit.json", "child.json"):
+            (workdir / stale).unlink(missing_ok=True)
+        atomic_write(workdir / "launch.json", json.dumps(codec.to_jsonable(entry)))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ELASTICO_", "CUDA_MPS_"))}
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        env.update(extra_env)
+        env[TAG_VAR] = f"{self.state_dir}|{entry.job_id}|{entry.placement_id}"
+        env[PROGRESS_VAR] = entry.progress_file
+        env["ELASTICO_JOB_ID"] = entry.job_id
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(entry.log_path, "ab") as logf:
+            proc = subprocess.Popen([sys.executable, "-m", "services.node_agent.shim", str(workdir), "--", *argv],
+                                    env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=logf,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        self._children[proc.pid] = proc
+        ticks = proc_start_ticks(proc.pid) or 0
+        return replace(entry, status="running", pid=proc.pid, pid_start_ticks=ticks, started_at_s=time.time())
+
+    def reap(self) -> None:
+        """Collect exit statuses of our own children so none lingers as a zombie."""
+        for pid, proc in list(self._children.items()):
+            if proc.poll() is not None:
+                del self._children[pid]
+
+    def alive(self, entry: LedgerEntry) -> bool:
+        self.reap()
+        return is_alive(entry.pid, entry.pid_start_ticks)
+
+    def exit_status(self, entry: LedgerEntry) -> tuple[int | None, str]:
+        """(exit code or None if unknown, message) of an ended workload, from the shim's exit file."""
+        try:
+            data = json.loads((Path(entry.workdir) / "exit.json").read_text())
+        except (OSError, ValueError):
+            return None, "workload supervisor ended without an exit status"
+        code = int(data["exit_code"])
+        if data.get("message"):
+            return code, data["message"]
+        if code < 0:
+            sig = -code
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            hint = " (OOM killer?)" if sig == signal.SIGKILL else ""
+            return code, f"killed by {name}{hint}"
+        return code, f"exit {code}"
+
+    def log_mentions_oom(self, entry: LedgerEntry, tail_bytes: int = 16384) -> bool:
+        try:
+            with open(entry.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - tail_bytes))
+                text = f.read().decode(errors="replace").lower()
+        except OSError:
+            return False
+        return any(m in text for m in OOM_MARKERS)
+
+    def child_pid(self, entry: LedgerEntry) -> int | None:
+        """Pid of the real command (what MPS and NVML see), once the shim has started it."""
+        try:
+            return int(json.loads((Path(entry.workdir) / "child.json").read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def signal_group(self, entry: LedgerEntry, sig: int) -> None:
+        if not self.alive(entry):
+            return
+        try:
+            os.killpg(entry.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    @staticmethod
+    def read_progress(path: str) -> tuple[float, float] | None:
+        """(steps, time written) from a progress file; None when absent or unreadable."""
+        try:
+            raw = Path(path).read_text().strip()
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            return None
+        if not raw:
+            return None
+        try:
+            if raw.startswith("{"):
+                data = json.loads(raw)
+                return float(data["steps"]), float(data.get("time_s", mtime))
+            return float(raw.splitlines()[-1]), mtime
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    @staticmethod
+    def write_rate(entry: LedgerEntry, steps_per_s: float) -> None:
+        path = Path(entry.rate_file)
+        tmp = path.with_name("rate.tmp")
+        tmp.write_text(f"{steps_per_s!r}\n")
+        os.replace(tmp, path)
+
+    @staticmethod
+    def command_argv(command: str) -> list[str]:
+        """Split a job's command line like a shell would (no pipes: wrap in ``sh -c`` for that)."""
+        return shlex.split(command)

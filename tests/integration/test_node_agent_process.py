@@ -1,0 +1,285 @@
+"""The node agent as a real process on simulated GPUs, against a real redis-server.
+
+The test plays the allocator: it commits placements through the Store (exactly what the allocator
+does) and reads the node's actual state back. Workloads are real child processes; every test kills
+whatever it started (agent and workloads), so no stray process survives the suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from elastico.domain import GpuSlice, JobState, Placement, Shape, StateReason, Workload
+from elastico.state.redis_store import RedisStore
+from services.node_agent.coloc import ColocationTruth, Tenant
+from services.node_agent.mps import SimulatedMps, read_environ
+from services.node_agent.runner import find_tagged, kill_tagged
+from tests.conftest import make_job, make_spec
+
+pytestmark = pytest.mark.slow
+NODE = "sim-node"
+
+
+@dataclass
+class AgentProc:
+    env: dict[str, str]
+    state_dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.state_dir.parent / "agent.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "services.node_agent"], env=self.env, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(5)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+
+@pytest.fixture
+async def agent(redis_server, tmp_path: Path) -> AsyncIterator[tuple[AgentProc, RedisStore]]:
+    ns = f"agent-{uuid.uuid4().hex[:8]}"
+    state_dir = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICO_")}
+    env.update({"ELASTICO_REDIS_URL": redis_server.url, "ELASTICO_REDIS_NAMESPACE": ns, "ELASTICO_NODE_ID": NODE,
+                "ELASTICO_GPU_BACKEND": "simulated", "ELASTICO_SIM_GPU_TYPE": "v100", "ELASTICO_SIM_GPU_COUNT": "2",
+                "ELASTICO_PORT": "0", "ELASTICO_STATE_DIR": str(state_dir), "ELASTICO_RECONCILE_INTERVAL_S": "0.2",
+                "ELASTICO_HEARTBEAT_INTERVAL_S": "0.2", "ELASTICO_STOP_GRACE_S": "3", "ELASTICO_MPS_FAULT_HOLDDOWN_S": "0.5",
+                "ELASTICO_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1"})
+    a = AgentProc(env, state_dir)
+    store = RedisStore.from_url(redis_server.url, namespace=ns)
+    a.start()
+    try:
+        yield a, store
+    finally:
+        a.stop()
+        kill_tagged(str(state_dir.resolve()))
+        deadline = time.monotonic() + 5
+        while find_tagged(str(state_dir.resolve())) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not find_tagged(str(state_dir.resolve())), "workload processes survived clean-up"
+        await store.close()
+
+
+async def eventually(fn, timeout_s: float = 15.0, interval_s: float = 0.1):
+    """Poll ``fn`` (async) until it returns a truthy value."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = await fn()
+        if last:
+            return last
+        await asyncio.sleep(interval_s)
+    raise AssertionError(f"condition not met within {timeout_s}s (last: {last!r})")
+
+
+async def place(store: RedisStore, epoch: int, gpu: int, share: float, mem: int, model: str, batch: int,
+                total_steps: int = 1_000_000, command: str = "") -> str:
+    job, _ = await store.create_job(make_job(spec=make_spec(model_family=model, batch_size=batch, command=command,
+                                                            training=make_spec().training.__class__(total_steps=total_steps))))
+    shape = Shape(num_gpus=1, compute_share_pct=share, mem_mib=mem)
+    await store.commit_placements(epoch, [(job, Placement("", 0, shape, (GpuSlice(NODE, gpu, share, mem),)))])
+    return job.job_id
+
+
+async def workloads(store: RedisStore) -> dict[str, Workload]:
+    return (await store.get_workloads(NODE))[1]
+
+
+def child_of(pid: int, timeout_s: float = 5.0) -> int:
+    """The workload process under a shim (the shim starts it right after being started itself)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if len(children) == 1 and read_environ(int(children[0])):
+            return int(children[0])
+        assert time.monotonic() < deadline, f"shim {pid} has children {children}"
+        time.sleep(0.05)
+
+
+async def registered(store: RedisStore) -> int:
+    await eventually(lambda: _node_known(store))
+    epoch = await store.acquire_leadership("test-allocator", 60)
+    assert epoch is not None
+    return epoch
+
+
+async def _node_known(store: RedisStore) -> bool:
+    return NODE in [n.node_id for n in await store.list_nodes()]
+
+
+async def test_mps_env_rates_and_restart_readoption(agent):
+    a, store = agent
+    epoch = await registered(store)
+    # two tenants share GPU 0 (70 % + 30 %), one runs alone on GPU 1 (50 %)
+    j_r18 = await place(store, epoch, 0, 70.0, 4096, "ResNet-18", 32)
+    j_r50 = await place(store, epoch, 0, 30.0, 2048, "ResNet-50", 64)
+    j_solo = await place(store, epoch, 1, 50.0, 8192, "Transformer", 64)
+
+    async def all_running():
+        w = await workloads(store)
+        return w if len(w) == 3 and all(x.status == "running" for x in w.values()) else None
+
+    w = await eventually(all_running)
+    state_dir = a.state_dir.resolve()
+    # exactly the MPS environment each placement asked for, on the real workload process
+    for job_id, gpu, share, mem in ((j_r18, "0", "70", "0=4096M"), (j_r50, "0", "30", "0=2048M"), (j_solo, "1", "50", "0=8192M")):
+        env = read_environ(child_of(w[job_id].pid))
+        assert env is not None
+        assert env["CUDA_VISIBLE_DEVICES"] == gpu
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == share
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == mem
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(state_dir / "mps" / "pipe")
+        assert env["CUDA_MPS_LOG_DIRECTORY"] == str(state_dir / "mps" / "log")
+        assert env["ELASTICO_PROGRESS_FILE"].startswith(str(state_dir))
+        assert "ELASTICO_REDIS_URL" not in env  # the agent's own settings do not leak into workloads
+    assert w[j_r18].cotenants == (j_r50,) and w[j_solo].cotenants == ()
+
+    # observed progress rates follow the measured co-location data (with the share cap)
+    truth = ColocationTruth.default()
+    expected = truth.rates([Tenant(j_r18, "ResNet-18", 32, (0,), 70.0), Tenant(j_r50, "ResNet-50", 64, (0,), 30.0),
+                            Tenant(j_solo, "Transformer", 64, (1,), 50.0)], "v100")
+    na, nb = truth.pair("v100", ("ResNet-18", 32), ("ResNet-50", 64))
+    assert expected[j_r18][1] == pytest.approx(na)  # measured pair fraction binds (0.50 < 0.70 share)
+    assert expected[j_r50][1] == pytest.approx(0.30)  # the share cap binds (0.30 < 0.84 measured)
+
+    async def measured():
+        w = await workloads(store)
+        ok = all(w[j].throughput > 0 and abs(w[j].throughput - expected[j][0]) <= 0.1 * expected[j][0] for j in expected)
+        return w if ok else None
+
+    w = await eventually(measured, timeout_s=10)
+    for j in expected:
+        assert w[j].norm_throughput == pytest.approx(expected[j][1], rel=0.1)
+
+    # kill -9 the agent while workloads run: they keep running; a restarted agent re-adopts them
+    pids = {j: x.pid for j, x in w.items()}
+    a.kill9()
+    await asyncio.sleep(0.5)
+    assert set(find_tagged(str(state_dir)).values()) == set(pids.values())  # nothing died with the agent
+    a.start()
+
+    async def readopted():
+        gen, w = await store.get_workloads(NODE)
+        return w if {j: x.pid for j, x in w.items() if x.status == "running"} == pids else None
+
+    await eventually(readopted)
+    await asyncio.sleep(1.0)  # several reconcile passes later: still the same processes, no duplicates
+    assert set(find_tagged(str(state_dir)).values()) == set(pids.values())
+    assert {j: x.pid for j, x in (await workloads(store)).items()} == pids
+
+    # releasing a job (what the allocator does on preemption) stops exactly its process
+    job = await store.get_job(j_r50)
+    await store.release_job(epoch, job, JobState.PENDING, StateReason.PREEMPTED, "test")
+
+    async def gone():
+        w = await workloads(store)
+        return j_r50 not in w and pids[j_r50] not in find_tagged(str(state_dir)).values()
+
+    await eventually(gone)
+    assert {j: x.pid for j, x in (await workloads(store)).items()} == {j_r18: pids[j_r18], j_solo: pids[j_solo]}
+
+
+async def test_mps_fault_drains_gpu_and_reports_victims(agent):
+    a, store = agent
+    epoch = await registered(store)
+    v1 = await place(store, epoch, 0, 50.0, 4096, "ResNet-18", 32)
+    v2 = await place(store, epoch, 0, 50.0, 4096, "LM", 20)
+    bystander = await place(store, epoch, 1, 100.0, 8192, "ResNet-50", 64)
+
+    async def all_running():
+        w = await workloads(store)
+        return w if len(w) == 3 and all(x.status == "running" for x in w.values()) else None
+
+    before = await eventually(all_running)
+    await asyncio.sleep(0.3)  # the shims have started their workloads (MPS clients)
+    SimulatedMps(a.state_dir.resolve() / "mps" / "pipe", a.state_dir.resolve() / "mps" / "log").inject_fault(0)
+
+    async def victims_reported():
+        w = await workloads(store)
+        return w if all(w[j].status == "failed" for j in (v1, v2)) else None
+
+    w = await eventually(victims_reported)
+    for j in (v1, v2):
+        assert w[j].reason is StateReason.COTENANT_FAULT, w[j]
+        assert w[j].exit_code == -signal.SIGKILL and "MPS server fault" in w[j].message
+    assert w[bystander].status == "running" and w[bystander].pid == before[bystander].pid
+
+    async def drained():
+        node = await store.get_node(NODE)
+        return node if not node.gpus[0].healthy else None
+
+    node = await eventually(drained, timeout_s=5)
+    assert node.gpus[1].healthy
+    # the allocator requeues the victims without penalty; the GPU then returns to service
+    for j in (v1, v2):
+        await store.release_job(epoch, await store.get_job(j), JobState.PENDING, StateReason.COTENANT_FAULT)
+
+    async def healthy_again():
+        node = await store.get_node(NODE)
+        w = await workloads(store)
+        return node.gpus[0].healthy and set(w) == {bystander}
+
+    await eventually(healthy_again)
+    # the victims' placements are never restarted by the agent on its own
+    assert (await workloads(store))[bystander].pid == before[bystander].pid
+
+
+async def test_outcomes_are_classified_and_never_rerun(agent):
+    a, store = agent
+    epoch = await registered(store)
+    ok = await place(store, epoch, 0, 50.0, 1024, "ResNet-18", 16, total_steps=5)
+    bad = await place(store, epoch, 1, 50.0, 1024, "ResNet-18", 16,
+                      command=f"{sys.executable} -c 'import sys; print(\"boom\"); sys.exit(3)'")
+    oom = await place(store, epoch, 1, 40.0, 1024, "ResNet-18", 16,
+                      command=f"{sys.executable} -c 'import sys; print(\"RuntimeError: CUDA out of memory\"); sys.exit(1)'")
+
+    async def ended():
+        w = await workloads(store)
+        return w if len(w) == 3 and all(x.status in ("succeeded", "failed") for x in w.values()) else None
+
+    w = await eventually(ended)
+    assert (w[ok].status, w[ok].reason, w[ok].exit_code) == ("succeeded", StateReason.COMPLETED, 0)
+    assert w[ok].progress_steps == pytest.approx(5)
+    assert (w[bad].status, w[bad].reason, w[bad].exit_code, w[bad].message) == ("failed", StateReason.OWN_FAILURE, 3, "exit 3")
+    assert "boom" in Path(w[bad].log_path).read_text()
+    assert w[oom].reason is StateReason.OWN_FAILURE and w[oom].message.startswith("out of memory")
+    await asyncio.sleep(1.0)  # still desired, but a placement that ran is never started again
+    assert {j: x.started_at_s for j, x in (await workloads(store)).items()} == {j: x.started_at_s for j, x in w.items()}
+    assert find_tagged(str(a.state_dir.resolve())) == {}
+
+
+def test_nvml_backend_on_a_driverless_machine_is_a_clear_error(redis_server, tmp_path):
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("an NVIDIA driver is present")
+    except pynvml.NVMLError:
+        pass
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICO_")}
+    env.update({"ELASTICO_REDIS_URL": redis_server.url, "ELASTICO_PORT": "0", "ELASTICO_STATE_DIR": str(tmp_path)})
+    res = subprocess.run([sys.executable, "-m", "services.node_agent", "--gpu-backend", "nvml"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 3, res.stderr
+    assert "NVML unavailable" in res.stderr and "ELASTICO_GPU_BACKEND=simulated" in res.stderr
+    assert "Traceback" not in res.stderr
