@@ -163,7 +163,6 @@ async def test_cluster_state_and_node_status(suite):
 
 async def test_unbuilt_methods_answer_unimplemented_not_unknown(suite):
     await expect_code(suite["predictor"].GetModelInfo(predictor_pb2.GetModelInfoRequest(), timeout=5), grpc.StatusCode.UNIMPLEMENTED)
-    await expect_code(suite["agent"].Sync(node_agent_pb2.SyncRequest(), timeout=5), grpc.StatusCode.UNIMPLEMENTED)
 
 
 async def test_unexpected_exception_is_internal_with_incident_id(redis_server):
