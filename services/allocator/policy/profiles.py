@@ -1,0 +1,139 @@
+"""Per-job-type profiles the policies and the simulator share: isolated speed and solo utilisation.
+
+Why this module exists: shapes (MPS share -> throughput) need to know how much of a GPU a job actually
+uses when alone, and the data we ship (Gavel, MIT) has throughputs but no hardware counters. Everything
+here is derived from measured files in ``data/`` by documented rules so real counters can replace it.
+
+Assumptions (each one replaceable by a measurement):
+
+* **GPU type.** Policies and the simulator use V100 rows (Philly durations are V100-derived,
+  ``duration_v100_s_derived``); other GPU types load the same way by name.
+* **Solo utilisation ``u`` of a training job type** (fraction of one GPU's processing capacity it
+  consumes alone, in (0, 1]). Fitted from the *measured* co-location pairs of that GPU type
+  (``coloc_gavel_pairs.csv``) under a processor-sharing reading of co-location: two tenants whose
+  demands fit in one GPU (``u_a + u_b <= 1``) both keep ~1.0 of their isolated speed; when they do not
+  fit, the GPU is shared and the pair's total normalised throughput is ``2 / (u_a + u_b)`` (equal
+  slow-down). So each measured pair with ``norm_tput_sum = s`` gives one linear equation
+  ``u_a + u_b = 2 / s`` (pairs with ``s >= 1.9`` say "fits": ``u_a + u_b = 1``); we solve all of them by
+  bounded least squares (``scipy.optimize.lsq_linear``, bounds [0.05, 1]). Failed pairs (OOM) are
+  skipped. Types absent from every pair get the median. The result is a *contention footprint*, not an
+  NVML counter: e.g. ResNet-50 fits ~1.0 (it slows everything), ResNet-18 batch 16 ~0.35.
+* **Inference services** have no fitted type: their utilisation is their current demand (requests/s
+  divided by the rate one whole GPU serves), see :mod:`services.allocator.policy.inference`.
+
+This module is pure (csv + numpy + scipy), no gRPC or Redis.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+#: Project data folder (``data/`` at the repository root).
+DATA_DIR = Path(__file__).resolve().parents[3] / "data"
+
+#: Name of the pseudo job type that stands for every inference service.
+INFERENCE_TYPE = "inference"
+
+
+@dataclass(frozen=True)
+class TypeTable:
+    """Job types known to the policies (training types from Gavel plus one inference pseudo-type).
+
+    Index ``i`` of every array refers to ``names[i]``; the inference pseudo-type is always last.
+    """
+
+    names: tuple[str, ...]  # job-type names, e.g. "ResNet-50 (batch size 64)"; last = "inference"
+    gpu_type: str  # GPU type the numbers refer to, e.g. "v100"
+    solo_util: np.ndarray  # [T] float, fraction of one GPU a job of this type uses alone (0, 1]
+    iso_tput_steps_s: np.ndarray  # [T] float, isolated 1-GPU throughput, steps/s (NaN unknown; inference NaN)
+    fitted: np.ndarray  # [T] bool, True when solo_util came from measured pairs (else the median default)
+
+    def index(self, name: str) -> int:
+        """Index of a job type; unknown training types map to the closest family member or raise KeyError."""
+        try:
+            return self._lookup[name]
+        except AttributeError:
+            object.__setattr__(self, "_lookup", {n: i for i, n in enumerate(self.names)})
+            return self._lookup[name]
+
+    @property
+    def inference_index(self) -> int:
+        """Index of the inference pseudo-type (last)."""
+        return len(self.names) - 1
+
+
+def _read(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def fit_solo_utilisation(pairs: list[tuple[str, str, float]], names: list[str],
+                         fits_threshold: float = 1.9) -> tuple[np.ndarray, np.ndarray]:
+    """Fit per-type solo utilisation from measured pair sums (see the module docstring for the model).
+
+    Args:
+        pairs: (type_a, type_b, norm_tput_sum) of successfully co-located measured pairs.
+        names: the types to fit, in output order.
+        fits_threshold: a pair whose normalised sum is at least this is read as "both fit" (sum of utils 1).
+
+    Returns:
+        (util [T], fitted [T] bool). Types without any pair get the median of the fitted ones.
+    """
+    from scipy.optimize import lsq_linear
+
+    ix = {n: i for i, n in enumerate(names)}
+    rows, rhs = [], []
+    seen = np.zeros(len(names), bool)
+    for a, b, s in pairs:
+        if a not in ix or b not in ix or not np.isfinite(s) or s <= 0:
+            continue
+        r = np.zeros(len(names))
+        r[ix[a]] += 1.0
+        r[ix[b]] += 1.0
+        rows.append(r)
+        rhs.append(1.0 if s >= fits_threshold else 2.0 / s)
+        seen[ix[a]] = seen[ix[b]] = True
+    util = np.full(len(names), np.nan)
+    if rows:
+        res = lsq_linear(np.array(rows), np.array(rhs), bounds=(0.05, 1.0))
+        util = np.where(seen, res.x, np.nan)
+    default = float(np.nanmedian(util)) if seen.any() else 0.75
+    return np.where(seen, util, default), seen
+
+
+def load_type_table(data_dir: Path | str = DATA_DIR, gpu_type: str = "v100",
+                    pairs_file: str = "coloc_gavel_pairs.csv") -> TypeTable:
+    """Build the :class:`TypeTable` for one GPU type from Gavel's isolated throughputs and measured pairs.
+
+    Args:
+        data_dir: folder holding ``gavel_isolated_throughputs.csv`` and the pair file.
+        gpu_type: GPU type rows to use (``v100``, ``p100``, ``k80``).
+        pairs_file: measured pair file (schema of ``coloc_gavel_pairs.csv``).
+
+    Returns:
+        The table; the inference pseudo-type is appended last with utilisation NaN (set per service).
+    """
+    data_dir = Path(data_dir)
+    iso: dict[str, float] = {}
+    for r in _read(data_dir / "gavel_isolated_throughputs.csv"):
+        if r["worker_type"] == gpu_type and int(r["scale_factor"]) == 1 and float(r["isolated_tput"]) > 0:
+            iso[r["job_type"]] = float(r["isolated_tput"])
+    pairs = []
+    for r in _read(data_dir / pairs_file):
+        if r["gpu_type"] == gpu_type and r["coloc_failed"] == "0":
+            pairs.append((r["job_type_a"], r["job_type_b"], float(r["norm_tput_sum"])))
+            iso.setdefault(r["job_type_a"], float("nan"))
+            iso.setdefault(r["job_type_b"], float("nan"))
+    names = sorted(iso)
+    util, fitted = fit_solo_utilisation(pairs, names)
+    return TypeTable(
+        names=tuple(names) + (INFERENCE_TYPE,),
+        gpu_type=gpu_type,
+        solo_util=np.append(util, np.nan),
+        iso_tput_steps_s=np.array([iso[n] for n in names] + [np.nan]),
+        fitted=np.append(fitted, False),
+    )

@@ -1,0 +1,112 @@
+"""What a policy sees in one scheduling round, and what it answers. Plain arrays, no I/O.
+
+Why arrays and not one dataclass per job: a round at 512 GPUs may look at thousands of queued jobs and
+the simulator runs tens of thousands of rounds; struct-of-arrays keeps every policy vectorised. The live
+allocator builds the same view from its domain objects (``elastico.domain.Job``) once per round.
+
+Policies must treat every array as read-only; they plan on their own copies (:meth:`ClusterView.scratch`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from services.allocator.policy.profiles import TypeTable
+
+TRAINING = 0  # value of ``JobTable.kind`` for training jobs
+INFERENCE = 1  # value of ``JobTable.kind`` for inference services
+
+
+@dataclass(frozen=True)
+class JobTable:
+    """Every job the round may touch, indexed by an integer job id (row)."""
+
+    kind: np.ndarray  # [N] int8, TRAINING or INFERENCE
+    type_idx: np.ndarray  # [N] int, row of TypeTable (inference services: TypeTable.inference_index)
+    num_gpus: np.ndarray  # [N] int, gang size (inference: 1)
+    arrival_s: np.ndarray  # [N] float, submission time, s
+    priority: np.ndarray  # [N] float, operator priority weight (>= 0; 1 = normal)
+    attained_gpu_s: np.ndarray  # [N] float, GPU-seconds of service received so far (GPUs x wall seconds)
+    share_pct: np.ndarray  # [N] float, current MPS share per GPU while running, percent (0 otherwise)
+    solo_util: np.ndarray  # [N] float, solo utilisation (training: of its type; inference: current load)
+    load_forecast: np.ndarray  # [N] float, inference: forecast load (fraction of a full GPU); NaN for training
+    gpus: list  # [N] np.ndarray of GPU indices while running, else None
+    restarts: np.ndarray  # [N] int, restarts so far
+    queued_since_s: np.ndarray  # [N] float, when the job last entered the queue, s
+    remaining_est_s: np.ndarray  # [N] float, estimated remaining isolated run time, s (NaN = unknown)
+    last_change_s: np.ndarray  # [N] float, when the job was last placed or resized, s
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The cluster at one instant, as a scheduling round sees it."""
+
+    now_s: float  # current time, s (virtual in the simulator, wall clock live)
+    gpu_job: np.ndarray  # [G, K] int, job id of each tenant slot, -1 = empty
+    gpu_share: np.ndarray  # [G, K] float, MPS share of each tenant slot, percent (0 = empty)
+    jobs: JobTable  # all jobs, see JobTable
+    pending: np.ndarray  # [P] int, queued job ids in submission order
+    running: np.ndarray  # [R] int, running job ids
+    types: TypeTable  # job-type profiles
+
+    @property
+    def num_gpus(self) -> int:
+        """Number of GPUs ``G``."""
+        return int(self.gpu_job.shape[0])
+
+    @property
+    def max_tenants(self) -> int:
+        """Tenant slots per GPU ``K``."""
+        return int(self.gpu_job.shape[1])
+
+    def scratch(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of (gpu_job, gpu_share) a policy may modify while planning a round."""
+        return self.gpu_job.copy(), self.gpu_share.copy()
+
+
+@dataclass
+class Decision:
+    """A round's answer; the caller applies preemptions, then resizes, then placements, checking capacity."""
+
+    preempt: list[int] = field(default_factory=list)  # job ids to stop (training: requeued, progress kept)
+    resize: list[tuple[int, float]] = field(default_factory=list)  # (job id, new share percent) in place
+    place: list[tuple[int, np.ndarray, float]] = field(default_factory=list)  # (job id, GPU indices, share %)
+    info: dict = field(default_factory=dict)  # diagnostics (solver status, prices, gap)
+
+
+def free_share(gpu_share: np.ndarray) -> np.ndarray:
+    """[G] unallocated MPS share per GPU, percent."""
+    return 100.0 - gpu_share.sum(axis=1)
+
+
+def free_slots(gpu_job: np.ndarray) -> np.ndarray:
+    """[G] empty tenant slots per GPU."""
+    return (gpu_job < 0).sum(axis=1)
+
+
+def occupy(gpu_job: np.ndarray, gpu_share: np.ndarray, job: int, gpus: np.ndarray, share_pct: float) -> None:
+    """Put ``job`` with ``share_pct`` on each GPU of ``gpus`` (first empty slot) in a planning copy.
+
+    Raises:
+        ValueError: a GPU has no empty slot or not enough free share (a policy bug).
+    """
+    for g in np.atleast_1d(gpus):
+        slots = np.flatnonzero(gpu_job[g] < 0)
+        if len(slots) == 0 or gpu_share[g].sum() + share_pct > 100.0 + 1e-6:
+            raise ValueError(f"GPU {g} cannot take job {job} with share {share_pct}%")
+        gpu_job[g, slots[0]] = job
+        gpu_share[g, slots[0]] = share_pct
+
+
+def vacate(gpu_job: np.ndarray, gpu_share: np.ndarray, job: int, gpus: np.ndarray | None = None) -> None:
+    """Remove ``job`` from its GPUs in a planning copy."""
+    rows = np.atleast_1d(gpus) if gpus is not None else np.flatnonzero((gpu_job == job).any(axis=1))
+    sub = gpu_job[rows] == job
+    gj = gpu_job[rows]
+    gs = gpu_share[rows]
+    gj[sub] = -1
+    gs[sub] = 0.0
+    gpu_job[rows] = gj
+    gpu_share[rows] = gs

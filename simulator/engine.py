@@ -1,0 +1,491 @@
+"""Discrete-event engine: virtual clock, events, ground-truth speeds, and the policy called each round.
+
+Events (heap ordered by time, then kind, then sequence number -- deterministic):
+``ARRIVAL`` (a job is queued), ``INF_END`` (an inference service is deleted), ``COMPLETE`` (a training
+job finishes; stale completions are skipped by a per-job version), ``LOAD`` (inference demand changes:
+the forecast the policy sees moves), ``WINDOW_END`` (snapshot of work done when arrivals end), ``ROUND``
+(periodic scheduling round, for policies whose decisions change with time alone).
+All events at one instant are processed first, then at most one scheduling round runs (coalesced).
+
+Speeds are ground truth (:mod:`simulator.groundtruth`); the policy sees only its estimate matrix.
+A resize or a restart after preemption costs ``restart_s`` of zero progress for training (MPS limits are
+fixed at launch: checkpoint, relaunch); inference resizes are make-before-break (no downtime, counted
+as restarts). Every placement is checked: a GPU never holds more than 100 % share or K tenants
+(``OversubscribedError`` otherwise; tests rely on it).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from services.allocator.policy.baselines import Policy
+from services.allocator.policy.inference import slo_margin
+from services.allocator.policy.interference import compose_additive, utilisation_rule
+from services.allocator.policy.profiles import TypeTable
+from services.allocator.policy.shapes import share_speed
+from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, JobTable
+from simulator.groundtruth import GroundTruth
+from simulator.traces import BIN_S, InferenceServices, TrainingJobs
+
+ARRIVAL, INF_END, COMPLETE, LOAD, WINDOW_END, ROUND = range(6)
+FUTURE, PENDING, RUNNING, DONE = range(4)
+
+
+class OversubscribedError(AssertionError):
+    """A decision would put more than 100 % share or more than K tenants on a GPU."""
+
+
+@dataclass
+class SimConfig:
+    """Knobs of one simulation."""
+
+    gpus: int  # cluster size
+    max_tenants: int = 4  # tenant slots per GPU (MPS share 25 % is the smallest shape)
+    restart_s: float = 60.0  # training restart cost after preemption or resize, s
+    round_interval_s: float = 300.0  # periodic rounds for time-driven policies, s
+    load_tick_s: float = 300.0  # how often the inference forecast is refreshed, s
+    forecast_window_s: float = 900.0  # forecast = peak demand over this past window, s
+    slo_factor: float = 10.0  # inference SLO, multiple of unloaded full-GPU service time
+    max_sim_s: float = math.inf  # stop (jobs left are reported unfinished) after this virtual time
+    timeline_points: int = 2000  # utilisation samples kept for plots
+    progress: bool = False  # progress text on stderr
+
+
+@dataclass
+class SimResult:
+    """Raw outcome of one run (metrics are computed in :mod:`simulator.metrics`)."""
+
+    policy: str
+    arrival_s: np.ndarray
+    first_start_s: np.ndarray
+    completion_s: np.ndarray  # NaN = unfinished
+    num_gpus: np.ndarray
+    duration_s: np.ndarray
+    restarts_training: int
+    restarts_inference: int
+    alloc_gpu_s: float  # integral of allocated GPU fraction (GPUs x s) over [0, window_end]
+    eff_gpu_s: float  # integral of effective utilisation (GPUs x s) over [0, window_end]
+    window_end_s: float  # last arrival time (the loaded period)
+    work_in_window_gpu_s: float  # isolated GPU-seconds of training work done in [0, window_end]
+    slo_ok_s: float  # inference service time within SLO, s
+    slo_total_s: float  # inference service lifetime, s
+    timeline: np.ndarray  # [n, 3] (t, allocated fraction, effective fraction)
+    wall_s: float
+    rounds: int
+    events: int
+    gpus: int
+    pricing_gaps: list = field(default_factory=list)
+
+
+class Engine:
+    """One simulation of one policy on one workload."""
+
+    def __init__(self, policy: Policy, types: TypeTable, truth: GroundTruth, train: TrainingJobs,
+                 inf: InferenceServices | None, cfg: SimConfig):
+        self.p, self.types, self.truth, self.cfg = policy, types, truth, cfg
+        G, K = cfg.gpus, cfg.max_tenants
+        Jt = len(train.arrival_s)
+        Ji = 0 if inf is None else len(inf.start_s)
+        N = Jt + Ji
+        self.Jt, self.N, self.inf = Jt, N, inf
+        self.kind = np.concatenate([np.zeros(Jt, np.int8), np.ones(Ji, np.int8)])
+        self.type_idx = np.concatenate([train.type_idx, np.full(Ji, types.inference_index)]).astype(np.int64)
+        self.num_gpus = np.concatenate([train.num_gpus, np.ones(Ji, int)]).astype(np.int64)
+        self.arrival = np.concatenate([train.arrival_s, inf.start_s if Ji else np.zeros(0)])
+        self.duration = np.concatenate([train.duration_s, np.full(Ji, np.nan)])
+        self.end_inf = np.concatenate([np.full(Jt, np.nan), inf.end_s if Ji else np.zeros(0)])
+        util = types.solo_util[self.type_idx].copy()
+        if Ji:
+            self.prof_scaled = [inf.peak_load[i] * inf.profiles[inf.profile[i]] for i in range(Ji)]
+            mean_load = np.array([p.mean() for p in self.prof_scaled])
+            util[Jt:] = mean_load
+            W = max(1, int(round(cfg.forecast_window_s / BIN_S)))
+            self.rollmax = []
+            for p in self.prof_scaled:  # circular max over the last W bins, per bin
+                P = len(p)
+                ext = np.concatenate([p[-(W - 1):], p]) if W > 1 else p
+                self.rollmax.append(np.array([ext[b:b + W].max() for b in range(P)]))
+        self.util = util
+        self.work = np.nan_to_num(self.duration)  # isolated seconds of work (progress is in the same unit)
+        self.progress = np.zeros(N)
+        self.rate = np.zeros(N)  # progress seconds per wall second (= ground-truth normalised speed)
+        self.norm = np.zeros(N)
+        self.last_t = np.zeros(N)
+        self.ready_at = np.zeros(N)
+        self.state = np.full(N, FUTURE, np.int8)
+        self.version = np.zeros(N, np.int64)
+        self.first_start = np.full(N, np.nan)
+        self.completion = np.full(N, np.nan)
+        self.attained = np.zeros(N)
+        self.att_t = np.zeros(N)
+        self.share = np.zeros(N)
+        self.queued_since = self.arrival.copy()
+        self.last_change = np.zeros(N)
+        self.restarts = np.zeros(N, np.int64)
+        self.need_restart = np.zeros(N, bool)
+        self.forecast = np.full(N, np.nan)
+        self.gpus: list = [None] * N
+        self.gpu_job = np.full((G, K), -1, np.int64)
+        self.gpu_share = np.zeros((G, K))
+        self.gpu_eff = np.zeros(G)
+        self.pending: dict[int, None] = {}  # insertion-ordered set; re-queued jobs go by arrival (sorted per round)
+        self.running: set[int] = set()
+        self.slo_seg_t = np.zeros(N)  # start of the current SLO accounting segment
+        self.slo_cap = np.zeros(N)  # capacity (fraction of a full GPU) in the current segment
+        self.slo_ok = 0.0
+        self.slo_total = 0.0
+        self.t = 0.0
+        self.heap: list = []
+        self.seq = 0
+        self.alloc_int = 0.0
+        self.eff_int = 0.0
+        self.int_t = 0.0
+        self.window_end = float(train.arrival_s.max()) if Jt else 0.0
+        self.work_window = None
+        self.timeline: list = []
+        self.restarts_inf = 0
+        self.rounds = 0
+        self.events = 0
+        self.gaps: list = []
+        self.view_jobs = JobTable(self.kind, self.type_idx, self.num_gpus, self.arrival, np.ones(N), self.attained,
+                                  self.share, self.util, self.forecast, self.gpus, self.restarts,
+                                  self.queued_since, np.full(N, np.nan), self.last_change)
+        self.margin = slo_margin(cfg.slo_factor)
+
+    # ---- event plumbing -----------------------------------------------------------------------------
+    def push(self, t: float, kind: int, j: int = -1, ver: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, j, ver))
+
+    def _integrate(self, t: float) -> None:
+        if t > self.int_t:
+            hi = min(t, self.window_end)
+            if hi > self.int_t:
+                dtw = hi - self.int_t
+                self.alloc_int += np.minimum(self.gpu_share.sum(axis=1), 100.0).sum() / 100.0 * dtw
+                self.eff_int += self.gpu_eff.sum() * dtw
+            self.int_t = t
+
+    # ---- inference demand and SLO accounting -------------------------------------------------------
+    def _load_at(self, j: int, t: float) -> float:
+        i = j - self.Jt
+        p = self.prof_scaled[i]
+        return float(p[(self.inf.phase_bin[i] + int(t // BIN_S)) % len(p)])
+
+    def _forecast_at(self, j: int, t: float) -> float:
+        i = j - self.Jt
+        r = self.rollmax[i]
+        return float(r[(self.inf.phase_bin[i] + int(t // BIN_S)) % len(r)])
+
+    def _slo_close(self, j: int, t: float) -> None:
+        """Account [segment start, t) of service j at its segment capacity, and start a new segment."""
+        t0 = self.slo_seg_t[j]
+        if t > t0:
+            i = j - self.Jt
+            p = self.prof_scaled[i]
+            ok = (self.slo_cap[j] - p >= self.margin - 1e-12).astype(float)
+            ok = np.roll(ok, -int(self.inf.phase_bin[i]))
+            P = len(ok)
+            cum = np.concatenate([[0.0], np.cumsum(ok)])
+
+            def F(x: float) -> float:
+                k = int(math.floor(x))
+                q, r = divmod(k, P)
+                return q * cum[P] + cum[r] + (x - k) * ok[r]
+
+            self.slo_ok += BIN_S * (F(t / BIN_S) - F(t0 / BIN_S))
+            self.slo_total += t - t0
+        self.slo_seg_t[j] = t
+
+    # ---- ground truth speeds -----------------------------------------------------------------------
+    def _gpu_norms(self, g: int) -> dict[int, float]:
+        """Ground-truth normalised speed of each tenant of GPU g (before the gang min)."""
+        ten = self.gpu_job[g]
+        m = ten >= 0
+        js = ten[m]
+        if len(js) == 0:
+            return {}
+        if len(js) == 1:
+            out = np.ones(1)
+        else:
+            tt = self.type_idx[js]
+            uu = self.util[js]
+            pm = self.truth.matrix[tt[:, None], tt[None, :]]
+            pm = np.where(np.isnan(pm), utilisation_rule(uu[:, None], uu[None, :], self.truth.kappa), pm)
+            np.fill_diagonal(pm, 1.0)
+            out = compose_additive(pm)
+        if self.p.mps_limits:
+            sh = self.gpu_share[g][m]
+            cap = np.where(self.kind[js] == TRAINING, share_speed(sh, np.maximum(self.util[js], 1e-6)), 1.0)
+            out = np.minimum(out, cap)
+        return dict(zip(js.tolist(), out.tolist()))
+
+    def _refresh(self, gpus_touched: set[int], t: float) -> None:
+        """Recompute ground-truth speeds of every job on the touched GPUs (and their gang pace)."""
+        per_gpu = {g: self._gpu_norms(g) for g in gpus_touched}
+        jobs = set()
+        for d in per_gpu.values():
+            jobs.update(d)
+        extra_gpus = set()
+        for j in jobs:
+            for g in self.gpus[j]:
+                if g not in per_gpu:
+                    per_gpu[g] = self._gpu_norms(int(g))
+                    extra_gpus.add(int(g))
+        for j in jobs:
+            nrm = min(per_gpu[int(g)][j] for g in self.gpus[j])
+            if self.kind[j] == TRAINING:
+                self._advance(j, t)
+                self.norm[j] = nrm
+                self._schedule_completion(j, t)
+            else:
+                if self.inf is not None:
+                    self._slo_close(j, t)
+                cap = self.share[j] / 100.0 * nrm if self.p.mps_limits else nrm
+                self.norm[j] = nrm
+                self.slo_cap[j] = cap
+        for g in set(per_gpu):
+            ten = self.gpu_job[g]
+            js = ten[ten >= 0]
+            if len(js) == 0:
+                self.gpu_eff[g] = 0.0
+                continue
+            contrib = np.where(self.kind[js] == TRAINING, self.util[js] * self.norm[js],
+                               np.minimum(self.util[js], self.slo_cap[js] if len(js) else 0))
+            self.gpu_eff[g] = min(1.0, float(contrib.sum()))
+
+    def _advance(self, j: int, t: float) -> None:
+        """Bring training job j's progress up to time t."""
+        if self.state[j] == RUNNING:
+            t0 = max(self.last_t[j], self.ready_at[j])
+            if t > t0:
+                self.progress[j] = min(self.work[j], self.progress[j] + self.norm[j] * (t - t0))
+        self.last_t[j] = t
+
+    def _schedule_completion(self, j: int, t: float) -> None:
+        self.version[j] += 1
+        if self.norm[j] <= 0:
+            return
+        start = max(t, self.ready_at[j])
+        eta = start + (self.work[j] - self.progress[j]) / self.norm[j]
+        self.push(eta, COMPLETE, j, int(self.version[j]))
+
+    # ---- applying a decision ------------------------------------------------------------------------
+    def _remove(self, j: int, t: float) -> set[int]:
+        gs = self.gpus[j]
+        if self.kind[j] == TRAINING:
+            self._advance(j, t)
+        elif self.inf is not None:
+            self._slo_close(j, t)
+        self.attained[j] += self.num_gpus[j] * max(0.0, t - self.att_t[j])
+        for g in gs:
+            row = self.gpu_job[g] == j
+            self.gpu_job[g, row] = -1
+            self.gpu_share[g, row] = 0.0
+        self.gpus[j] = None
+        self.share[j] = 0.0
+        self.norm[j] = 0.0
+        self.slo_cap[j] = 0.0
+        self.version[j] += 1
+        self.running.discard(j)
+        return set(int(g) for g in gs)
+
+    def _place(self, j: int, gpus: np.ndarray, share: float, t: float) -> set[int]:
+        K = self.cfg.max_tenants
+        gpus = np.asarray(gpus, np.int64)
+        if self.state[j] != PENDING:
+            raise OversubscribedError(f"job {j} placed while not pending (state {self.state[j]})")
+        if len(gpus) != self.num_gpus[j] or len(set(gpus.tolist())) != len(gpus):
+            raise OversubscribedError(f"job {j} needs {self.num_gpus[j]} distinct GPUs, got {gpus.tolist()}")
+        for g in gpus:
+            slots = np.flatnonzero(self.gpu_job[g] < 0)
+            if len(slots) == 0 or self.gpu_share[g].sum() + share > 100.0 + 1e-6:
+                raise OversubscribedError(f"GPU {g} oversubscribed by job {j} ({share}% on "
+                                          f"{self.gpu_share[g].sum()}%, {K - len(slots)} tenants)")
+            self.gpu_job[g, slots[0]] = j
+            self.gpu_share[g, slots[0]] = share
+        self.pending.pop(j, None)
+        self.running.add(j)
+        self.state[j] = RUNNING
+        self.gpus[j] = gpus
+        self.share[j] = share
+        self.last_change[j] = t
+        self.att_t[j] = t
+        self.last_t[j] = t
+        if math.isnan(self.first_start[j]):
+            self.first_start[j] = t
+        if self.need_restart[j] and self.kind[j] == TRAINING:
+            self.ready_at[j] = t + self.cfg.restart_s
+            self.need_restart[j] = False
+        if self.kind[j] == INFERENCE and self.inf is not None:
+            self._slo_close(j, t)  # the pending segment (capacity 0) ends here
+        return set(gpus.tolist())
+
+    def _apply(self, d, t: float) -> None:
+        touched: set[int] = set()
+        for j in dict.fromkeys(d.preempt):
+            if self.state[j] != RUNNING:
+                continue
+            touched |= self._remove(j, t)
+            self.state[j] = PENDING
+            self.pending[j] = None
+            self.queued_since[j] = t
+            self.restarts[j] += 1
+            self.need_restart[j] = True
+        for j, sh in dict(d.resize).items():
+            if self.state[j] != RUNNING or abs(self.share[j] - sh) < 1e-9:
+                continue
+            for g in self.gpus[j]:
+                row = self.gpu_job[g] == j
+                if self.gpu_share[g].sum() - self.gpu_share[g, row].sum() + sh > 100.0 + 1e-6:
+                    raise OversubscribedError(f"GPU {g} oversubscribed by resizing job {j} to {sh}%")
+            if self.kind[j] == TRAINING:
+                self._advance(j, t)
+            for g in self.gpus[j]:
+                self.gpu_share[g, self.gpu_job[g] == j] = sh
+            self.share[j] = sh
+            if self.p.mps_limits:
+                self.restarts[j] += 1
+                self.last_change[j] = t
+                if self.kind[j] == TRAINING:
+                    self.ready_at[j] = t + self.cfg.restart_s
+                else:
+                    self.restarts_inf += 1
+            touched |= set(int(g) for g in self.gpus[j])
+        for j, gpus, sh in d.place:
+            touched |= self._place(int(j), gpus, float(sh), t)
+        if touched:
+            self._refresh(touched, t)
+        if d.info.get("pricing", {}).get("gap") is not None:
+            self.gaps.append(float(d.info["pricing"]["gap"]))
+
+    # ---- the loop -----------------------------------------------------------------------------------
+    def _round(self, t: float) -> None:
+        run = np.fromiter(self.running, np.int64, len(self.running))
+        run.sort()
+        if len(run):
+            self.attained[run] += self.num_gpus[run] * np.maximum(0.0, t - self.att_t[run])
+            self.att_t[run] = t
+        pend = np.fromiter(self.pending, np.int64, len(self.pending))
+        if len(pend):
+            pend = pend[np.lexsort((pend, self.arrival[pend]))]
+        est = self.view_jobs.remaining_est_s
+        act = np.concatenate([run, pend])
+        tr = act[self.kind[act] == TRAINING]
+        if len(tr):
+            est[tr] = self.work[tr] - self.progress[tr]
+        view = ClusterView(t, self.gpu_job, self.gpu_share, self.view_jobs, pend, run, self.types)
+        d = self.p.decide(view)
+        self.rounds += 1
+        self._apply(d, t)
+        if not self.timeline or t - self.timeline[-1][0] > 0:
+            G = self.cfg.gpus
+            self.timeline.append((t, float(np.minimum(self.gpu_share.sum(axis=1), 100).sum() / 100 / G),
+                                  float(self.gpu_eff.sum() / G)))
+
+    def run(self) -> SimResult:
+        w0 = time.perf_counter()
+        cfg = self.cfg
+        for j in range(self.N):
+            if self.kind[j] == TRAINING and self.num_gpus[j] > cfg.gpus:
+                continue  # never schedulable on this cluster: reported unfinished
+            self.push(float(self.arrival[j]), ARRIVAL, j)
+            if self.kind[j] == INFERENCE and np.isfinite(self.end_inf[j]):
+                self.push(float(self.end_inf[j]), INF_END, j)
+        if self.inf is not None and len(self.inf.start_s):
+            self.push(0.0, LOAD)
+        self.push(self.window_end, WINDOW_END)
+        train_left = int(((self.kind == TRAINING) & (self.num_gpus <= cfg.gpus)).sum())
+        last_print = time.perf_counter()
+        next_round = math.inf
+        while self.heap and train_left > 0:
+            t = self.heap[0][0]
+            if t > cfg.max_sim_s:
+                break
+            self._integrate(t)
+            self.t = t
+            dirty = False
+            while self.heap and self.heap[0][0] == t:
+                _, kind, _, j, ver = heapq.heappop(self.heap)
+                self.events += 1
+                if kind == ARRIVAL:
+                    self.state[j] = PENDING
+                    self.pending[j] = None
+                    self.queued_since[j] = t
+                    if self.kind[j] == INFERENCE:
+                        self.slo_seg_t[j] = t
+                        self.slo_cap[j] = 0.0
+                        self.forecast[j] = self._forecast_at(j, t)
+                    dirty = True
+                elif kind == COMPLETE:
+                    if ver != self.version[j] or self.state[j] != RUNNING:
+                        continue
+                    touched = self._remove(j, t)
+                    self.progress[j] = self.work[j]
+                    self.state[j] = DONE
+                    self.completion[j] = t
+                    train_left -= 1
+                    self._refresh(touched, t)
+                    dirty = True
+                elif kind == INF_END:
+                    if self.state[j] == RUNNING:
+                        self._refresh(self._remove(j, t), t)
+                    elif self.state[j] == PENDING:
+                        self._slo_close(j, t)
+                        self.pending.pop(j, None)
+                    self.state[j] = DONE
+                    dirty = True
+                elif kind == LOAD:
+                    live = [j for j in range(self.Jt, self.N) if self.state[j] in (PENDING, RUNNING)]
+                    for j in live:
+                        self.forecast[j] = self._forecast_at(j, t)
+                    self.push(t + cfg.load_tick_s, LOAD)
+                    dirty = dirty or (self.p.needs_periodic_rounds and bool(live))
+                elif kind == WINDOW_END:
+                    self._snapshot_work(t)
+                elif kind == ROUND:
+                    next_round = math.inf
+                    dirty = True
+            if dirty:
+                self._round(t)
+            if self.p.needs_periodic_rounds and (self.pending or self.inf is not None) and next_round == math.inf:
+                next_round = t + cfg.round_interval_s
+                self.push(next_round, ROUND)
+            if cfg.progress and time.perf_counter() - last_print > 2.0:
+                last_print = time.perf_counter()
+                done = self.Jt - train_left
+                print(f"  [{self.p.name}] t={t / 3600:9.1f} h  done {done}/{self.Jt}  queued {len(self.pending)}  "
+                      f"rounds {self.rounds}  {last_print - w0:5.1f} s", file=sys.stderr, flush=True)
+        end = self.t
+        if self.work_window is None:
+            self._snapshot_work(min(end, self.window_end))
+        self._integrate(max(end, self.window_end))
+        if self.inf is not None:
+            for j in range(self.Jt, self.N):
+                if self.state[j] in (PENDING, RUNNING):
+                    self._slo_close(j, end)
+        tl = np.array(self.timeline) if self.timeline else np.zeros((0, 3))
+        if len(tl) > cfg.timeline_points:
+            tl = tl[np.linspace(0, len(tl) - 1, cfg.timeline_points).astype(int)]
+        tr = self.kind == TRAINING
+        return SimResult(
+            policy=self.p.name, arrival_s=self.arrival[tr], first_start_s=self.first_start[tr],
+            completion_s=self.completion[tr], num_gpus=self.num_gpus[tr], duration_s=self.duration[tr],
+            restarts_training=int(self.restarts[tr].sum()), restarts_inference=self.restarts_inf,
+            alloc_gpu_s=self.alloc_int, eff_gpu_s=self.eff_int, window_end_s=self.window_end,
+            work_in_window_gpu_s=float(self.work_window), slo_ok_s=self.slo_ok, slo_total_s=self.slo_total,
+            timeline=tl, wall_s=time.perf_counter() - w0, rounds=self.rounds, events=self.events,
+            gpus=cfg.gpus, pricing_gaps=self.gaps)
+
+    def _snapshot_work(self, t: float) -> None:
+        for j in list(self.running):
+            if self.kind[j] == TRAINING:
+                self._advance(j, t)
+        tr = self.kind == TRAINING
+        self.work_window = float((self.num_gpus[tr] * self.progress[tr]).sum())

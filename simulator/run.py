@@ -1,0 +1,76 @@
+"""Build one workload and run several policies on exactly the same jobs (library entry of the CLI/bench)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from services.allocator.policy import POLICY_NAMES, RuleEstimator, load_type_table, make_policy
+from services.allocator.policy.profiles import DATA_DIR
+from simulator.engine import Engine, SimConfig
+from simulator.groundtruth import GroundTruth
+from simulator.metrics import summarise
+from simulator.traces import load_inference, load_training
+
+
+@dataclass
+class Workload:
+    """Everything shared by the policies of one comparison."""
+
+    types: object
+    truth: GroundTruth
+    estimate: np.ndarray
+    estimator_name: str
+    train: object
+    inf: object
+
+
+def make_estimate(types, truth: GroundTruth, estimator: str = "auto") -> tuple[np.ndarray, str]:
+    """The estimate matrix the policies see: the trained predictor when available, else the rule.
+
+    ``auto`` uses ``models/interference.json`` if it loads, otherwise the utilisation rule (said so).
+    """
+    if estimator in ("auto", "predictor"):
+        try:
+            from services.allocator.policy import PredictorEstimator
+
+            est = PredictorEstimator.from_artifact()
+            return est.pair_matrix(types), "predictor (models/interference.json)"
+        except Exception as exc:  # noqa: BLE001 - explicit, reported fallback
+            if estimator == "predictor":
+                raise
+            print(f"note: predictor artifact unavailable ({type(exc).__name__}: {exc}); "
+                  f"policies use the utilisation rule as their interference estimate", file=sys.stderr)
+    return RuleEstimator(kappa=truth.kappa).pair_matrix(types), f"utilisation rule (kappa={truth.kappa:.2f})"
+
+
+def build_workload(trace: str, gpus: int, inference_traces: list[str] | None = None, seed: int = 0,
+                   load: float | None = None, window=None, max_jobs: int | None = None,
+                   inference_fraction: float = 0.25, slo_factor: float = 10.0, estimator: str = "auto",
+                   data_dir: Path = DATA_DIR) -> Workload:
+    """Load traces and profiles once; every policy of a comparison then runs on this same workload."""
+    types = load_type_table(data_dir)
+    truth = GroundTruth(types, data_dir)
+    est, name = make_estimate(types, truth, estimator)
+    train = load_training(trace, types, gpus, window, max_jobs, load)
+    inf = None
+    if inference_traces:
+        inf = load_inference(inference_traces, gpus, float(train.arrival_s.max()) or 1.0, seed, inference_fraction,
+                             slo_factor)
+    return Workload(types, truth, est, name, train, inf)
+
+
+def run_policies(w: Workload, policies: list[str], cfg: SimConfig, policy_options: dict | None = None):
+    """Run each policy on the workload; returns (results, summaries)."""
+    results, sums = [], []
+    for name in policies:
+        if name not in POLICY_NAMES:
+            raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
+        pol = make_policy(name, w.estimate, w.truth.kappa, slo_factor=cfg.slo_factor, **(policy_options or {}))
+        r = Engine(pol, w.types, w.truth, w.train, w.inf, cfg).run()
+        results.append(r)
+        sums.append(summarise(r))
+    return results, sums

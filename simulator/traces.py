@@ -1,0 +1,196 @@
+"""Trace loading: every record is mapped to a simulated job explicitly (documented here).
+
+Training (``gavel_philly_vc_traces_seed0.csv`` schema: ``vc, job_index, job_type, model, batch_size,
+num_gpus, arrival_time_s, total_steps, duration_v100_s_derived``):
+
+* one row -> one training job of ``job_type`` with gang size ``num_gpus``, arriving at ``arrival_time_s``
+  (sorted, shifted so the first kept arrival is 0);
+* isolated run time on its ``num_gpus`` V100s = ``duration_v100_s_derived`` when present, else
+  ``total_steps / isolated 1-GPU throughput`` of its type. We do *not* rescale by Gavel's multi-GPU
+  throughput entries (they are anomalous, e.g. super-linear 2-GPU ResNet-18, and absent above 8 GPUs):
+  the Philly duration is the job's run time at its requested size, whatever the size (so >8-GPU jobs
+  need no extrapolation). Work is counted in *isolated GPU-seconds* (``num_gpus x duration``).
+* unknown ``job_type`` -> the first known type of the same ``model`` family, else the type with the
+  median solo utilisation (reported in the load summary).
+* ``--window START END`` keeps arrivals in [START, END) seconds of the original trace; ``--max-jobs N``
+  keeps the first N of those; ``--load X`` rescales inter-arrival times so the *training* offered load
+  (isolated GPU-seconds / (GPUs x arrival span)) equals X.
+
+Inference services (optional; only when ``--inference-trace`` files are given):
+
+* Alibaba 2025 DLRM instances (``instance_sn,...,creation_time,deletion_time``): one instance -> one
+  1-GPU service. Missing creation = existed before the trace (starts at 0); missing deletion = outlives
+  it. The trace's time range is mapped linearly onto the training arrival span. Instances are drawn
+  (seeded shuffle) until the peak number of concurrently live services reaches
+  ``inference_fraction x GPUs`` (default 0.25: a quarter of the cluster serves inference under static
+  allocation -- a fixed modelling choice, not tuned).
+* Request demand shape: Azure LLM inference traces (code: bursty, conversation: steady), request
+  counts per 60 s bin, normalised to a peak of 1, looped; each service gets one of them (seeded) and a
+  random phase.
+* Peak load: Alibaba 2023 ``openb`` latency-sensitive 1-GPU pods' ``gpu_milli`` (the GPU fraction an
+  operator sizes a latency-sensitive pod for) is read as the share the service needs at its peak
+  minute; its peak load is that minus the SLO margin (:mod:`services.allocator.policy.inference`).
+  Without the pod file every service needs a whole GPU at peak.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from services.allocator.policy.inference import slo_margin
+from services.allocator.policy.profiles import TypeTable
+
+BIN_S = 60.0  # demand profile resolution, s
+
+
+@dataclass
+class TrainingJobs:
+    """Training jobs of one run, sorted by arrival."""
+
+    arrival_s: np.ndarray  # [J] float, s
+    type_idx: np.ndarray  # [J] int, row of the TypeTable
+    num_gpus: np.ndarray  # [J] int
+    duration_s: np.ndarray  # [J] float, isolated run time at num_gpus, s
+    native_offered_load: float  # training offered load of the kept jobs before --load rescaling
+    offered_load: float  # training offered load after rescaling
+    unknown_types: int  # rows whose job_type was mapped to another type
+
+
+@dataclass
+class InferenceServices:
+    """Inference services of one run."""
+
+    start_s: np.ndarray  # [I] float, creation, s
+    end_s: np.ndarray  # [I] float, deletion, s (inf = outlives the run)
+    peak_load: np.ndarray  # [I] float, load at the profile's peak minute (fraction of one GPU)
+    profile: np.ndarray  # [I] int, index into profiles
+    phase_bin: np.ndarray  # [I] int, profile offset, bins
+    profiles: list  # list of [P] float arrays, normalised per-bin demand (max 1)
+    names: list  # profile names
+
+
+def load_training(path: str | Path, types: TypeTable, gpus: int, window: tuple[float, float] | None = None,
+                  max_jobs: int | None = None, load: float | None = None) -> TrainingJobs:
+    """Read a training trace (schema above) into arrays; see the module docstring for the mapping."""
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    arr = np.array([float(r["arrival_time_s"]) for r in rows])
+    order = np.argsort(arr, kind="stable")
+    rows = [rows[i] for i in order]
+    arr = arr[order]
+    if window is not None:
+        keep = (arr >= window[0]) & (arr < window[1])
+        rows = [r for r, k in zip(rows, keep) if k]
+        arr = arr[keep]
+    if max_jobs is not None:
+        rows, arr = rows[:max_jobs], arr[:max_jobs]
+    if not rows:
+        raise ValueError(f"{path}: no training jobs left after --window/--max-jobs")
+    arr = arr - arr[0]
+    by_family = {}
+    for i, n in enumerate(types.names[:-1]):
+        by_family.setdefault(n.split(" (")[0], i)
+    med = int(np.argsort(types.solo_util[:-1])[len(types.names[:-1]) // 2])
+    tix, unknown, dur, ng = [], 0, [], []
+    for r in rows:
+        try:
+            t = types.index(r["job_type"])
+        except KeyError:
+            t = by_family.get(r.get("model", "") or r["job_type"].split(" (")[0], med)
+            unknown += 1
+        tix.append(t)
+        n = max(1, int(float(r["num_gpus"])))
+        ng.append(n)
+        d = float(r.get("duration_v100_s_derived") or "nan")
+        if not (d > 0):
+            d = float(r["total_steps"]) / types.iso_tput_steps_s[t]
+        dur.append(d)
+    ng = np.array(ng)
+    dur = np.array(dur)
+    span = float(arr[-1]) if arr[-1] > 0 else float(dur.max())
+    native = float((ng * dur).sum() / (gpus * span))
+    if load is not None:
+        if load <= 0:
+            raise ValueError("--load must be > 0")
+        arr = arr * (native / load)
+    span2 = float(arr[-1]) if arr[-1] > 0 else span
+    return TrainingJobs(arr, np.array(tix), ng, dur, native, float((ng * dur).sum() / (gpus * span2)), unknown)
+
+
+def _azure_profile(path: Path) -> np.ndarray:
+    ts = []
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            ts.append(dt.datetime.strptime(r["TIMESTAMP"].strip()[:26], "%Y-%m-%d %H:%M:%S.%f").timestamp())
+    t = np.array(ts)
+    c = np.bincount(((t - t.min()) // BIN_S).astype(int)).astype(float)
+    if len(c) > 2:  # the last bin is partial
+        c = c[:-1]
+    return c / c.max()
+
+
+def _header(path: Path) -> list[str]:
+    with open(path, newline="") as fh:
+        return next(csv.reader(fh))
+
+
+def load_inference(paths: list[str | Path], gpus: int, span_s: float, seed: int,
+                   inference_fraction: float = 0.25, slo_factor: float = 10.0) -> InferenceServices | None:
+    """Build inference services from the given files (detected by header); None if no instance file."""
+    inst, profs, names, need = None, [], [], None
+    for p in map(Path, paths):
+        h = _header(p)
+        if "instance_sn" in h:
+            with open(p, newline="") as fh:
+                inst = list(csv.DictReader(fh))
+        elif "TIMESTAMP" in h:
+            profs.append(_azure_profile(p))
+            names.append(p.stem)
+        elif "gpu_milli" in h:
+            with open(p, newline="") as fh:
+                need = np.array([int(r["gpu_milli"]) / 1000.0 for r in csv.DictReader(fh)
+                                 if r["qos"] == "LS" and r["num_gpu"] == "1" and int(r["gpu_milli"]) > 0])
+        else:
+            raise ValueError(f"{p}: unrecognised inference trace header {h[:4]}")
+    if inst is None:
+        return None
+    if not profs:
+        profs, names = [np.ones(60)], ["flat"]
+    rng = np.random.default_rng(seed)
+    c = np.array([float(r["creation_time"] or "nan") for r in inst])
+    d = np.array([float(r["deletion_time"] or "nan") for r in inst])
+    lo = np.nanmin(np.concatenate([c, d]))
+    hi = np.nanmax(np.concatenate([c, d]))
+    start = np.where(np.isnan(c), 0.0, (c - lo) / (hi - lo) * span_s)
+    end = np.where(np.isnan(d), np.inf, (d - lo) / (hi - lo) * span_s)
+    perm = rng.permutation(len(inst))
+    target = max(1, int(round(inference_fraction * gpus)))
+
+    def peak(m: int) -> int:
+        s, e = start[perm[:m]], end[perm[:m]]
+        ev = np.concatenate([np.stack([s, np.ones(m)], 1), np.stack([e, -np.ones(m)], 1)])
+        ev = ev[np.lexsort((ev[:, 1], ev[:, 0]))]
+        return int(np.cumsum(ev[:, 1]).max())
+
+    lo_m, hi_m = 1, len(inst)
+    while lo_m < hi_m:  # largest prefix whose peak concurrency <= target
+        mid = (lo_m + hi_m + 1) // 2
+        if peak(mid) <= target:
+            lo_m = mid
+        else:
+            hi_m = mid - 1
+    sel = perm[:lo_m]
+    m = len(sel)
+    if need is None or len(need) == 0:
+        need_s = np.ones(m)
+    else:
+        need_s = rng.choice(need, size=m)
+    prof = rng.integers(0, len(profs), size=m)
+    phase = np.array([rng.integers(0, len(profs[k])) for k in prof])
+    peak_load = np.clip(need_s - slo_margin(slo_factor), 0.02, None)
+    return InferenceServices(start[sel], end[sel], peak_load, prof, phase, profs, names)
