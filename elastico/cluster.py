@@ -137,8 +137,12 @@ def up(nodes: int, timeout_s: float = 30.0) -> dict:
             save()
         for i, port in enumerate(ports[len(SERVICES):]):
             name = f"node-{i + 1}"
+            # per-node state (ledger, workload logs, MPS pipes) under the run dir; workloads stop with
+            # the agent so that `make down` leaves no process behind
             env = {**base_env, "ELASTICO_PORT": str(port), "ELASTICO_NODE_ID": name,
-                   "ELASTICO_GPU_BACKEND": os.environ.get("ELASTICO_GPU_BACKEND", "simulated")}
+                   "ELASTICO_GPU_BACKEND": os.environ.get("ELASTICO_GPU_BACKEND", "simulated"),
+                   "ELASTICO_STATE_DIR": str(rd / "nodes" / name), "ELASTICO_STOP_WORKLOADS_ON_EXIT": "1",
+                   "ELASTICO_PREDICTOR_ADDRESS": addr["predictor"]}
             p = _spawn(name, "services.node_agent", env, logs)
             procs.append(Proc(name, p.pid, f"127.0.0.1:{port}", str(logs / f"{name}.log")))
             save()
