@@ -27,8 +27,14 @@ to what the allocator actually places (shares that sum to at most 100 %, any num
 5. **Gang jobs** run at the pace of their slowest GPU.
 
 Unknown models get ``DEFAULT_ISOLATED_STEPS_PER_S`` as isolated speed, so a synthetic workload still
-progresses. NOTE: the simulator (issue 5) needs the same ground truth; once it lands, both should share
-one module (this one is written to be movable: it imports nothing from the node agent).
+progresses.
+
+TO UNIFY: ``simulator/groundtruth.py`` (issue 5) landed while this was written, with different rules for
+what the data does not cover (unmeasured pairs: a calibrated utilisation rule instead of ``1/n``; pairs
+Gavel could not co-locate: 0.05 instead of ``1/n``; more than two tenants: additive instead of
+multiplicative composition). It is a job-type matrix over the allocator's ``TypeTable`` without a
+per-tenant entry point yet; simulated GPUs and the simulator should share one ground truth (this module
+imports nothing from the node agent, so either can absorb the other).
 """
 
 from __future__ import annotations
