@@ -43,15 +43,24 @@ from elastico.domain import (
 )
 from elastico.errors import NotFound, Unavailable
 from elastico.logging import get_logger
+from elastico.state import codec
 from elastico.state.store import Store
 from services.node_agent.coloc import ColocationTruth, Tenant
 from services.node_agent.gpu import GpuBackend
 from services.node_agent.mps import MpsController, MpsFault
-from services.node_agent.runner import LedgerEntry, LedgerFile, Runner, find_tagged, synthetic_argv, workload_dir
+from services.node_agent.runner import (
+    LedgerEntry,
+    LedgerFile,
+    Runner,
+    find_tagged,
+    proc_start_ticks,
+    synthetic_argv,
+    workload_dir,
+)
 
 log = get_logger(component="reconcile")
 
-# (a, b, node_id) -> awaitable; see ObservationSink in services/node_agent/observations.py
+# receives measured co-located pairs (a, b, node_id); services/node_agent/observations.PredictorReporter is one
 ObservationSink = Callable[[list[tuple[LedgerEntry, LedgerEntry, str]]], Awaitable[None]]
 
 
@@ -112,8 +121,6 @@ class Reconciler:
             # started right before a crash, never recorded: launch.json has its entry
             launch = workload_dir(self.state_dir, job_id, pid_) / "launch.json"
             try:
-                from elastico.state import codec
-
                 entry = codec.loads(LedgerEntry, launch.read_text())
             except (OSError, ValueError, KeyError) as exc:
                 log.error("unknown tagged workload process; killing it", job_id=job_id, pid=pid, error=str(exc))
@@ -324,15 +331,17 @@ class Reconciler:
                                                                                        p.shape.batch_size or spec.batch_size, len(gpus)),
             )
             env = self.mps.client_env(gpus, share, mem)
-            if spec.command:
-                argv = self.runner.command_argv(spec.command)
-            else:
-                total = spec.training.total_steps if spec.kind is JobKind.TRAINING and spec.training else 0
-                argv = synthetic_argv(total, job.progress_steps)
-                env["ELASTICO_SIM_RATE_FILE"] = entry.rate_file
             try:
+                if spec.command:
+                    argv = self.runner.command_argv(spec.command)
+                    if not argv:
+                        raise ValueError("command is blank")
+                else:
+                    total = spec.training.total_steps if spec.kind is JobKind.TRAINING and spec.training else 0
+                    argv = synthetic_argv(total, job.progress_steps)
+                    env["ELASTICO_SIM_RATE_FILE"] = entry.rate_file
                 entry = await asyncio.to_thread(self.runner.start, entry, argv, env)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # unparsable command line, unwritable state dir...
                 entry = replace(entry, status="failed", reason=StateReason.OWN_FAILURE, message=f"cannot start: {exc}",
                                 ended_at_s=time.time())
             self.ledger.entries[job_id] = entry
@@ -420,6 +429,7 @@ class Reconciler:
             if e.running and len(e.gpu_indices) == 1:
                 by_gpu.setdefault(e.gpu_indices[0], []).append(e)
         pairs = []
+        seen: set[tuple[str, str]] = set()
         for tenants in by_gpu.values():
             if len(tenants) != 2:
                 continue
@@ -431,10 +441,13 @@ class Reconciler:
                     sa.last[0] - sa.first[0], sb.last[0] - sb.first[0]) < 2.0:
                 continue  # too short a window to be a measurement
             key = (f"{a.job_id}@{a.placement_id}", f"{b.job_id}@{b.placement_id}")
+            seen.add(key)
             if now - self._last_observed.get(key, 0.0) < self.observation_interval_s:
                 continue
             self._last_observed[key] = now
             pairs.append((a, b, self.node_id))
+        for key in [k for k in self._last_observed if k not in seen]:
+            del self._last_observed[key]  # the pair no longer runs together
         if pairs:
             try:
                 await self._sink(pairs)
@@ -455,6 +468,4 @@ _EMPTY_PLACEMENT = Placement(job_id="", shape_index=0, shape=None, slices=())  #
 
 
 def _ticks(pid: int) -> int:
-    from services.node_agent.runner import proc_start_ticks
-
     return proc_start_ticks(pid) or 0

@@ -186,6 +186,15 @@ async def test_mps_env_rates_and_restart_readoption(agent):
     assert set(find_tagged(str(state_dir)).values()) == set(pids.values())
     assert {j: x.pid for j, x in (await workloads(store)).items()} == pids
 
+    # even a lost ledger (crash between starting a process and recording it) duplicates nothing:
+    # the restarted agent finds its tagged processes and their launch records
+    a.kill9()
+    (state_dir / "ledger.json").unlink()
+    a.start()
+    await eventually(readopted)
+    await asyncio.sleep(1.0)
+    assert set(find_tagged(str(state_dir)).values()) == set(pids.values())
+
     # releasing a job (what the allocator does on preemption) stops exactly its process
     job = await store.get_job(j_r50)
     await store.release_job(epoch, job, JobState.PENDING, StateReason.PREEMPTED, "test")
@@ -251,10 +260,11 @@ async def test_outcomes_are_classified_and_never_rerun(agent):
                       command=f"{sys.executable} -c 'import sys; print(\"boom\"); sys.exit(3)'")
     oom = await place(store, epoch, 1, 40.0, 1024, "ResNet-18", 16,
                       command=f"{sys.executable} -c 'import sys; print(\"RuntimeError: CUDA out of memory\"); sys.exit(1)'")
+    unparsable = await place(store, epoch, 1, 10.0, 1024, "ResNet-18", 16, command="python -c 'unterminated")
 
     async def ended():
         w = await workloads(store)
-        return w if len(w) == 3 and all(x.status in ("succeeded", "failed") for x in w.values()) else None
+        return w if len(w) == 4 and all(x.status in ("succeeded", "failed") for x in w.values()) else None
 
     w = await eventually(ended)
     assert (w[ok].status, w[ok].reason, w[ok].exit_code) == ("succeeded", StateReason.COMPLETED, 0)
@@ -262,6 +272,7 @@ async def test_outcomes_are_classified_and_never_rerun(agent):
     assert (w[bad].status, w[bad].reason, w[bad].exit_code, w[bad].message) == ("failed", StateReason.OWN_FAILURE, 3, "exit 3")
     assert "boom" in Path(w[bad].log_path).read_text()
     assert w[oom].reason is StateReason.OWN_FAILURE and w[oom].message.startswith("out of memory")
+    assert w[unparsable].reason is StateReason.OWN_FAILURE and w[unparsable].message.startswith("cannot start")
     await asyncio.sleep(1.0)  # still desired, but a placement that ran is never started again
     assert {j: x.started_at_s for j, x in (await workloads(store)).items()} == {j: x.started_at_s for j, x in w.items()}
     assert find_tagged(str(a.state_dir.resolve())) == {}
