@@ -52,7 +52,7 @@ class ElastiCo(Policy):
     def __init__(self, estimate: np.ndarray, kappa: float, train_floor: float = 0.5, slo_factor: float = 10.0,
                  age_scale_s: float = 3600.0, las_scale_gpu_s: float = 3600.0, max_candidates: int = 256,
                  max_attempts: int = 64, shrink_after_s: float = 1800.0, inference_headroom: float = 1.0,
-                 shares_pct: tuple[int, ...] = SHARES_PCT):
+                 shares_pct: tuple[int, ...] = SHARES_PCT, solver=None):
         self.M = estimate  # [T, T] estimated pair matrix (NaN = utilisation rule)
         self.kappa = kappa  # contention factor of the rule
         self.train_floor = train_floor  # training floor, fraction of isolated speed (1 / max slowdown)
@@ -64,6 +64,7 @@ class ElastiCo(Policy):
         self.shrink_after_s = shrink_after_s  # minimum time between an inference resize and a shrink, s
         self.inference_headroom = inference_headroom  # multiplier on the forecast load when sizing
         self.shares_pct = shares_pct
+        self.solver = solver  # pricing solver with the signature of services.pricer.core.solve; None = in-process
         self._prices: np.ndarray | None = None
         self._idle_sig: tuple | None = None  # state of the last round whose training pass placed nothing
 
@@ -186,7 +187,8 @@ class ElastiCo(Policy):
             # uncontested: every job's best shape fits, so all prices are 0 and the solver would agree
             choice = best
         else:
-            choice, prices, info = choose_shapes(utility, demand, ok, cap, warm_prices=self._prices)
+            choice, prices, info = choose_shapes(utility, demand, ok, cap, warm_prices=self._prices,
+                                                solver=self.solver)
             if prices is not None and len(prices) == 2 and np.all(np.isfinite(prices)):
                 self._prices = prices
             d.info["pricing"] = info

@@ -14,7 +14,7 @@ from services.pricer import core as pricer
 
 def choose_shapes(utility: np.ndarray, demand: np.ndarray, mask: np.ndarray, capacity: np.ndarray,
                   warm_prices: np.ndarray | None = None, time_limit_s: float = 0.05,
-                  max_iterations: int = 40) -> tuple[np.ndarray, np.ndarray, dict]:
+                  max_iterations: int = 40, solver=None) -> tuple[np.ndarray, np.ndarray, dict]:
     """Pick one shape (or wait) per job so total utility is maximal within pool capacities.
 
     Args:
@@ -25,6 +25,8 @@ def choose_shapes(utility: np.ndarray, demand: np.ndarray, mask: np.ndarray, cap
         warm_prices: previous round's prices (warm start), or None.
         time_limit_s: wall budget of one solve (a round must stay cheap).
         max_iterations: price updates at most.
+        solver: callable with the signature and result of ``services.pricer.core.solve`` (default: that
+            function, in-process). The live allocator injects a pricer-service client here.
 
     Returns:
         (choice [J] int, -1 = wait; prices [R]; info dict with status, gap, iterations).
@@ -38,7 +40,7 @@ def choose_shapes(utility: np.ndarray, demand: np.ndarray, mask: np.ndarray, cap
     problem = pricer.PricingProblem(utility=np.asarray(utility, float), demand=np.asarray(demand, float),
                                     mask=np.asarray(mask, bool), capacity=cap)
     opts = pricer.SolverOptions(time_limit_s=time_limit_s, max_iterations=max_iterations, gap_tolerance=1e-2)
-    res = pricer.solve(problem, opts, warm_prices=warm_prices)
+    res = (solver or pricer.solve)(problem, opts, warm_prices=warm_prices)
     info = {"status": res.status.value, "gap": res.gap, "iterations": res.iterations,
             "dual_bound": res.dual_bound, "primal": res.primal_value}
     if res.status == pricer.SolveStatus.INFEASIBLE_INPUT:
