@@ -50,7 +50,7 @@ class SimConfig:
     restart_s: float = 60.0  # training restart cost after preemption or resize, s
     round_interval_s: float = 300.0  # periodic rounds for time-driven policies, s
     load_tick_s: float = 300.0  # how often the inference forecast is refreshed, s
-    forecast_window_s: float = 900.0  # forecast = peak demand over this past window, s
+    forecast_window_s: float = 3600.0  # forecast = peak demand over this past window (about one Azure-profile period), s
     slo_factor: float = 10.0  # inference SLO, multiple of unloaded full-GPU service time
     max_sim_s: float = math.inf  # stop (jobs left are reported unfinished) after this virtual time
     timeline_points: int = 2000  # utilisation samples kept for plots
@@ -446,7 +446,7 @@ class Engine:
                     for j in live:
                         self.forecast[j] = self._forecast_at(j, t)
                     self.push(t + cfg.load_tick_s, LOAD)
-                    dirty = dirty or (self.p.needs_periodic_rounds and bool(live))
+                    # forecasts moved; periodic policies see them at their next ROUND (same 300-s grid)
                 elif kind == WINDOW_END:
                     self._snapshot_work(t)
                 elif kind == ROUND:

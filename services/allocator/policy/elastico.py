@@ -51,7 +51,7 @@ class ElastiCo(Policy):
 
     def __init__(self, estimate: np.ndarray, kappa: float, train_floor: float = 0.5, slo_factor: float = 10.0,
                  age_scale_s: float = 3600.0, las_scale_gpu_s: float = 3600.0, max_candidates: int = 256,
-                 max_attempts: int = 64, shrink_after_s: float = 1800.0, inference_headroom: float = 1.0,
+                 max_attempts: int = 16, shrink_after_s: float = 1800.0, inference_headroom: float = 1.0,
                  shares_pct: tuple[int, ...] = SHARES_PCT, solver=None):
         self.M = estimate  # [T, T] estimated pair matrix (NaN = utilisation rule)
         self.kappa = kappa  # contention factor of the rule
@@ -108,25 +108,29 @@ class ElastiCo(Policy):
         if len(run):
             pred = predict_join(self.M, self.kappa, gj, gs, jobs, view.types.inference_index, 0.0, 100.0,
                                 True, 0.0, self.slo_factor)
-            for j in run:
-                g = int(jobs.gpus[j][0])
-                slot = np.flatnonzero(gj[g] == j)
-                if len(slot) == 0:
-                    continue
-                nu = float(pred.before[g, slot[0]])
-                cur = float(gs[g, slot[0]])
-                req = float(required_share_pct(jobs.load_forecast[j] * self.inference_headroom, self.slo_factor,
-                                               nu, self.shares_pct))
-                if req > cur + 1e-9:
-                    gs[g, slot[0]] = 0.0
+            g_of = np.array([int(jobs.gpus[j][0]) for j in run])
+            slot_mask = gj[g_of] == run[:, None]
+            has = slot_mask.any(axis=1)
+            slot = np.argmax(slot_mask, axis=1)
+            nu = pred.before[g_of, slot]
+            cur = gs[g_of, slot]
+            reqs = required_share_pct(jobs.load_forecast[run] * self.inference_headroom, self.slo_factor, nu,
+                                      self.shares_pct)
+            grow = has & (reqs > cur + 1e-9)
+            shrink = has & (reqs < cur - 1e-9) & (view.now_s - jobs.last_change_s[run] >= self.shrink_after_s)
+            for k in np.flatnonzero(grow | shrink):
+                j, g, sl, req = int(run[k]), int(g_of[k]), int(slot[k]), float(reqs[k])
+                if grow[k]:
+                    c = float(cur[k])
+                    gs[g, sl] = 0.0
                     if not self._evict_for(view, gj, gs, W, g, req, d):
-                        req = cur + (100.0 - gs[g].sum() - cur) if 100.0 - gs[g].sum() > cur else cur
-                    gs[g, slot[0]] = req
-                    if req != cur:
-                        d.resize.append((int(j), req))
-                elif req < cur - 1e-9 and view.now_s - jobs.last_change_s[j] >= self.shrink_after_s:
-                    gs[g, slot[0]] = req
-                    d.resize.append((int(j), req))
+                        req = max(c, min(req, 100.0 - float(gs[g].sum())))
+                    gs[g, sl] = req
+                    if req != c:
+                        d.resize.append((j, req))
+                else:
+                    gs[g, sl] = req
+                    d.resize.append((j, req))
         pend = view.pending[jobs.kind[view.pending] == INFERENCE]
         for j in pend:
             j = int(j)

@@ -13,8 +13,8 @@ from services.pricer import core as pricer
 
 
 def choose_shapes(utility: np.ndarray, demand: np.ndarray, mask: np.ndarray, capacity: np.ndarray,
-                  warm_prices: np.ndarray | None = None, time_limit_s: float = 0.05,
-                  max_iterations: int = 40, solver=None) -> tuple[np.ndarray, np.ndarray, dict]:
+                  warm_prices: np.ndarray | None = None, time_limit_s: float = 1.0,
+                  max_iterations: int = 20, solver=None) -> tuple[np.ndarray, np.ndarray, dict]:
     """Pick one shape (or wait) per job so total utility is maximal within pool capacities.
 
     Args:
@@ -23,7 +23,8 @@ def choose_shapes(utility: np.ndarray, demand: np.ndarray, mask: np.ndarray, cap
         mask: [J, S] valid shapes.
         capacity: [R] free units per pool.
         warm_prices: previous round's prices (warm start), or None.
-        time_limit_s: wall budget of one solve (a round must stay cheap).
+        time_limit_s: wall budget of one solve; a safety net only -- the iteration limit is what binds,
+            so decisions do not depend on machine speed (determinism under a seed).
         max_iterations: price updates at most.
         solver: callable with the signature and result of ``services.pricer.core.solve`` (default: that
             function, in-process). The live allocator injects a pricer-service client here.

@@ -1,0 +1,55 @@
+"""Builders for policy tests: a tiny type table, a cluster view with chosen tenants."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from services.allocator.policy import ClusterView, JobTable, TypeTable
+
+INF = 3  # index of the inference pseudo-type in TYPES
+
+
+def types() -> TypeTable:
+    """Three training types (light, medium, heavy) + inference."""
+    return TypeTable(names=("light", "medium", "heavy", "inference"), gpu_type="v100",
+                     solo_util=np.array([0.3, 0.6, 1.0, np.nan]), iso_tput_steps_s=np.array([10.0, 10.0, 10.0, np.nan]),
+                     fitted=np.array([True, True, True, False]))
+
+
+def view(jobs: list[dict], gpus: int = 4, K: int = 4, placed: dict | None = None, now: float = 0.0) -> ClusterView:
+    """jobs: dicts with kind, type, n (GPUs), arrival, attained, load (inference), remaining.
+    placed: job -> (gpu list, share)."""
+    N = len(jobs)
+    T = types()
+    util = np.array([T.solo_util[j.get("type", 0)] if j.get("kind", 0) == 0 else j.get("load", 0.2) for j in jobs])
+    gj = np.full((gpus, K), -1)
+    gs = np.zeros((gpus, K))
+    gl = [None] * N
+    share = np.zeros(N)
+    for j, (g, s) in (placed or {}).items():
+        for gg in g:
+            k = int(np.flatnonzero(gj[gg] < 0)[0])
+            gj[gg, k] = j
+            gs[gg, k] = s
+        gl[j] = np.array(g)
+        share[j] = s
+    tbl = JobTable(
+        kind=np.array([j.get("kind", 0) for j in jobs], np.int8),
+        type_idx=np.array([j.get("type", 0) if j.get("kind", 0) == 0 else INF for j in jobs]),
+        num_gpus=np.array([j.get("n", 1) for j in jobs]),
+        arrival_s=np.array([float(j.get("arrival", i)) for i, j in enumerate(jobs)]),
+        priority=np.ones(N), attained_gpu_s=np.array([float(j.get("attained", 0.0)) for j in jobs]),
+        share_pct=share, solo_util=util,
+        load_forecast=np.array([j.get("forecast", j.get("load", np.nan)) if j.get("kind", 0) == 1 else np.nan for j in jobs]),
+        gpus=gl, restarts=np.zeros(N, int), queued_since_s=np.array([float(j.get("arrival", i)) for i, j in enumerate(jobs)]),
+        remaining_est_s=np.array([float(j.get("remaining", np.nan)) for j in jobs]), last_change_s=np.zeros(N))
+    placed = placed or {}
+    pend = np.array([i for i in range(N) if i not in placed], int)
+    run = np.array(sorted(placed), int)
+    return ClusterView(now, gj, gs, tbl, pend, run, T)
+
+
+def rule_matrix(kappa: float = 0.9) -> np.ndarray:
+    from services.allocator.policy import RuleEstimator
+
+    return RuleEstimator(kappa).pair_matrix(types())

@@ -1,0 +1,38 @@
+"""Shape family and MPS share model, inference sizing."""
+
+import numpy as np
+import pytest
+
+from services.allocator.policy import load_type_table, required_share_pct, share_speed, training_shapes
+
+
+@pytest.mark.parametrize("share,util,expected", [
+    (100, 0.5, 1.0), (50, 0.5, 1.0), (25, 0.5, 0.5), (25, 1.0, 0.25), (75, 1.0, 0.75),
+], ids=["full", "saturated-at-util", "half-of-util", "heavy-quarter", "heavy-three-quarters"])
+def test_share_speed_saturates_at_solo_util(share, util, expected):
+    assert share_speed(share, util) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("util,floor,shares", [
+    (0.3, 0.5, [25, 50, 75, 100]), (1.0, 0.5, [50, 75, 100]), (1.0, 0.9, [100]),
+], ids=["light-all", "heavy-floor-half", "strict-floor"])
+def test_training_shapes_respect_floor(util, floor, shares):
+    got = training_shapes(2, util, 10.0, min_speed=floor, gpu_type="v100")
+    assert [s.compute_share_pct for s in got] == shares
+    assert all(s.num_gpus == 2 and s.mem_mib == 16384 * s.compute_share_pct // 100 for s in got)
+    assert got[-1].throughput == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("load,nu,expected", [
+    (0.1, 1.0, 25), (0.2, 1.0, 50), (0.6, 1.0, 75), (0.9, 1.0, 100), (0.3, 0.5, 100), (2.0, 1.0, 100),
+], ids=["tiny", "small", "medium", "peak", "interfered", "overload-caps-at-100"])
+def test_inference_share_meets_slo(load, nu, expected):
+    assert required_share_pct(np.array([load]), 10.0, nu)[0] == expected
+
+
+def test_type_table_fits_utilisation_from_measured_pairs():
+    t = load_type_table()
+    assert t.names[-1] == "inference"
+    u = dict(zip(t.names, t.solo_util))
+    assert 0.05 <= min(t.solo_util[:-1]) and max(t.solo_util[:-1]) <= 1.0
+    assert u["ResNet-18 (batch size 16)"] < u["ResNet-50 (batch size 64)"]  # small CNN batch uses less
