@@ -35,6 +35,15 @@ class Keys:
         return f"{self.prefix}jobs:seq"
 
     @property
+    def active_jobs(self) -> str:
+        """Set: ids of jobs in a non-terminal state (kept by the APPLY script; what a scheduling round reads)."""
+        return f"{self.prefix}jobs:active"
+
+    def status(self, name: str) -> str:
+        """String: JSON status document written by a service (e.g. the allocator's last round)."""
+        return f"{self.prefix}status:{name}"
+
+    @property
     def requests(self) -> str:
         """Hash: request_id -> job_id (SubmitJob idempotency)."""
         return f"{self.prefix}requests"

@@ -45,6 +45,11 @@ for _, w in ipairs(tx.jobs) do
   if w.index_score ~= cjson.null then
     redis.call('ZADD', p .. 'jobs', string.format('%d', w.index_score), w.job_id)
   end
+  if w.state == 'succeeded' or w.state == 'failed' or w.state == 'cancelled' then
+    redis.call('SREM', p .. 'jobs:active', w.job_id)
+  else
+    redis.call('SADD', p .. 'jobs:active', w.job_id)
+  end
 end
 for _, k in ipairs(order) do
   local u = pending[k]

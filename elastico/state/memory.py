@@ -29,6 +29,8 @@ class MemoryStore(StoreBase):
         self._lock = asyncio.Lock()
         self._clock = clock
         self._jobs: dict[str, tuple[int, str, str]] = {}  # job_id -> (version, state, data)
+        self._active: set[str] = set()  # ids of non-terminal jobs
+        self._status: dict[str, str] = {}
         self._index: dict[str, int] = {}
         self._seq = 0
         self._requests: dict[str, str] = {}
@@ -70,6 +72,10 @@ class MemoryStore(StoreBase):
                 self._requests[tx.claim_request[0]] = tx.claim_request[1]
             for w in tx.jobs:
                 self._jobs[w.job_id] = (w.new_version, w.state, w.data)
+                if w.state in ("succeeded", "failed", "cancelled"):
+                    self._active.discard(w.job_id)
+                else:
+                    self._active.add(w.job_id)
                 if w.index_score is not None:
                     self._index[w.job_id] = w.index_score
             for key, used in pending.items():
@@ -91,6 +97,15 @@ class MemoryStore(StoreBase):
     async def _get_job_data(self, job_id: str) -> str | None:
         entry = self._jobs.get(job_id)
         return entry[2] if entry else None
+
+    async def _active_job_data(self) -> list[str | None]:
+        return [self._jobs[j][2] for j in self._active if j in self._jobs]
+
+    async def put_status(self, name: str, data: str) -> None:
+        self._status[name] = data
+
+    async def get_status(self, name: str) -> str | None:
+        return self._status.get(name)
 
     async def _request_owner(self, request_id: str) -> str | None:
         return self._requests.get(request_id)

@@ -116,6 +116,24 @@ class RedisStore(StoreBase):
         rows = await pipe.execute()
         return [(int(s or 0), int(m or 0)) for s, m in rows]
 
+    @_unavailable_on_connection_error
+    async def _active_job_data(self) -> list[str | None]:
+        ids = await self._r.smembers(self._k.active_jobs)
+        if not ids:
+            return []
+        pipe = self._r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hget(self._k.job(job_id), "data")
+        return await pipe.execute()
+
+    @_unavailable_on_connection_error
+    async def put_status(self, name: str, data: str) -> None:
+        await self._r.set(self._k.status(name), data)
+
+    @_unavailable_on_connection_error
+    async def get_status(self, name: str) -> str | None:
+        return await self._r.get(self._k.status(name))
+
     # --- nodes ---------------------------------------------------------------------------------------
     @_unavailable_on_connection_error
     async def put_node(self, node: NodeInfo) -> None:

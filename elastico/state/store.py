@@ -104,6 +104,9 @@ class Store(Protocol):
     async def list_jobs(
         self, states: Sequence[JobState] = (), tenant: str = "", page_size: int = 100, page_token: str = ""
     ) -> tuple[list[Job], str]: ...
+    async def list_active_jobs(self) -> list[Job]:
+        """Every job in a non-terminal state (PENDING, PLACED, RUNNING), in no particular order."""
+        ...
     async def update_job(self, old: Job, new: Job, *, epoch: int | None = None) -> Job: ...
     async def commit_placements(self, epoch: int, placements: Sequence[tuple[Job, Placement]]) -> list[Job]: ...
     async def release_job(
@@ -124,6 +127,10 @@ class Store(Protocol):
     async def release_leadership(self, holder: str) -> None: ...
     async def current_leader(self) -> tuple[str | None, int]: ...
     async def read_events(self, after_id: str = "0", limit: int = 100, block_s: float = 0.0) -> list[JobEvent]: ...
+    async def put_status(self, name: str, data: str) -> None:
+        """Store a service's status document (JSON) under ``name``; last writer wins, not fenced."""
+        ...
+    async def get_status(self, name: str) -> str | None: ...
     async def close(self) -> None: ...
 
 
@@ -150,6 +157,10 @@ class StoreBase:
 
     async def _gpu_usage(self, node_id: str, gpu_indices: Sequence[int]) -> list[tuple[int, int]]:
         """(share_units_used, mem_mib_used) per GPU."""
+        raise NotImplementedError
+
+    async def _active_job_data(self) -> list[str | None]:
+        """JSON of every job in the active (non-terminal) set."""
         raise NotImplementedError
 
     # --- jobs ---------------------------------------------------------------------------------------
@@ -206,6 +217,25 @@ class StoreBase:
                         break
         more = await self._index_page(before, 1)
         return out, (str(before) if more else "")
+
+    async def list_active_jobs(self) -> list[Job]:
+        """Every non-terminal job, read in one round trip; decoding is memoised by the record's exact JSON.
+
+        A scheduling round calls this every time: with a thousand queued jobs, re-parsing unchanged records
+        would dominate the round, so a record whose stored bytes are unchanged reuses its decoded Job.
+        """
+        cache: dict[str, Job] = self.__dict__.get("_decode_cache", {})
+        fresh: dict[str, Job] = {}
+        out: list[Job] = []
+        for data in await self._active_job_data():
+            if data is None:
+                continue
+            job = cache.get(data) or codec.loads(Job, data)
+            fresh[data] = job
+            if not job.state.terminal:
+                out.append(job)
+        self.__dict__["_decode_cache"] = fresh
+        return out
 
     async def update_job(self, old: Job, new: Job, *, epoch: int | None = None) -> Job:
         """Replace ``old`` by ``new`` if nobody changed it since ``old`` was read (compare-and-set).

@@ -1,12 +1,16 @@
 """elastico.v1.Allocator over gRPC: validation and conversion only; state lives in the Store.
 
-Scheduling rounds (pricing, placement, commits) are driven elsewhere; this servicer is the job API.
+Scheduling rounds (pricing, placement, commits) run in ``rounds.Scheduler``; this servicer is the job API.
+It only nudges the scheduler after a submission (``on_change``) and reads the leader's published round
+status for GetClusterState, so every replica (leader or standby) answers the same.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from collections.abc import Callable
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -37,9 +41,10 @@ def _require_job_id(job_id: str) -> str:
 class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     """Job API over a Store."""
 
-    def __init__(self, store: Store, settings: AllocatorSettings) -> None:
+    def __init__(self, store: Store, settings: AllocatorSettings, on_change: Callable[[str], None] | None = None) -> None:
         self._store = store
         self._settings = settings
+        self._on_change = on_change or (lambda why: None)
 
     async def SubmitJob(self, request: apb.SubmitJobRequest, context: grpc.aio.ServicerContext) -> apb.SubmitJobResponse:
         validate_request_id(request.request_id)
@@ -50,6 +55,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         stored, created = await self._store.create_job(job)
         if created:
             log.info("job submitted", job_id=stored.job_id, request_id=stored.request_id, tenant=spec.tenant, kind=spec.kind.value)
+            self._on_change("arrival")
         return apb.SubmitJobResponse(job=convert.job_to_pb(stored), created=created)
 
     async def CancelJob(self, request: apb.CancelJobRequest, context: grpc.aio.ServicerContext) -> apb.CancelJobResponse:
@@ -66,6 +72,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             except Conflict:
                 continue  # the job moved under us (placed, progressed): re-read and retry
             log.info("job cancelled", job_id=job_id)
+            self._on_change("cancel")
             return apb.CancelJobResponse(job=convert.job_to_pb(done))
         raise Conflict(f"job {job_id} kept changing; retry the cancel")
 
@@ -118,8 +125,20 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                         u.allocated_gpus += sum(s.compute_share_pct for s in j.placement.slices) / 100.0
             if not token:
                 break
-        degraded = [] if holder else ["no allocator leader: scheduling rounds are not running"]
+        status = json.loads(await self._store.get_status("allocator") or "{}")
+        degraded: list[str] = []
+        if not holder:
+            degraded.append("no allocator leader: scheduling rounds are not running")
+        elif status.get("epoch") != epoch:
+            degraded.append(f"leader {holder} (epoch {epoch}) has not completed a scheduling round yet")
+        else:
+            degraded += status.get("degraded", [])
+            age = now - float(status.get("time_s", 0.0))
+            if age > 3 * float(status.get("round_interval_s", self._settings.round_interval_s)) + 5:
+                degraded.append(f"scheduling rounds stalled: the last one ended {age:.0f}s ago")
         return apb.GetClusterStateResponse(
             nodes=[convert.node_to_pb(replace(n, ready=n.ready and now - n.last_heartbeat_s <= self._settings.node_stale_s)) for n in nodes],
             tenants=[usage[t] for t in sorted(usage)], leader_epoch=epoch, leader_id=holder or "", degraded=degraded,
+            prices=[apb.PoolPrice(pool=p["pool"], price=p["price"], capacity=p["capacity"]) for p in status.get("prices", [])],
+            last_round_gap=float(status.get("gap") or 0.0), last_round_time_unix_s=float(status.get("time_s", 0.0)),
         )

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 
 from elastico.config import Settings
 from elastico.errors import ConfigError
+
+ESTIMATORS = ("predictor", "rule")
 
 
 @dataclass(frozen=True)
@@ -13,15 +17,58 @@ class AllocatorSettings(Settings):
     service_name: str = "allocator"
     port: int = 50050
     redis_namespace: str = "elastico"  # key namespace in Redis; lets clusters share one Redis
-    pricer_address: str = ""  # host:port of the pricer; "" = not configured
-    predictor_address: str = ""  # host:port of the predictor; "" = not configured
-    node_stale_s: float = 15.0  # a node whose heartbeat is older than this is shown not ready
+    pricer_address: str = ""  # host:port of the pricer; "" = price in-process (the pricer core, said so in logs)
+    predictor_address: str = ""  # host:port of the predictor; "" with estimator=predictor = degraded (no co-location)
+    node_stale_s: float = 15.0  # a node whose heartbeat is older than this gets no new placements (shown not ready)
     watch_poll_s: float = 1.0  # how long WatchJobs blocks on the event stream per poll
+    # --- scheduling rounds -----------------------------------------------------------------------------
+    schedule: bool = True  # run scheduling rounds when leader (False = job API only, e.g. a read replica)
+    replica_id: str = ""  # this replica's name in the leader lease; "" = <host>-<pid>
+    policy: str = "elastico"  # policy of services.allocator.policy.POLICY_NAMES
+    round_interval_s: float = 5.0  # a round at least this often (time-driven policies age queued jobs), s
+    round_min_gap_s: float = 0.02  # coalescing: events arriving within this gap share one round, s
+    report_poll_s: float = 0.25  # how often node agents' reports and heartbeats are checked for changes, s
+    node_grace_s: float = 30.0  # after node_stale_s + this, a silent node's jobs are requeued (NODE_LOST), s
+    lease_ttl_s: float = 10.0  # leader lease time-to-live; renewed every ttl/3, s
+    pricer_timeout_s: float = 1.0  # deadline of each ComputeAllocation call, s
+    predictor_timeout_s: float = 3.0  # deadline of each PredictInterference call, s
+    sync_timeout_s: float = 2.0  # deadline of each best-effort Sync nudge to a node agent, s
+    estimator: str = "predictor"  # interference estimate: "predictor" (service) or "rule" (utilisation rule, calibrated)
+    estimate_refresh_s: float = 300.0  # how often the pair matrix is re-fetched from the predictor, s
+    max_tenants: int = 4  # MPS tenants per GPU at most
+    train_floor: float = 0.5  # training co-location floor, fraction of isolated speed (policy default)
+    time_scale: float = 1.0  # policy clock = wall clock x this (demo replays: matches the node agents' scale)
 
     def validate(self) -> None:
         super().validate()
         self.require_redis()
+        from services.allocator.policy import POLICY_NAMES
+
         if self.node_stale_s <= 0:
             raise ConfigError(f"ELASTICO_NODE_STALE_S={self.node_stale_s}: must be > 0")
         if not 0 < self.watch_poll_s <= 4:
             raise ConfigError(f"ELASTICO_WATCH_POLL_S={self.watch_poll_s}: must be in (0, 4]")
+        if self.policy not in POLICY_NAMES:
+            raise ConfigError(f"ELASTICO_POLICY={self.policy!r}: must be one of {', '.join(POLICY_NAMES)}")
+        if self.estimator not in ESTIMATORS:
+            raise ConfigError(f"ELASTICO_ESTIMATOR={self.estimator!r}: must be one of {', '.join(ESTIMATORS)}")
+        for name in ("round_interval_s", "report_poll_s", "lease_ttl_s", "pricer_timeout_s", "predictor_timeout_s",
+                     "sync_timeout_s", "estimate_refresh_s", "time_scale"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"ELASTICO_{name.upper()}={getattr(self, name)}: must be > 0")
+        if not 0 <= self.round_min_gap_s <= self.round_interval_s:
+            raise ConfigError(f"ELASTICO_ROUND_MIN_GAP_S={self.round_min_gap_s}: must be in [0, round_interval_s]")
+        if self.node_grace_s < 0:
+            raise ConfigError(f"ELASTICO_NODE_GRACE_S={self.node_grace_s}: must be >= 0")
+        if not 1 <= self.max_tenants <= 16:
+            raise ConfigError(f"ELASTICO_MAX_TENANTS={self.max_tenants}: must be in [1, 16]")
+        if not 0 < self.train_floor <= 1:
+            raise ConfigError(f"ELASTICO_TRAIN_FLOOR={self.train_floor}: must be in (0, 1]")
+        for name in ("pricer_address", "predictor_address"):
+            value = getattr(self, name)
+            if value and ":" not in value:
+                raise ConfigError(f"ELASTICO_{name.upper()}={value!r}: must be host:port")
+
+    @property
+    def effective_replica_id(self) -> str:
+        return self.replica_id or f"{socket.gethostname()}-{os.getpid()}"

@@ -26,7 +26,8 @@ from services.node_agent.settings import NodeAgentSettings
 def build(settings: NodeAgentSettings):
     async def _build():
         node_id = settings.effective_node_id
-        backend = make_backend(settings.gpu_backend, node_id, settings.sim_gpu_type, settings.sim_gpu_count, settings.sim_gpu_mem_mib)
+        backend = make_backend(settings.gpu_backend, node_id, settings.sim_gpu_type, settings.sim_gpu_count, settings.sim_gpu_mem_mib,
+                               settings.sim_time_scale)
         try:
             mps = make_mps(settings.mps, backend.name, settings.effective_mps_pipe_dir, settings.effective_mps_log_dir,
                            settings.mps_control_bin, settings.mps_control_timeout_s)

@@ -54,8 +54,12 @@ class SimulatedBackend:
 
     name = "simulated"
 
-    def __init__(self, node_id: str, gpu_type: str, count: int, mem_mib: int, truth: ColocationTruth | None = None) -> None:
+    def __init__(self, node_id: str, gpu_type: str, count: int, mem_mib: int, truth: ColocationTruth | None = None,
+                 time_scale: float = 1.0) -> None:
+        if not time_scale > 0:
+            raise ValueError("time_scale must be > 0")
         self.gpu_type = gpu_type
+        self.time_scale = time_scale  # simulated seconds per wall second (trace replays); 1 = real time
         self._truth = truth
         self._gpus = [
             GpuInfo(index=i, uuid=f"GPU-SIM-{node_id}-{i}", gpu_type=gpu_type, mem_total_mib=mem_mib,
@@ -80,6 +84,8 @@ class SimulatedBackend:
 
     def emulated_rates(self, tenants: Sequence[Tenant], mem_mib: dict[str, int] | None = None) -> dict[str, tuple[float, float]]:
         rates = self.truth.rates(tenants, self.gpu_type)
+        if self.time_scale != 1.0:  # accelerated time: every workload runs time_scale x faster, norms unchanged
+            rates = {j: (r * self.time_scale, n) for j, (r, n) in rates.items()}
         counters: dict[int, GpuCounters] = {}
         for g in self._gpus:
             on = [t for t in tenants if g.index in t.gpu_indices]
@@ -245,18 +251,18 @@ def gpu_type_from_name(name: str) -> str:
     return name.lower().replace(" ", "_")
 
 
-def make_backend(kind: str, node_id: str, gpu_type: str, count: int, mem_mib: int) -> GpuBackend:
+def make_backend(kind: str, node_id: str, gpu_type: str, count: int, mem_mib: int, time_scale: float = 1.0) -> GpuBackend:
     """Select the backend named by configuration.
 
     Raises:
         Unavailable: ``kind`` is ``nvml`` and NVML cannot be loaded.
     """
     if kind == "simulated":
-        return SimulatedBackend(node_id, gpu_type, count, mem_mib)
+        return SimulatedBackend(node_id, gpu_type, count, mem_mib, time_scale=time_scale)
     if kind == "nvml":
         return NvmlBackend()
     try:
         return NvmlBackend()
     except Unavailable as exc:
         log.warning("NVML unavailable, falling back to SIMULATED GPUs (gpu_backend=auto)", error=str(exc))
-        return SimulatedBackend(node_id, gpu_type, count, mem_mib)
+        return SimulatedBackend(node_id, gpu_type, count, mem_mib, time_scale=time_scale)

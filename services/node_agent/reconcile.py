@@ -352,11 +352,14 @@ class Reconciler:
         return started
 
     def _isolated(self, p: Placement, model: str, batch_size: int, num_gpus: int) -> float:
+        # per wall second: a simulated backend running accelerated time scales the reference speed too,
+        # so normalised throughput stays a fraction of isolated speed
+        scale = float(getattr(self.backend, "time_scale", 1.0))
         if p.shape.throughput > 0:
-            return p.shape.throughput
+            return p.shape.throughput * scale
         gpu_type = getattr(self.backend, "gpu_type", "") or next((g.gpu_type for g in self.backend.gpus()), "")
         truth = self._truth or ColocationTruth.default()
-        return truth.isolated(model, batch_size, gpu_type, num_gpus) or 0.0
+        return (truth.isolated(model, batch_size, gpu_type, num_gpus) or 0.0) * scale
 
     # --- 5. measure -----------------------------------------------------------------------------------
     def _child_pid(self, e: LedgerEntry) -> int | None:

@@ -25,6 +25,7 @@ class NodeAgentSettings(Settings):
     sim_gpu_type: str = "v100"  # simulated backend: GPU type of every GPU
     sim_gpu_count: int = 4  # simulated backend: GPUs on this node
     sim_gpu_mem_mib: int = 16384  # simulated backend: memory of each GPU, MiB
+    sim_time_scale: float = 1.0  # simulated backend: simulated seconds per wall second (trace replays); 1 = real time
     heartbeat_interval_s: float = 2.0  # how often node status and counters go to Redis
     state_dir: str = ""  # ledger, workload logs and MPS pipes; "" = $XDG_STATE_HOME/elastico/<node_id>
     reconcile_interval_s: float = 2.0  # desired-state poll period (a Sync call reconciles at once)
@@ -47,6 +48,8 @@ class NodeAgentSettings(Settings):
             raise ConfigError(f"ELASTICO_GPU_BACKEND={self.gpu_backend!r}: must be one of {', '.join(GPU_BACKENDS)}")
         if not 1 <= self.sim_gpu_count <= 64:
             raise ConfigError(f"ELASTICO_SIM_GPU_COUNT={self.sim_gpu_count}: must be in [1, 64]")
+        if not 0 < self.sim_time_scale <= 1e6:
+            raise ConfigError(f"ELASTICO_SIM_TIME_SCALE={self.sim_time_scale}: must be in (0, 1e6]")
         if self.sim_gpu_mem_mib <= 0:
             raise ConfigError(f"ELASTICO_SIM_GPU_MEM_MIB={self.sim_gpu_mem_mib}: must be > 0")
         if not 0.05 <= self.heartbeat_interval_s <= 60:

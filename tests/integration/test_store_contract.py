@@ -221,3 +221,31 @@ async def test_unhealthy_gpu_has_no_capacity_until_healthy_again(store):
     await store.put_node(node)
     job2, _ = await store.create_job(make_job())
     await store.commit_placements(epoch, [(job2, placement_on("node-1", 0, 10.0, 100))])
+
+
+async def test_active_jobs_follow_state_changes(store):
+    await store.put_node(make_node())
+    epoch = await store.acquire_leadership("alloc", ttl_s=5)
+    a, _ = await store.create_job(make_job())
+    b, _ = await store.create_job(make_job())
+    c, _ = await store.create_job(make_job())
+    assert {j.job_id for j in await store.list_active_jobs()} == {a.job_id, b.job_id, c.job_id}
+    [placed] = await store.commit_placements(epoch, [(a, placement_on("node-1", 0))])
+    await store.release_job(epoch, placed, JobState.SUCCEEDED, StateReason.COMPLETED)
+    await store.update_job(b, b.__class__(**{**b.__dict__, "state": JobState.CANCELLED,
+                                             "reason": StateReason.CANCELLED_BY_CLIENT}))
+    active = await store.list_active_jobs()
+    assert [j.job_id for j in active] == [c.job_id]
+    assert active[0].version == c.version
+    # a changed record is decoded afresh, an unchanged one is the same object (memoised decode)
+    again = await store.list_active_jobs()
+    assert again[0] is active[0]
+    moved = await store.update_job(c, c.__class__(**{**c.__dict__, "message": "m"}))
+    assert (await store.list_active_jobs())[0].version == moved.version
+
+
+async def test_status_documents_round_trip(store):
+    assert await store.get_status("allocator") is None
+    await store.put_status("allocator", '{"gap": 0.01}')
+    await store.put_status("allocator", '{"gap": 0.02}')
+    assert await store.get_status("allocator") == '{"gap": 0.02}'

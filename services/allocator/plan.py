@@ -1,0 +1,371 @@
+"""Pure halves of a scheduling round: agent reports -> job transitions, Redis state -> ``ClusterView``,
+``Decision`` -> store operations. No I/O here (``rounds.py`` does the reading and writing), so every
+mapping is unit-tested with plain domain objects.
+
+Row conventions: the view's job rows are the round's pending and placed jobs (``ViewIndex.jobs``), its
+GPU rows the usable GPUs sorted by (node id, index) (``ViewIndex.gpus``). A GPU is usable when its node's
+heartbeat is fresh, the node is ready and the GPU is healthy; jobs on other GPUs still occupy their
+slots on the usable ones but the policy never places next to a GPU it cannot see.
+
+Time: the policy's clock is ``wall x time_scale`` (1 in production; a demo replays a trace faster and
+scales the node agents' simulated GPUs by the same factor), applied to every time it sees.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from elastico.domain import (
+    GpuSlice,
+    Job,
+    JobKind,
+    JobSpec,
+    JobState,
+    NodeInfo,
+    Placement,
+    Shape,
+    StateReason,
+    Workload,
+    placement_id,
+)
+from elastico.state.store import FULL_GPU_SHARE_UNITS, share_units
+from services.allocator.policy import INFERENCE, TRAINING, ClusterView, Decision, JobTable, TypeTable
+from services.allocator.policy.inference import slo_margin
+from services.allocator.policy.shapes import SHARES_PCT, share_speed
+
+# --------------------------------------------------------------------------------------------------
+# 1. Agent reports -> job transitions
+
+
+@dataclass(frozen=True)
+class Transition:
+    """What the round must write for one placed job, learned from its node agents' reports or heartbeats."""
+
+    job: Job  # as read (its version is the compare-and-set guard); progress already set from the report
+    state: JobState  # RUNNING (mark started) or the state release_job moves it to
+    reason: StateReason
+    message: str = ""
+
+    @property
+    def release(self) -> bool:
+        """True when the job leaves its GPUs (anything but PLACED -> RUNNING)."""
+        return self.state is not JobState.RUNNING
+
+
+_END_TO_STATE = {
+    StateReason.COMPLETED: JobState.SUCCEEDED,
+    StateReason.OWN_FAILURE: JobState.FAILED,
+    StateReason.COTENANT_FAULT: JobState.PENDING,  # requeue without penalty
+}
+
+
+def node_fresh(node: NodeInfo, now_s: float, stale_s: float) -> bool:
+    """Heartbeat fresh and agent ready: the node may receive new placements."""
+    return node.ready and now_s - node.last_heartbeat_s <= stale_s
+
+
+def transitions(jobs: Sequence[Job], nodes: Mapping[str, NodeInfo], workloads: Mapping[str, Mapping[str, Workload]],
+                now_s: float, stale_s: float, grace_s: float) -> list[Transition]:
+    """Transitions of placed jobs (PLACED/RUNNING) from the agents' actual state and the nodes' heartbeats.
+
+    * a workload of the job's *current* placement (same ``placement_id``) running -> PLACED becomes RUNNING;
+    * ended -> COMPLETED: SUCCEEDED; OWN_FAILURE: FAILED; COTENANT_FAULT or stopped: back to PENDING;
+    * a node of the placement missing, or silent for more than ``stale_s + grace_s`` -> PENDING (NODE_LOST).
+
+    Reports of an older placement of the same job are ignored (the agent reports an ended workload until
+    the job leaves its desired state; a requeued job gets a new placement id).
+    """
+    out: list[Transition] = []
+    for job in jobs:
+        p = job.placement
+        if p is None or job.state not in (JobState.PLACED, JobState.RUNNING):
+            continue
+        pid = placement_id(p)
+        node_ids = sorted({s.node_id for s in p.slices})
+        lost = [n for n in node_ids if n not in nodes or now_s - nodes[n].last_heartbeat_s > stale_s + grace_s]
+        reports = [workloads.get(n, {}).get(job.job_id) for n in node_ids]
+        reports = [w for w in reports if w is not None and w.placement_id == pid]
+        ended = [w for w in reports if w.status in ("succeeded", "failed", "killed")]
+        progress = max((w.progress_steps for w in reports), default=job.progress_steps)
+        seen = replace(job, progress_steps=max(job.progress_steps, progress))
+        if ended:
+            # a gang ends with its first ended member; a failure outranks a success of another member
+            w = next((e for e in ended if e.reason is not StateReason.COMPLETED), ended[0])
+            reason = w.reason or StateReason.OWN_FAILURE
+            state = _END_TO_STATE.get(reason, JobState.PENDING)
+            if state is JobState.PENDING and reason is not StateReason.COTENANT_FAULT:
+                reason = StateReason.PREEMPTED
+            out.append(Transition(seen, state, reason, w.message))
+        elif lost:
+            out.append(Transition(seen, JobState.PENDING, StateReason.NODE_LOST,
+                                  f"node {', '.join(lost)} silent for more than {stale_s + grace_s:.0f}s"))
+        elif job.state is JobState.PLACED and len(reports) == len(node_ids) and all(w.status == "running" for w in reports):
+            out.append(Transition(seen, JobState.RUNNING, StateReason.STARTED))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. State -> ClusterView
+
+
+@dataclass
+class ViewIndex:
+    """Maps the view's integer rows back to the domain."""
+
+    jobs: list[Job]  # job row -> Job
+    gpus: list[tuple[str, int]]  # GPU row -> (node id, GPU index)
+    gpu_mem_mib: np.ndarray  # [G] memory of each GPU row, MiB
+    gpu_type: list[str]  # [G]
+    iso_rate: np.ndarray  # [N] isolated steps/s of each job row at its gang size (NaN unknown)
+    free: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # (share units, MiB) left per known GPU
+
+
+def spec_num_gpus(spec: JobSpec) -> int:
+    """Gang size: the explicit shapes' GPU count (the largest), else 1."""
+    return max((s.num_gpus for s in spec.shapes), default=1)
+
+
+def isolated_rate(spec: JobSpec, types: TypeTable, type_idx: int) -> float:
+    """Isolated steps/s at the job's gang size: its full-share shape's throughput, else the type's x GPUs."""
+    full = [s for s in spec.shapes if s.compute_share_pct >= 100.0 and s.throughput > 0]
+    if full:
+        return max(s.throughput for s in full)
+    best = [s.throughput * 100.0 / s.compute_share_pct for s in spec.shapes if s.throughput > 0]
+    if best:
+        return max(best)
+    if spec.kind is JobKind.INFERENCE:
+        return math.nan
+    return float(types.iso_tput_steps_s[type_idx]) * spec_num_gpus(spec)
+
+
+def inference_load(spec: JobSpec, iso_rps: float) -> float:
+    """Demand as a fraction of one full GPU's service rate; unknown rate -> the load that needs a whole GPU."""
+    if spec.inference is None:
+        return math.nan
+    if iso_rps > 0 and math.isfinite(iso_rps):
+        return float(spec.inference.demand_rps / iso_rps)
+    return 1.0 - slo_margin(10.0)
+
+
+def priority_weight(priority: int) -> float:
+    """API priority (0 = normal, higher = more important) -> the policy's weight (1 = normal, >= 0)."""
+    return float(1 + priority) if priority >= 0 else 1.0 / (1 - priority)
+
+
+def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable, resolve: Callable[[JobSpec], int],
+               now_s: float, stale_s: float, time_scale: float = 1.0, max_tenants: int = 4
+               ) -> tuple[ClusterView, ViewIndex]:
+    """The round's ``ClusterView`` from active jobs and nodes (with their committed usage).
+
+    Args:
+        jobs: non-terminal jobs (PENDING, PLACED, RUNNING).
+        nodes: every registered node, GPUs carrying committed usage (``Store.list_nodes``).
+        types: the policy's type table; ``resolve`` maps a spec to its row.
+        now_s: wall-clock time of the round, s.
+        stale_s: heartbeat age beyond which a node gets no new placements.
+        time_scale: policy clock = wall x this.
+        max_tenants: tenant slots per GPU ``K``.
+    """
+    ts = time_scale
+    usable = sorted((n for n in nodes if node_fresh(n, now_s, stale_s)), key=lambda n: n.node_id)
+    gpu_keys: list[tuple[str, int]] = []
+    mem, gtype = [], []
+    for n in usable:
+        for g in sorted(n.gpus, key=lambda g: g.index):
+            if g.healthy:
+                gpu_keys.append((n.node_id, g.index))
+                mem.append(g.mem_total_mib)
+                gtype.append(g.gpu_type)
+    free: dict[tuple[str, int], list[int]] = {}
+    for n in nodes:
+        for g in n.gpus:
+            cap_share, cap_mem = (FULL_GPU_SHARE_UNITS, g.mem_total_mib) if g.healthy else (0, 0)
+            free[(n.node_id, g.index)] = [cap_share - share_units(g.allocated_share_pct), cap_mem - g.allocated_mem_mib]
+    row_of_gpu = {k: i for i, k in enumerate(gpu_keys)}
+    placed = [j for j in jobs if j.state in (JobState.PLACED, JobState.RUNNING) and j.placement is not None]
+    pending = sorted((j for j in jobs if j.state is JobState.PENDING), key=lambda j: (j.submitted_at_s, j.job_id))
+    rows = placed + pending
+    N, G, K = len(rows), len(gpu_keys), max_tenants
+    kind = np.array([INFERENCE if j.spec.kind is JobKind.INFERENCE else TRAINING for j in rows], np.int8)
+    type_idx = np.array([resolve(j.spec) for j in rows], np.int64)
+    num_gpus = np.array([spec_num_gpus(j.spec) for j in rows], np.int64)
+    iso = np.array([isolated_rate(j.spec, types, int(t)) for j, t in zip(rows, type_idx, strict=True)], float)
+    solo = types.solo_util[type_idx].astype(float) if N else np.zeros(0)
+    load = np.full(N, np.nan)
+    for r, j in enumerate(rows):
+        if kind[r] == INFERENCE:
+            load[r] = inference_load(j.spec, iso[r])
+            solo[r] = load[r]
+    share = np.zeros(N)
+    gpus: list = [None] * N
+    gpu_job = np.full((G, K), -1, np.int64)
+    gpu_share = np.zeros((G, K))
+    attained = np.zeros(N)
+    last_change = np.zeros(N)
+    queued_since = np.zeros(N)
+    remaining = np.full(N, np.nan)
+    for r, j in enumerate(rows):
+        done_s = j.progress_steps / iso[r] if iso[r] > 0 else 0.0  # isolated-equivalent seconds already served
+        attained[r] = num_gpus[r] * done_s
+        if kind[r] == TRAINING and j.spec.training is not None and iso[r] > 0:
+            remaining[r] = max(0.0, j.spec.training.total_steps - j.progress_steps) / iso[r]
+        p = j.placement
+        if p is None:
+            queued_since[r] = (j.updated_at_s or j.submitted_at_s) * ts
+            continue
+        since = p.committed_at_s * ts
+        last_change[r] = since
+        attained[r] += num_gpus[r] * max(0.0, now_s * ts - since)
+        mine = []
+        for s in p.slices:
+            g = row_of_gpu.get((s.node_id, s.gpu_index))
+            if g is None:
+                continue
+            slots = np.flatnonzero(gpu_job[g] < 0)
+            if len(slots) == 0:
+                raise ValueError(f"GPU {s.node_id}:{s.gpu_index} holds more than {K} tenants")
+            gpu_job[g, slots[0]] = r
+            gpu_share[g, slots[0]] = s.compute_share_pct
+            mine.append(g)
+        share[r] = p.slices[0].compute_share_pct if p.slices else 0.0
+        gpus[r] = np.array(mine, np.int64)
+    running = np.array([r for r in range(len(placed)) if gpus[r] is not None and len(gpus[r])], np.int64)
+    table = JobTable(kind=kind, type_idx=type_idx, num_gpus=num_gpus,
+                     arrival_s=np.array([j.submitted_at_s * ts for j in rows], float),
+                     priority=np.array([priority_weight(j.spec.priority) for j in rows], float),
+                     attained_gpu_s=attained, share_pct=share, solo_util=solo, load_forecast=load, gpus=gpus,
+                     restarts=np.array([j.restarts for j in rows], np.int64), queued_since_s=queued_since,
+                     remaining_est_s=remaining, last_change_s=last_change)
+    view = ClusterView(now_s=now_s * ts, gpu_job=gpu_job, gpu_share=gpu_share, jobs=table,
+                       pending=np.arange(len(placed), N, dtype=np.int64), running=running, types=types)
+    return view, ViewIndex(rows, gpu_keys, np.array(mem, np.int64), gtype, iso, free)
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. Decision -> store operations
+
+
+@dataclass
+class Plan:
+    """Store operations of one round, in the order they are applied."""
+
+    preempt: list[Job] = field(default_factory=list)  # release_job(PENDING, PREEMPTED)
+    resize: list[tuple[Job, Placement]] = field(default_factory=list)  # release_job(PENDING, RESIZED), then re-place
+    place: list[tuple[Job, Placement]] = field(default_factory=list)  # one commit_placements
+    dropped: list[tuple[str, str]] = field(default_factory=list)  # (job id, why) decisions not applied
+
+
+def make_placement(job: Job, slices_on: Sequence[tuple[str, int, int, str]], share_pct: float, iso_rate: float,
+                   solo_util: float = 1.0) -> Placement:
+    """A placement of ``job`` with ``share_pct`` on ``slices_on`` = [(node id, GPU index, GPU MiB, GPU type)].
+
+    Memory per GPU is the share of the GPU's memory (``share x memory``, as the policy's shapes define it),
+    or the job's own explicit shape's limit at that share when it gave one. The shape's throughput is the
+    policy's model of isolated speed under that share (``share_speed``), which the node agent measures against.
+    """
+    n = len(slices_on)
+    explicit = [i for i, s in enumerate(job.spec.shapes) if s.num_gpus == n and abs(s.compute_share_pct - share_pct) < 1e-9]
+    if explicit:
+        idx = explicit[0]
+        shape = job.spec.shapes[idx]
+        mem = [shape.mem_mib] * n
+    else:
+        idx = SHARES_PCT.index(int(share_pct)) if share_pct in SHARES_PCT else 0
+        mem = [int(m * share_pct // 100) for _, _, m, _ in slices_on]
+        speed = float(share_speed(share_pct, max(solo_util, 1e-6))) if math.isfinite(iso_rate) else 0.0
+        shape = Shape(num_gpus=n, compute_share_pct=float(share_pct), mem_mib=min(mem), batch_size=job.spec.batch_size,
+                      gpu_type=slices_on[0][3] if slices_on else "", throughput=iso_rate * speed if iso_rate > 0 else 0.0)
+    slices = tuple(GpuSlice(node, gpu, float(share_pct), int(m)) for (node, gpu, _, _), m in zip(slices_on, mem, strict=True))
+    return Placement(job_id=job.job_id, shape_index=idx, shape=shape, slices=slices)
+
+
+def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
+    """Turn the policy's rows into store operations, re-checking capacity against committed usage.
+
+    Preemptions free their slices first; a resize is a release plus a new placement on the same GPUs
+    (MPS limits are fixed at launch); placements are kept only if every slice fits what is left of its
+    GPU's committed share and memory (the store checks again atomically, all or nothing: a decision that
+    cannot fit is dropped here so that it cannot veto the rest of the round).
+    """
+    plan = Plan()
+    free = {k: list(v) for k, v in index.free.items()}
+    running = set(int(r) for r in view.running)
+
+    def release(job: Job) -> None:
+        for s in job.placement.slices if job.placement else ():
+            f = free.setdefault((s.node_id, s.gpu_index), [0, 0])
+            f[0] += share_units(s.compute_share_pct)
+            f[1] += s.mem_mib
+
+    def fits(p: Placement) -> bool:
+        need: dict[tuple[str, int], list[int]] = {}
+        for s in p.slices:
+            n = need.setdefault((s.node_id, s.gpu_index), [0, 0])
+            n[0] += share_units(s.compute_share_pct)
+            n[1] += s.mem_mib
+        return all(k in free and free[k][0] >= v[0] and free[k][1] >= v[1] for k, v in need.items())
+
+    def take(p: Placement) -> None:
+        for s in p.slices:
+            free[(s.node_id, s.gpu_index)][0] -= share_units(s.compute_share_pct)
+            free[(s.node_id, s.gpu_index)][1] -= s.mem_mib
+
+    gone: set[int] = set()
+    for r in dict.fromkeys(int(r) for r in decision.preempt):
+        if r in running and r not in gone:
+            gone.add(r)
+            plan.preempt.append(index.jobs[r])
+            release(index.jobs[r])
+    for r, sh in dict((int(r), float(s)) for r, s in decision.resize).items():
+        job = index.jobs[r]
+        if r not in running or r in gone or job.placement is None or abs(job.placement.slices[0].compute_share_pct - sh) < 1e-9:
+            continue
+        gone.add(r)
+        release(job)
+        p = make_placement(job, [(s.node_id, s.gpu_index, _mem_of(index, s.node_id, s.gpu_index, s.mem_mib, s.compute_share_pct), _type_of(index, s.node_id, s.gpu_index))
+                                 for s in job.placement.slices], sh, float(index.iso_rate[r]),
+                           float(view.jobs.solo_util[r]))
+        if fits(p):
+            take(p)
+            plan.resize.append((job, p))
+        else:
+            plan.dropped.append((job.job_id, f"resize to {sh}% does not fit"))
+            gone.discard(r)
+    pending = set(int(r) for r in view.pending)
+    for r, g_rows, sh in decision.place:
+        r = int(r)
+        job = index.jobs[r]
+        if r not in pending and r not in gone:
+            plan.dropped.append((job.job_id, "placed while not pending"))
+            continue
+        g_rows = [int(g) for g in np.atleast_1d(g_rows)]
+        p = make_placement(job, [(*index.gpus[g], int(index.gpu_mem_mib[g]), index.gpu_type[g]) for g in g_rows], float(sh),
+                           float(index.iso_rate[r]), float(view.jobs.solo_util[r]))
+        if len(set(g_rows)) != len(g_rows) or not fits(p):
+            plan.dropped.append((job.job_id, f"{len(g_rows)} x {sh}% does not fit committed capacity"))
+            continue
+        take(p)
+        if r in gone:  # preempted and re-placed in one round: a resize
+            plan.preempt = [j for j in plan.preempt if j.job_id != job.job_id]
+            plan.resize.append((job, p))
+        else:
+            plan.place.append((job, p))
+    return plan
+
+
+def _mem_of(index: ViewIndex, node: str, gpu: int, slice_mem: int, share_pct: float) -> int:
+    for k, m in zip(index.gpus, index.gpu_mem_mib, strict=True):
+        if k == (node, gpu):
+            return int(m)
+    return int(slice_mem * 100 / max(share_pct, 1e-9))
+
+
+def _type_of(index: ViewIndex, node: str, gpu: int) -> str:
+    for k, t in zip(index.gpus, index.gpu_type, strict=True):
+        if k == (node, gpu):
+            return t
+    return ""

@@ -1,0 +1,465 @@
+"""Scheduling rounds: the live allocator's control loop around the pure policy library.
+
+One round (:meth:`Scheduler.round`), run by the leader only, every write fenced by its epoch:
+
+1. **Read** everything from Redis: the active jobs, the nodes (heartbeats, GPUs, committed usage) and each
+   node agent's actual state. Nothing the round needs lives only in memory, so a restarted or new
+   leader continues where the last one stopped.
+2. **Consume reports** (:func:`plan.transitions`): PLACED -> RUNNING when the agent runs the placement;
+   COMPLETED -> SUCCEEDED, OWN_FAILURE -> FAILED, COTENANT_FAULT -> PENDING (requeued without penalty,
+   progress kept); a node silent past ``node_stale_s + node_grace_s`` -> its jobs PENDING (NODE_LOST).
+3. **View** (:func:`plan.build_view`): job rows <-> job ids, GPU rows <-> (node, GPU) of fresh, ready
+   nodes' healthy GPUs only (a stale node gets nothing new).
+4. **Estimate**: the pair matrix from the predictor service (cached, refreshed); unavailable -> degraded:
+   whole GPUs only, no new co-location.
+5. **Decide**: ``policy.decide(view)`` in a worker thread (``asyncio.to_thread``); ElastiCo prices through
+   the pricer service with a deadline (:class:`clients.GrpcSolver`; down -> last good prices, degraded).
+6. **Apply** (:func:`plan.translate`): preemptions -> ``release_job(PENDING, PREEMPTED)`` with the progress
+   the agent reported; resizes -> release (RESIZED) + re-place (MPS limits are fixed at launch); all
+   placements of the round -> ONE ``commit_placements`` (all or nothing; Conflict -> nothing written,
+   the next round re-reads).
+7. **Nudge** the touched node agents (``Sync``, deadline, best effort) and publish the round's status
+   (prices, gap, degradations) to Redis for ``GetClusterState`` on any replica, and metrics.
+
+Rounds run on an interval (``round_interval_s``) and on events (arrivals, cancellations: the event
+stream; completions, starts, failures: agent reports polled every ``report_poll_s``), coalesced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from elastico.domain import Job, JobState, NodeInfo, StateReason, Workload
+from elastico.errors import Conflict, ElasticoError, StaleEpoch, Unavailable, WrongState
+from elastico.logging import get_logger
+from elastico.state.store import Store
+from services.allocator import metrics as m
+from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient, pool_names
+from services.allocator.estimate import TypeResolver, default_kappa, default_types, exclusive_matrix, rule_matrix
+from services.allocator.leader import LeaderLease
+from services.allocator.plan import Transition, build_view, node_fresh, transitions, translate
+from services.allocator.policy import TypeTable, make_policy
+from services.allocator.policy.interference import compose_additive
+from services.allocator.policy.placement import pair_estimate
+from services.allocator.settings import AllocatorSettings
+
+log = get_logger(component="rounds")
+
+STATUS_NAME = "allocator"  # Store.put_status key of the leader's last round
+
+
+@dataclass
+class RoundReport:
+    """What one round did (returned for tests and the benchmark; also logged and published)."""
+
+    epoch: int
+    pending: int = 0
+    placed_jobs: int = 0
+    placed: list[str] = field(default_factory=list)
+    started: int = 0
+    released: dict[str, int] = field(default_factory=dict)
+    preempted: int = 0
+    resized: int = 0
+    dropped: int = 0
+    conflict: str = ""
+    seconds: float = 0.0
+    decide_seconds: float = 0.0
+    gap: float | None = None
+    degraded: list[str] = field(default_factory=list)
+
+
+class Scheduler:
+    """Runs rounds while this replica leads (see module docstring)."""
+
+    def __init__(self, store: Store, settings: AllocatorSettings, lease: LeaderLease, *,
+                 solver: GrpcSolver | None = None, predictor: PredictorClient | None = None,
+                 nudger: AgentNudger | None = None, types: TypeTable | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.s = settings
+        self.lease = lease
+        self.solver = solver
+        self.predictor = predictor
+        self.nudger = nudger
+        self.types = types or default_types()
+        self.kappa = default_kappa(self.types.gpu_type)
+        self.resolve = TypeResolver(self.types)
+        self.clock = clock
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._bg: set[asyncio.Task] = set()
+        self._term: int | None = None
+        self._policies: dict[str, object] = {}
+        self._matrix: np.ndarray | None = None
+        self._matrix_at = 0.0
+        self._matrix_tried = 0.0
+        self._estimate_note = ""
+        self._report_sig: frozenset = frozenset()
+        self._node_ids: list[str] = []
+        self.last: RoundReport | None = None
+        self.rounds = 0
+        if settings.estimator == "rule":
+            self._matrix = rule_matrix(self.types, self.kappa)
+            self._matrix_at = time.monotonic()
+
+    # --- lifecycle --------------------------------------------------------------------------------------
+    def wake(self, why: str = "") -> None:
+        """Ask for a round soon (coalesced with other wake-ups)."""
+        self._wake.set()
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self.run(), name="rounds"),
+                       asyncio.create_task(self._watch_events(), name="watch-events"),
+                       asyncio.create_task(self._watch_reports(), name="watch-reports")]
+
+    async def stop(self) -> None:
+        for t in [*self._tasks, *self._bg]:
+            t.cancel()
+        for t in [*self._tasks, *self._bg]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+        m.IS_LEADER.set(0)
+
+    async def run(self) -> None:
+        """Forever: wait for a trigger (or the interval), then run a round if leading."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.s.round_interval_s)
+            if self.s.round_min_gap_s:
+                await asyncio.sleep(self.s.round_min_gap_s)  # let a burst of events share one round
+            self._wake.clear()
+            epoch = self.lease.epoch
+            m.IS_LEADER.set(1 if epoch is not None else 0)
+            if epoch is None:
+                if self._term is not None:
+                    log.warning("not leading any more: rounds paused", epoch=self._term)
+                    self._term = None
+                continue
+            try:
+                await self.round(epoch)
+            except StaleEpoch as exc:
+                m.STALE_WRITES.inc()
+                m.ROUNDS.labels("stale_epoch").inc()
+                log.warning("round rejected: a newer leader exists", epoch=epoch, error=str(exc))
+                await self.lease.try_acquire()
+            except Unavailable as exc:
+                m.ROUNDS.labels("unavailable").inc()
+                log.warning("round skipped: store unavailable", error=str(exc))
+                await asyncio.sleep(min(1.0, self.s.round_interval_s))
+            except Exception:  # noqa: BLE001 - one bad round must not stop scheduling
+                m.ROUNDS.labels("error").inc()
+                log.exception("round failed")
+                await asyncio.sleep(min(1.0, self.s.round_interval_s))
+
+    # --- triggers ---------------------------------------------------------------------------------------
+    async def _watch_events(self) -> None:
+        """Arrivals, requeues and cancellations (from any replica) wake a round."""
+        after = ""
+        while True:
+            try:
+                if not after:
+                    after = await self.store.last_event_id()
+                events = await self.store.read_events(after, limit=1000, block_s=1.0)
+            except Unavailable:
+                await asyncio.sleep(1.0)
+                continue
+            if events:
+                after = events[-1].event_id
+                if any(e.state in (JobState.PENDING, JobState.CANCELLED) for e in events):
+                    self.wake("event")
+
+    async def _watch_reports(self) -> None:
+        """Workload starts/ends reported by node agents wake a round (completions free capacity)."""
+        while True:
+            await asyncio.sleep(self.s.report_poll_s)
+            if self.lease.epoch is None or not self._node_ids:
+                continue
+            try:
+                reports = await asyncio.gather(*(self.store.get_workloads(n) for n in self._node_ids))
+            except Unavailable:
+                continue
+            sig = frozenset((n, j, w.placement_id, w.status) for n, (_, ws) in zip(self._node_ids, reports, strict=True)
+                            for j, w in ws.items())
+            if sig != self._report_sig:
+                self._report_sig = sig
+                self.wake("reports")
+
+    # --- estimate and policy ------------------------------------------------------------------------------
+    async def _estimate(self) -> tuple[np.ndarray | None, str]:
+        """The pair matrix to use and a degradation note ("" = healthy)."""
+        if self.s.estimator == "rule":
+            return self._matrix, ""
+        now = time.monotonic()
+        due = self._matrix is None or now - self._matrix_at >= self.s.estimate_refresh_s
+        if due and self.predictor is not None and now - self._matrix_tried >= min(5.0, self.s.estimate_refresh_s):
+            self._matrix_tried = now
+            try:
+                self._matrix = await self.predictor.pair_matrix(self.types)
+                self._matrix_at = now
+                self._estimate_note = ""
+                log.info("interference estimate refreshed from the predictor", address=self.predictor.address)
+            except Unavailable as exc:
+                self._estimate_note = str(exc)
+        if self.predictor is None:
+            return None, "predictor not configured (ELASTICO_PREDICTOR_ADDRESS): no new co-location, whole GPUs only"
+        if self._matrix is None:
+            return None, f"predictor unavailable ({self._estimate_note}): no new co-location, whole GPUs only"
+        if self._estimate_note:
+            age = now - self._matrix_at
+            return self._matrix, f"predictor unavailable ({self._estimate_note}): using its pair matrix from {age:.0f}s ago"
+        return self._matrix, ""
+
+    def _policy(self, matrix: np.ndarray | None):
+        mode = "normal" if matrix is not None else "exclusive"
+        key = f"{mode}:{id(matrix)}"
+        pol = self._policies.get(key)
+        if pol is None:
+            opts = {"train_floor": self.s.train_floor, "solver": self.solver}
+            if matrix is None:  # degraded: the same policy on whole GPUs with a matrix that forbids sharing
+                pol = make_policy(self.s.policy, exclusive_matrix(self.types), self.kappa, shares_pct=(100,), **opts)
+            else:
+                pol = make_policy(self.s.policy, matrix, self.kappa, **opts)
+            self._policies = {key: pol}  # a new matrix or mode starts a fresh policy (warm prices only)
+        return pol
+
+    # --- the round ------------------------------------------------------------------------------------
+    async def round(self, epoch: int) -> RoundReport:
+        """One scheduling round with fencing token ``epoch`` (see module docstring)."""
+        t0 = time.perf_counter()
+        if epoch != self._term:
+            log.info("leading: scheduling rounds start", epoch=epoch, holder=self.lease.holder, policy=self.s.policy)
+            self._term = epoch
+            self._policies = {}
+        m.EPOCH.set(epoch)
+        rep = RoundReport(epoch=epoch)
+        now = self.clock()
+        jobs, nodes = await asyncio.gather(self.store.list_active_jobs(), self.store.list_nodes())
+        self._node_ids = [n.node_id for n in nodes]
+        node_map = {n.node_id: n for n in nodes}
+        reports = await asyncio.gather(*(self.store.get_workloads(n.node_id) for n in nodes))
+        workloads: dict[str, dict[str, Workload]] = {n.node_id: ws for n, (_, ws) in zip(nodes, reports, strict=True)}
+        touched: set[str] = set()
+
+        # 2. consume reports and heartbeats
+        changed: dict[str, Job] = {}
+        released = False
+        for t in transitions(jobs, node_map, workloads, now, self.s.node_stale_s, self.s.node_grace_s):
+            new = await self._apply_transition(epoch, t, rep)
+            if new is None:
+                continue
+            changed[t.job.job_id] = new
+            if t.release and t.job.placement is not None:
+                released = True
+                touched.update(s.node_id for s in t.job.placement.slices)
+        if changed:
+            jobs = [changed.get(j.job_id, j) for j in jobs]
+            jobs = [j for j in jobs if not j.state.terminal]
+        if released:
+            nodes = await self.store.list_nodes()  # releases changed committed usage
+        await self._mark_never_schedulable(epoch, jobs, nodes)
+
+        # 3-5. view, estimate, decide
+        matrix, est_note = await self._estimate()
+        policy = self._policy(matrix)
+        view, index = build_view(jobs, nodes, self.types, self.resolve, now, self.s.node_stale_s,
+                                 self.s.time_scale, self.s.max_tenants)
+        rep.pending = len(view.pending)
+        m.QUEUE_LENGTH.set(len(view.pending))
+        t1 = time.perf_counter()
+        decision = await asyncio.to_thread(policy.decide, view) if len(view.pending) or len(view.running) else None
+        rep.decide_seconds = time.perf_counter() - t1
+        m.DECIDE_SECONDS.observe(rep.decide_seconds)
+
+        # 6. apply
+        if decision is not None:
+            plan = translate(decision, view, index)
+            rep.dropped = len(plan.dropped)
+            for job_id, why in plan.dropped:
+                log.warning("decision not applied", job_id=job_id, why=why)
+            batch = []
+            for job in plan.preempt:
+                try:
+                    await self.store.release_job(epoch, self._with_progress(job, workloads), JobState.PENDING,
+                                                 StateReason.PREEMPTED, "preempted by the policy")
+                except Conflict:
+                    continue
+                rep.preempted += 1
+                m.RELEASES.labels("preempted").inc()
+                touched.update(s.node_id for s in job.placement.slices)
+                log.info("job preempted", job_id=job.job_id, epoch=epoch)
+            for job, p in plan.resize:
+                try:
+                    new = await self.store.release_job(epoch, self._with_progress(job, workloads), JobState.PENDING,
+                                                       StateReason.RESIZED, f"restart at {p.slices[0].compute_share_pct:g}%")
+                except Conflict:
+                    continue
+                rep.resized += 1
+                m.RELEASES.labels("resized").inc()
+                touched.update(s.node_id for s in job.placement.slices)
+                batch.append((new, p))
+            batch += plan.place
+            if batch:
+                try:
+                    placed = await self.store.commit_placements(epoch, batch)
+                except (Conflict, WrongState) as exc:
+                    m.CONFLICTS.inc()
+                    rep.conflict = str(exc)
+                    log.warning("round commit rejected, nothing written; re-reading next round", epoch=epoch,
+                                error=str(exc), jobs=len(batch))
+                    self.wake("conflict")
+                else:
+                    rep.placed_jobs = len(placed)
+                    rep.placed = [j.job_id for j in placed]
+                    m.PLACEMENTS.inc(len(placed))
+                    for j in placed:
+                        touched.update(s.node_id for s in j.placement.slices)
+                        log.info("job placed", job_id=j.job_id, epoch=epoch, share_pct=j.placement.slices[0].compute_share_pct,
+                                 gpus=[f"{s.node_id}:{s.gpu_index}" for s in j.placement.slices])
+            info = decision.info.get("pricing")
+            if info is not None and info.get("gap") is not None and np.isfinite(info["gap"]):
+                rep.gap = float(info["gap"])
+                m.PRICING_GAP.set(rep.gap)
+
+        # 7. nudge, observe, publish
+        for node_id in touched:
+            node = node_map.get(node_id)
+            if node is not None and self.nudger is not None:
+                task = asyncio.create_task(self.nudger.sync(node.address))
+                self._bg.add(task)
+                task.add_done_callback(self._bg.discard)
+        rep.degraded = self._degradations(nodes, now, est_note)
+        for comp in ("pricer", "predictor", "nodes"):
+            m.DEGRADED.labels(comp).set(1 if any(d.startswith(comp) or (comp == "nodes" and d.startswith("node ")) for d in rep.degraded) else 0)
+        self._observe(view, index, workloads, policy)
+        m.GPU_ALLOCATED.set(float(np.minimum(view.gpu_share.sum(axis=1), 100).sum() / 100 / max(view.num_gpus, 1)))
+        sm = [g.counters.sm_util_pct for n in nodes if node_fresh(n, now, self.s.node_stale_s) for g in n.gpus
+              if g.counters.sm_util_pct is not None]
+        if sm:
+            m.GPU_UTILISATION.set(float(np.mean(sm)) / 100.0)
+        m.RUNNING_JOBS.set(len(view.running) + rep.placed_jobs)
+        rep.seconds = time.perf_counter() - t0
+        m.ROUND_SECONDS.observe(rep.seconds)
+        m.ROUNDS.labels("conflict" if rep.conflict else "ok").inc()
+        await self._publish(rep, now)
+        self.last = rep
+        self.rounds += 1
+        if rep.placed_jobs or rep.released or rep.preempted or rep.started:
+            log.info("round", epoch=epoch, pending=rep.pending, placed=rep.placed_jobs, started=rep.started,
+                     released=rep.released, preempted=rep.preempted, resized=rep.resized, round_ms=round(rep.seconds * 1e3, 1),
+                     decide_ms=round(rep.decide_seconds * 1e3, 1), degraded=rep.degraded or None)
+        return rep
+
+    async def _apply_transition(self, epoch: int, t: Transition, rep: RoundReport) -> Job | None:
+        """Write one report-driven transition; returns the new job (None when it could not be written)."""
+        try:
+            if not t.release:
+                new = await self.store.update_job(t.job, replace(t.job, state=JobState.RUNNING, reason=StateReason.STARTED,
+                                                                 message=""), epoch=epoch)
+                rep.started += 1
+                log.info("job running", job_id=t.job.job_id, epoch=epoch)
+                return new
+            new = await self.store.release_job(epoch, t.job, t.state, t.reason, t.message)
+        except Conflict:
+            return None  # changed under us (e.g. cancelled): re-read next round
+        rep.released[t.reason.value] = rep.released.get(t.reason.value, 0) + 1
+        m.RELEASES.labels(t.reason.value).inc()
+        log.info("job released", job_id=t.job.job_id, state=t.state.value, reason=t.reason.value, detail=t.message,
+                 progress_steps=t.job.progress_steps, epoch=epoch)
+        return new
+
+    async def _mark_never_schedulable(self, epoch: int, jobs: list[Job], nodes: list[NodeInfo]) -> None:
+        """A pending job larger than the whole cluster says so (NEVER_SCHEDULABLE) instead of waiting silently."""
+        total = sum(1 for n in nodes for g in n.gpus if g.healthy)
+        from services.allocator.plan import spec_num_gpus
+
+        for i, j in enumerate(jobs):
+            if j.state is JobState.PENDING and nodes and spec_num_gpus(j.spec) > total \
+                    and j.reason is not StateReason.NEVER_SCHEDULABLE:
+                with contextlib.suppress(Conflict):
+                    jobs[i] = await self.store.update_job(j, replace(
+                        j, reason=StateReason.NEVER_SCHEDULABLE,
+                        message=f"needs {spec_num_gpus(j.spec)} GPUs; the cluster has {total}"), epoch=epoch)
+
+    @staticmethod
+    def _with_progress(job: Job, workloads: dict[str, dict[str, Workload]]) -> Job:
+        """The job with the progress its agents last reported (where a restart resumes)."""
+        best = job.progress_steps
+        for s in job.placement.slices if job.placement else ():
+            w = workloads.get(s.node_id, {}).get(job.job_id)
+            if w is not None:
+                best = max(best, w.progress_steps)
+        return replace(job, progress_steps=best)
+
+    def _degradations(self, nodes: list[NodeInfo], now: float, est_note: str) -> list[str]:
+        out = []
+        if self.solver is not None and self.solver.degraded:
+            out.append(self.solver.degraded)
+        if est_note:
+            out.append(est_note)
+        for n in nodes:
+            if not node_fresh(n, now, self.s.node_stale_s):
+                age = now - n.last_heartbeat_s
+                why = f"heartbeat {age:.0f}s old" if age > self.s.node_stale_s else "agent not ready"
+                out.append(f"node {n.node_id}: {why}: no new placements")
+        return out
+
+    def _observe(self, view, index, workloads, policy) -> None:
+        """Predicted vs observed normalised throughput of co-located running jobs (metrics only).
+
+        Both relative to the job's isolated speed *in its shape* (the placement's ``shape.throughput``).
+        """
+        M = getattr(policy, "M", None)
+        if M is None:
+            return
+        jobs = view.jobs
+        for r in view.running:
+            job = index.jobs[r]
+            g = jobs.gpus[r]
+            if g is None or not len(g):
+                continue
+            others = [int(o) for o in view.gpu_job[g[0]] if o >= 0 and o != r]
+            if not others:
+                continue
+            w = next((workloads.get(s.node_id, {}).get(job.job_id) for s in job.placement.slices), None)
+            if w is None or w.norm_throughput is None:
+                continue
+            t, u = int(jobs.type_idx[r]), float(jobs.solo_util[r])
+            pair = np.array([float(pair_estimate(M, self.kappa, t, u, int(jobs.type_idx[o]), float(jobs.solo_util[o])))
+                             for o in others])
+            pred = float(compose_additive(pair))  # interference only: the agent measures against the shape's speed
+            m.PREDICTED_NORM.observe(pred)
+            m.OBSERVED_NORM.observe(w.norm_throughput)
+            m.SLOWDOWN_ERROR.observe(w.norm_throughput - pred)
+
+    async def _publish(self, rep: RoundReport, now: float) -> None:
+        prices = []
+        if self.solver is not None and self.solver.last_prices is not None:
+            cap = self.solver.last_capacity if self.solver.last_capacity is not None else np.zeros(len(self.solver.last_prices))
+            prices = [{"pool": n, "price": float(p), "capacity": float(c)}
+                      for n, p, c in zip(pool_names(len(self.solver.last_prices)), self.solver.last_prices, cap, strict=True)]
+        doc = {"holder": self.lease.holder, "epoch": rep.epoch, "time_s": now, "round_s": rep.seconds,
+               "gap": rep.gap if rep.gap is not None else (self.solver.last_gap if self.solver else None),
+               "prices": prices, "degraded": rep.degraded, "pending": rep.pending, "policy": self.s.policy,
+               "round_interval_s": self.s.round_interval_s}
+        with contextlib.suppress(Unavailable):
+            await self.store.put_status(STATUS_NAME, json.dumps(doc))
+
+    async def close(self) -> None:
+        await self.stop()
+        if self.nudger is not None:
+            await self.nudger.close()
+        if self.predictor is not None:
+            await self.predictor.close()
+        if self.solver is not None:
+            self.solver.close()
+
+
+__all__ = ["Scheduler", "RoundReport", "STATUS_NAME", "ElasticoError"]
