@@ -336,11 +336,12 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
             plan.dropped.append((job.job_id, f"resize to {sh}% does not fit"))
             gone.discard(r)
     pending = set(int(r) for r in view.pending)
+    taken: set[int] = set()
     for r, g_rows, sh in decision.place:
         r = int(r)
         job = index.jobs[r]
-        if r not in pending and r not in gone:
-            plan.dropped.append((job.job_id, "placed while not pending"))
+        if (r not in pending and r not in gone) or r in taken:
+            plan.dropped.append((job.job_id, "placed while not pending, or twice in one round"))
             continue
         g_rows = [int(g) for g in np.atleast_1d(g_rows)]
         p = make_placement(job, [(*index.gpus[g], int(index.gpu_mem_mib[g]), index.gpu_type[g]) for g in g_rows], float(sh),
@@ -349,6 +350,7 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
             plan.dropped.append((job.job_id, f"{len(g_rows)} x {sh}% does not fit committed capacity"))
             continue
         take(p)
+        taken.add(r)
         if r in gone:  # preempted and re-placed in one round: a resize
             plan.preempt = [j for j in plan.preempt if j.job_id != job.job_id]
             plan.resize.append((job, p))

@@ -1,0 +1,150 @@
+"""Pure halves of a round: reports -> transitions, state -> ClusterView, Decision -> store operations."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elastico.domain import GpuSlice, Job, JobState, Placement, Shape, StateReason, Workload, placement_id
+from services.allocator.clients import GrpcSolver
+from services.allocator.estimate import TypeResolver, default_types, split_type_name
+from services.allocator.plan import build_view, transitions, translate
+from services.allocator.policy import Decision
+from services.pricer.core import PricingProblem, SolverOptions
+from tests.conftest import make_job, make_node, make_spec
+
+NOW = 1_000_000.0
+TYPES = default_types()
+RESOLVE = TypeResolver(TYPES)
+
+
+def node(node_id="n1", gpus=2, age_s=0.0, ready=True, **kw):
+    return replace(make_node(node_id, gpus=gpus, **kw), last_heartbeat_s=NOW - age_s, ready=ready)
+
+
+def placed(job: Job, node_id="n1", gpus=(0,), share=50.0, state=JobState.RUNNING, epoch=3) -> Job:
+    p = Placement(job.job_id, 0, Shape(len(gpus), share, int(16384 * share // 100)),
+                  tuple(GpuSlice(node_id, g, share, int(16384 * share // 100)) for g in gpus), epoch=epoch, committed_at_s=NOW - 10)
+    return replace(job, state=state, reason=StateReason.PLACED, placement=p, version=2)
+
+
+def wl(job: Job, status="running", reason=None, progress=0.0, pid_override=None) -> Workload:
+    return Workload(job.job_id, (0,), 50.0, 8192, status=status, reason=reason, progress_steps=progress,
+                    placement_id=pid_override or placement_id(job.placement))
+
+
+@pytest.mark.parametrize(("status", "reason", "state", "want_reason"), [
+    ("succeeded", StateReason.COMPLETED, JobState.SUCCEEDED, StateReason.COMPLETED),
+    ("failed", StateReason.OWN_FAILURE, JobState.FAILED, StateReason.OWN_FAILURE),
+    ("failed", StateReason.COTENANT_FAULT, JobState.PENDING, StateReason.COTENANT_FAULT),
+    ("killed", StateReason.PREEMPTED, JobState.PENDING, StateReason.PREEMPTED),
+], ids=["completed", "own-failure", "cotenant-fault-requeued", "stopped-requeued"])
+def test_ended_workloads_become_job_outcomes(status, reason, state, want_reason):
+    job = placed(make_job())
+    [t] = transitions([job], {"n1": node()}, {"n1": {job.job_id: wl(job, status, reason, progress=70)}}, NOW, 15, 30)
+    assert (t.state, t.reason, t.release) == (state, want_reason, True)
+    assert t.job.progress_steps == 70  # where a requeued job resumes
+
+
+def test_running_report_marks_placed_job_running_once():
+    job = placed(make_job(), state=JobState.PLACED)
+    [t] = transitions([job], {"n1": node()}, {"n1": {job.job_id: wl(job)}}, NOW, 15, 30)
+    assert t.state is JobState.RUNNING and not t.release
+    running = replace(job, state=JobState.RUNNING)
+    assert transitions([running], {"n1": node()}, {"n1": {job.job_id: wl(job)}}, NOW, 15, 30) == []
+
+
+def test_report_of_an_older_placement_is_ignored():
+    job = placed(make_job())
+    old = wl(job, "succeeded", StateReason.COMPLETED, pid_override="1:123.000000")
+    assert transitions([job], {"n1": node()}, {"n1": {job.job_id: old}}, NOW, 15, 30) == []
+
+
+@pytest.mark.parametrize(("age_s", "lost"), [(10, False), (40, False), (46, True)], ids=["fresh", "stale-in-grace", "past-grace"])
+def test_silent_node_requeues_its_jobs_after_the_grace_period(age_s, lost):
+    job = placed(make_job())
+    out = transitions([job], {"n1": node(age_s=age_s)}, {}, NOW, 15, 30)
+    assert bool(out) == lost
+    if lost:
+        assert out[0].state is JobState.PENDING and out[0].reason is StateReason.NODE_LOST
+
+
+def test_view_maps_rows_and_hides_stale_nodes_and_drained_gpus():
+    a, b = placed(make_job(), "n1", (1,), 50.0), make_job(submitted_at_s=NOW - 5)
+    c = make_job(submitted_at_s=NOW - 50)
+    n1 = node("n1", gpus=2)
+    n1 = replace(n1, gpus=(n1.gpus[0], replace(n1.gpus[1], allocated_share_pct=50.0, allocated_mem_mib=8192)))
+    n2 = node("n2", gpus=2, age_s=100)  # stale: no rows
+    n3 = node("n3", gpus=2)
+    n3 = replace(n3, gpus=(replace(n3.gpus[0], healthy=False), n3.gpus[1]))
+    view, idx = build_view([b, a, c], [n2, n3, n1], TYPES, RESOLVE, NOW, 15, time_scale=2.0)
+    assert idx.gpus == [("n1", 0), ("n1", 1), ("n3", 1)]
+    assert [j.job_id for j in idx.jobs] == [a.job_id, c.job_id, b.job_id]  # placed first, then pending by submission
+    assert list(view.pending) == [1, 2] and list(view.running) == [0]
+    assert view.gpu_job[1, 0] == 0 and view.gpu_share[1, 0] == 50.0 and (view.gpu_job[[0, 2]] < 0).all()
+    assert view.now_s == NOW * 2.0 and view.jobs.queued_since_s[1] == c.submitted_at_s * 2.0
+    assert idx.free[("n1", 1)] == [5000, 8192] and idx.free[("n3", 0)] == [0, 0]
+
+
+def test_translate_keeps_fitting_placements_and_drops_the_rest():
+    jobs = [make_job(submitted_at_s=NOW - i) for i in range(3)]
+    view, idx = build_view(jobs, [node("n1", gpus=1)], TYPES, RESOLVE, NOW, 15)
+    d = Decision(place=[(0, np.array([0]), 75.0), (1, np.array([0]), 50.0), (2, np.array([0]), 25.0)])
+    plan = translate(d, view, idx)
+    assert [(j.job_id, p.slices[0].compute_share_pct) for j, p in plan.place] == [(idx.jobs[0].job_id, 75.0), (idx.jobs[2].job_id, 25.0)]
+    assert [j for j, _ in plan.dropped] == [idx.jobs[1].job_id]
+    assert all(p.slices[0].mem_mib == int(16384 * p.slices[0].compute_share_pct // 100) for _, p in plan.place)
+
+
+def test_translate_preempt_then_place_is_a_resize():
+    run = placed(make_job(), "n1", (0,), 50.0)
+    n1 = node("n1", gpus=1)
+    n1 = replace(n1, gpus=(replace(n1.gpus[0], allocated_share_pct=50.0, allocated_mem_mib=8192),))
+    view, idx = build_view([run], [n1], TYPES, RESOLVE, NOW, 15)
+    plan = translate(Decision(preempt=[0], place=[(0, np.array([0]), 100.0)]), view, idx)
+    assert plan.preempt == [] and [(j.job_id, p.slices[0].compute_share_pct) for j, p in plan.resize] == [(run.job_id, 100.0)]
+
+
+def test_explicit_shapes_keep_their_memory_limit_and_index():
+    spec = make_spec(shapes=(Shape(1, 50.0, 4000, throughput=5.0), Shape(1, 100.0, 9000, throughput=10.0)))
+    view, idx = build_view([make_job(spec=spec)], [node("n1", gpus=1)], TYPES, RESOLVE, NOW, 15)
+    [(_, p)] = translate(Decision(place=[(0, np.array([0]), 100.0)]), view, idx).place
+    assert (p.shape_index, p.slices[0].mem_mib) == (1, 9000)
+    assert idx.iso_rate[0] == 10.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3), st.sampled_from([25.0, 50.0, 75.0, 100.0])), max_size=12))
+def test_translate_never_exceeds_committed_capacity(decisions):
+    jobs = [make_job(submitted_at_s=NOW - i) for i in range(6)]
+    view, idx = build_view(jobs, [node("n1", gpus=2), node("n2", gpus=2)], TYPES, RESOLVE, NOW, 15)
+    plan = translate(Decision(place=[(r, np.array([g]), s) for r, g, s in decisions]), view, idx)
+    used: dict = {}
+    for _, p in plan.place:
+        for s in p.slices:
+            used[(s.node_id, s.gpu_index)] = used.get((s.node_id, s.gpu_index), 0) + s.compute_share_pct
+    assert all(v <= 100.0 for v in used.values())
+    assert len({j.job_id for j, _ in plan.place}) == len(plan.place)
+
+
+def test_type_resolution_follows_the_simulators_mapping():
+    assert TYPES.names[RESOLVE(make_spec(model_family="ResNet-18", batch_size=64))] == "ResNet-18 (batch size 64)"
+    fam = TYPES.names[RESOLVE(make_spec(model_family="ResNet-18", batch_size=3))]
+    assert split_type_name(fam)[0] == "ResNet-18"
+    assert RESOLVE(make_spec(model_family="NoSuchModel")) < TYPES.inference_index
+
+
+def test_pricer_down_falls_back_to_last_good_prices_within_capacity():
+    solver = GrpcSolver("127.0.0.1:1", timeout_s=0.2)
+    u = np.array([[1.0, 2.0], [1.0, 3.0], [0.5, 0.6]])
+    d = np.array([[[25, 1], [50, 1]], [[25, 1], [100, 1]], [[25, 1], [50, 1]]], float)
+    prob = PricingProblem(utility=u, demand=d, mask=np.ones((3, 2), bool), capacity=np.array([100.0, 4.0]))
+    res = solver(prob, SolverOptions(), None)
+    solver.close()
+    assert solver.degraded.startswith("pricer unavailable")
+    load = sum(d[j, c] for j, c in enumerate(res.choice) if c >= 0)
+    assert (np.asarray(load) <= prob.capacity).all() and (res.choice >= 0).any()
