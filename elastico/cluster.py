@@ -129,9 +129,11 @@ def up(nodes: int, timeout_s: float = 30.0) -> dict:
         base_env = {**os.environ, "ELASTICO_REDIS_URL": redis_url, "ELASTICO_HOST": "127.0.0.1",
                     "ELASTICO_LOG_FORMAT": os.environ.get("ELASTICO_LOG_FORMAT", "json"), "PYTHONUNBUFFERED": "1"}
         addr = {name: f"127.0.0.1:{port}" for name, port in zip(SERVICES, ports, strict=False)}
+        state["service_env"] = {}
         for name, port in zip(SERVICES, ports, strict=False):
             env = {**base_env, "ELASTICO_PORT": str(port), "ELASTICO_METRICS_PORT": "0",
                    "ELASTICO_PRICER_ADDRESS": addr["pricer"], "ELASTICO_PREDICTOR_ADDRESS": addr["predictor"]}
+            state["service_env"][name] = {k: v for k, v in env.items() if k.startswith("ELASTICO_")}
             p = _spawn(name, f"services.{name}", env, logs)
             procs.append(Proc(name, p.pid, addr[name], str(logs / f"{name}.log")))
             save()
@@ -152,6 +154,28 @@ def up(nodes: int, timeout_s: float = 30.0) -> dict:
         raise
     print_endpoints(state)
     return state
+
+
+def spawn(service: str, name: str, port: int | None = None, timeout_s: float = 30.0) -> dict:
+    """Start (or restart) one more process of ``service`` (e.g. "allocator") in the running cluster.
+
+    It gets the environment ``up`` gave that service, on ``port`` (default: the original one), and is
+    recorded under ``name`` (replacing a dead process of that name), so ``down`` stops it too. Used to
+    restart an allocator after ``kill -9`` and to add a standby replica.
+    """
+    state = load_state()
+    if not state:
+        raise RuntimeError("no cluster running")
+    env = {**os.environ, **state["service_env"][service], "PYTHONUNBUFFERED": "1"}
+    if port is not None:
+        env["ELASTICO_PORT"] = str(port)
+    logs = run_dir() / "logs"
+    p = _spawn(name, f"services.{service}", env, logs)
+    proc = asdict(Proc(name, p.pid, f"127.0.0.1:{env['ELASTICO_PORT']}", str(logs / f"{name}.log")))
+    state["procs"] = [q for q in state["procs"] if q["name"] != name] + [proc]
+    _state_file().write_text(json.dumps(state, indent=2))
+    wait_serving({"procs": [proc]}, timeout_s)
+    return proc
 
 
 def wait_serving(state: dict, timeout_s: float) -> None:

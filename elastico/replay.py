@@ -98,8 +98,12 @@ class Observed:
 class Replay:
     """Drives one replay against an allocator and its node agents (all through gRPC)."""
 
-    def __init__(self, allocator: str, node_agents: list[str], jobs: list[TraceJob], time_scale: float, run_id: str,
-                 sample_every_s: float = 0.25, progress_every_s: float = 3.0, out=print) -> None:
+    def __init__(self, allocator: str | list[str], node_agents: list[str], jobs: list[TraceJob], time_scale: float,
+                 run_id: str, sample_every_s: float = 0.25, progress_every_s: float = 3.0, out=print,
+                 on_tick=None) -> None:
+        self.allocators = [allocator] if isinstance(allocator, str) else list(allocator)
+        self.on_tick = on_tick  # called with the wall seconds since start on every loop (fault injection in tests)
+        self._current = 0
         self.allocator, self.agents, self.jobs, self.scale, self.run_id = allocator, node_agents, jobs, time_scale, run_id
         self.sample_every_s, self.progress_every_s, self.out = sample_every_s, progress_every_s, out
         self.obs = Observed()
@@ -109,11 +113,27 @@ class Replay:
         self._lock = threading.Lock()
 
     # --- threads ------------------------------------------------------------------------------------
+    def _stub(self):
+        """A stub of the current allocator replica (clients fail over between replicas)."""
+        return self._stubs[self._current % len(self._stubs)]
+
+    def _call(self, method: str, req, timeout: float = 5.0, attempts: int = 40):
+        """Unary call with a deadline, retried on UNAVAILABLE/DEADLINE_EXCEEDED against the next replica."""
+        for k in range(attempts):
+            try:
+                return getattr(self._stub(), method)(req, timeout=timeout)
+            except grpc.RpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or k == attempts - 1:
+                    raise
+                self._current += 1
+                time.sleep(min(0.5, 0.05 * (k + 1)))
+        raise AssertionError("unreachable")
+
     def _watch(self, stub, t0: float) -> None:
         req = apb.WatchJobsRequest(after_event_id="0")
         while not self._stop.is_set():
             try:
-                for ev in stub.WatchJobs(req, timeout=5.0):
+                for ev in self._stub().WatchJobs(req, timeout=5.0):
                     req.after_event_id = ev.event_id
                     with self._lock:
                         i = self._by_id.get(ev.job_id)
@@ -131,6 +151,9 @@ class Replay:
             except grpc.RpcError as exc:
                 if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
                     raise
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    self._current += 1
+                    time.sleep(0.1)  # resumes after the last event seen (WatchJobs is resumable)
 
     def _sample(self, stub, agents, t0: float) -> None:
         window_end = max(j.arrival_s for j in self.jobs) / self.scale
@@ -138,7 +161,7 @@ class Replay:
         while not self._stop.wait(self.sample_every_s):
             t = time.time() - t0
             try:
-                cs = stub.GetClusterState(apb.GetClusterStateRequest(), timeout=5)
+                cs = self._stub().GetClusterState(apb.GetClusterStateRequest(), timeout=2)
                 lists = [a.ListWorkloads(node_agent_pb2.ListWorkloadsRequest(), timeout=5) for a in agents]
             except grpc.RpcError:
                 continue
@@ -202,8 +225,9 @@ class Replay:
         Raises:
             InvalidViolation: an invariant failed (also listed in ``Observed.violations``).
         """
-        ch = grpc.insecure_channel(self.allocator)
-        stub = allocator_pb2_grpc.AllocatorStub(ch)
+        chs = [grpc.insecure_channel(a) for a in self.allocators]
+        self._stubs = [allocator_pb2_grpc.AllocatorStub(c) for c in chs]
+        stub = self._stubs[0]
         agent_chs = [grpc.insecure_channel(a) for a in self.agents]
         agents = [node_agent_pb2_grpc.NodeAgentStub(c) for c in agent_chs]
         t0 = time.time()
@@ -220,8 +244,8 @@ class Replay:
                     j = pending.pop(0)
                     rid = f"{self.run_id}-{j.index}"
                     req = apb.SubmitJobRequest(request_id=rid, spec=j.spec)
-                    resp = stub.SubmitJob(req, timeout=10)
-                    again = stub.SubmitJob(req, timeout=10)  # a client retry: must return the same job
+                    resp = self._call("SubmitJob", req, timeout=2.0)
+                    again = self._call("SubmitJob", req, timeout=2.0)  # a client retry: must return the same job
                     if again.created or again.job.job_id != resp.job.job_id:
                         self.obs.violations.append(f"retried submit {rid} created a second job")
                     self.obs.duplicate_submits += 1
@@ -229,6 +253,8 @@ class Replay:
                         self._by_id[resp.job.job_id] = j.index
                     self.obs.job_ids[j.index] = resp.job.job_id
                     self.obs.submitted[j.index] = time.time() - t0
+                if self.on_tick is not None:
+                    self.on_tick(now)
                 done = len(self.obs.terminal)
                 if now - last_print >= self.progress_every_s:
                     last_print = now
@@ -243,13 +269,13 @@ class Replay:
                     break
                 time.sleep(0.05)
             for i, job_id in self.obs.job_ids.items():
-                job = stub.GetJob(apb.GetJobRequest(job_id=job_id), timeout=5).job
+                job = self._call("GetJob", apb.GetJobRequest(job_id=job_id)).job
                 self.obs.restarts[i] = job.restarts
                 if job.state in TERMINAL:
                     self.obs.terminal[i] = job.state
             listed, token = [], ""
             while True:
-                resp = stub.ListJobs(apb.ListJobsRequest(page_size=1000, page_token=token), timeout=10)
+                resp = self._call("ListJobs", apb.ListJobsRequest(page_size=1000, page_token=token), timeout=10)
                 listed += [j.job_id for j in resp.jobs]
                 token = resp.next_page_token
                 if not token:
@@ -262,8 +288,7 @@ class Replay:
             self._stop.set()
             for th in threads:
                 th.join(timeout=6)
-            ch.close()
-            for c in agent_chs:
+            for c in [*chs, *agent_chs]:
                 c.close()
         self.obs.wall_s = time.time() - t0
         return self.obs
