@@ -1,0 +1,931 @@
+"""The interference model: how much of its isolated throughput each job keeps when sharing a GPU.
+
+``InterferenceModel`` predicts, for an ordered pair (A, B) on one GPU type, A's normalised throughput
+(co-located / isolated). It is an ensemble of two learners that see the same training pairs:
+
+* **XGBoost** (pseudo-Huber loss, two bagged boosters with different seeds) on the feature schema of
+  :mod:`services.predictor.features`: both solo profiles, their symmetric combinations, and a learned
+  pair encoding (mean normalised throughput of A's family next to B's family on this GPU type, backing
+  off to the family pair on any GPU type, then to the architecture-class pair). The encoding is what
+  carries over to *unseen pairs of known job types*: a pair never measured still has relatives (same
+  families, other batch sizes). When training, each row's encoding leaves out every row of its own
+  job-type pair (on all GPU types), exactly as for a pair the model has never seen.
+* **Biased matrix factorisation** per GPU type over job types (row = the job whose throughput is
+  measured, column = its co-tenant): ``mu_g + r[g,A] + c[g,B] + U[A]·V[B]``, three variants (embeddings
+  per GPU type, row embeddings shared across GPU types, column embeddings shared). It captures "how
+  sensitive is A" and "how aggressive is B" from every other pair either took part in, which a tree on
+  per-job features learns only indirectly. It contributes (weight ``mf_weight``) only when both job types
+  were seen on that GPU type. Blending it in cut grouped-CV MAE on Gavel from 0.037 to 0.033.
+
+Symmetry: every learner models the *ordered* row (A next to B); training uses both orderings of every
+measured pair and a pair is predicted as ``[f(A|B), f(B|A)]``, so ``predict(B, A)`` is exactly
+``predict(A, B)`` with its two outputs swapped.
+
+Outputs are clipped to [0, 1]: co-location cannot make a job faster than alone (Lucid's values above 1 are
+measurement noise).
+
+Confidence: a prediction is *low-confidence* when either model family, the GPU type or the measurement
+environment was never seen in training; the model still answers (from task features, counters and
+architecture class).
+
+Environments: rows carry the environment they were measured in (``JobProfile.env``: "" = this cluster,
+"gavel", "gavel-oracle", "lucid"). Measurements from different environments disagree (Gavel's two
+campaigns of the same pairs correlate 0.33 on V100) and sharing one set of trees cost accuracy (Gavel
+grouped-CV MAE 0.032 alone, 0.035 trained together with Lucid). So encodings and factorisation are kept
+per (GPU type, environment) "domain", every environment with enough rows gets boosters of its own, and a
+*general* booster set trained on all rows answers for environments with too few rows for their own (this
+cluster's first observations). A request from an environment without any training rows (a live request
+before this cluster has reported observations) is answered as the *reference* environment (this cluster
+once it has rows, else Gavel's measured campaign): same GPU type, same job types, best available data.
+
+MPS shares: ``mps_share_pct`` is a feature, but every shipped measurement ran without MPS limits (100%),
+so the trained model cannot yet tell 30% from 100%; observations with limits fix that through retraining.
+
+Speed: request profiles get integer ids in a per-model table (solo vector completed from the catalogue,
+factorisation indices), so a batch is assembled with numpy gathers; results are memoised per ordered pair
+of profiles (the model is immutable; a refresh builds a new one). A 256-pair batch costs about 6 ms of
+CPU cold and well under 1 ms when the pairs were asked before.
+
+This module is pure (numpy + xgboost): no gRPC, Redis or protobuf.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import tempfile
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import xgboost as xgb
+
+from services.predictor import features as F
+from services.predictor.features import JobProfile, Observation, ProfileCatalog
+
+#: Format tag of the saved artifact.
+ARTIFACT_FORMAT = "elastico-interference-model/1"
+
+#: Default artifact path (relative to the repository root); the service's ``ELASTICO_MODEL_PATH`` default.
+DEFAULT_MODEL_PATH = Path(__file__).resolve().parents[2] / "models" / "interference.json"
+
+#: Name of the booster set trained on every environment (used for environments without a set of their own).
+GENERAL_SET = "*"
+
+#: Smallest per-pair normalised throughput used when composing k-way slowdowns (avoids 1/0).
+_MIN_NORM = 1e-3
+
+
+class ArtifactError(ValueError):
+    """A model artifact is missing, malformed, or was written under another feature schema."""
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    """Hyper-parameters of :func:`train_model` (defaults chosen by grouped cross-validation on Gavel)."""
+
+    n_bags: int = 2  # XGBoost boosters averaged, seeds seed..seed+n_bags-1
+    rounds: int = 150  # boosting rounds per booster (prediction cost grows with n_bags * rounds)
+    max_depth: int = 6  # tree depth
+    min_child_weight: float = 3.0  # minimum hessian per leaf
+    eta: float = 0.13  # learning rate
+    subsample: float = 0.8  # row subsampling per tree
+    colsample_bytree: float = 0.8  # column subsampling per tree
+    huber_slope: float = 0.1  # pseudo-Huber transition, in normalised-throughput units
+    env_min_examples: int = 200  # an environment with this many examples gets boosters of its own
+    mf_rank: int = 4  # matrix-factorisation embedding size
+    mf_lambda: float = 0.1  # L2 penalty of embeddings
+    mf_bias_lambda: float = 0.1  # L2 penalty of row/column biases
+    mf_iters: int = 25  # alternating-least-squares sweeps
+    mf_weight: float = 0.3  # blend weight of the factorisation where it applies
+    nthread: int = 1  # CPU threads; more than one is slower on a busy machine (OpenMP spin-waits)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Batched answer of :meth:`InterferenceModel.predict`."""
+
+    norm_tput: np.ndarray  # [n, 2] float64: fraction of isolated throughput kept by A and by B, [0, 1]
+    low_confidence: np.ndarray  # [n] bool: a model family or the GPU type was unseen in training
+    model_version: str  # version of the model that produced every value
+
+
+# --------------------------------------------------------------------------------------------------
+# Learned encodings
+# --------------------------------------------------------------------------------------------------
+
+
+def _enc_keys(domain: str, env: str, fam_a: str, fam_b: str, arch_a: str, arch_b: str) -> tuple[tuple, ...]:
+    """Keys of the six encoding levels, most specific first (see ``features.ENCODING_FEATURES``).
+
+    ``domain`` is GPU type plus environment; levels 1 and 3 stay within the environment, 4 and 5 pool all.
+    """
+    return ((domain, fam_a, fam_b), (env, fam_a, fam_b), (domain, arch_a, arch_b), (env, arch_a, arch_b),
+            ("*", fam_a, fam_b), ("*", arch_a, arch_b))
+
+
+def _profile_enc_keys(a: JobProfile, b: JobProfile) -> tuple[tuple, ...]:
+    return _enc_keys(a.domain, a.env, a.model_family, b.model_family, a.arch_class or "?", b.arch_class or "?")
+
+
+_N_LEVELS = 6
+
+
+def _backoff(levels: np.ndarray) -> np.ndarray:
+    """``[n, levels]`` means (NaN = no data) -> ``[n, 2]`` (first finite mean, its level)."""
+    out = np.full((levels.shape[0], 2), np.nan)
+    for lvl in range(levels.shape[1] - 1, -1, -1):
+        ok = np.isfinite(levels[:, lvl])
+        out[ok, 0] = levels[ok, lvl]
+        out[ok, 1] = lvl
+    return out
+
+
+class _Encoder:
+    """Means of the target over groups of training rows, backed off by level (see ``ENCODING_FEATURES``)."""
+
+    def __init__(self, tables: list[dict[tuple, tuple[float, float]]] | None = None) -> None:
+        self.tables = tables or [{} for _ in range(_N_LEVELS)]
+
+    @classmethod
+    def fit(cls, pairs: Sequence[tuple[JobProfile, JobProfile]], y: np.ndarray,
+            groups: Sequence[tuple]) -> tuple[_Encoder, np.ndarray]:
+        """Fit the tables; return them and the leave-own-pair-out encodings of the training rows.
+
+        Leaving out every row of the row's own job-type pair (all GPU types) makes a training row's
+        encoding look exactly like that of a pair the model has never seen.
+        """
+        totals: list[dict] = [defaultdict(lambda: [0.0, 0.0]) for _ in range(_N_LEVELS)]
+        per_group: list[dict] = [defaultdict(lambda: [0.0, 0.0]) for _ in range(_N_LEVELS)]
+        keys = [_profile_enc_keys(a, b) for a, b in pairs]
+        for ks, yi, g in zip(keys, y, groups):
+            for t in range(_N_LEVELS):
+                s = totals[t][ks[t]]
+                s[0] += yi
+                s[1] += 1.0
+                s = per_group[t][(ks[t], g)]
+                s[0] += yi
+                s[1] += 1.0
+        loo = np.full((len(pairs), _N_LEVELS), np.nan)
+        for i, (ks, g) in enumerate(zip(keys, groups)):
+            for t in range(_N_LEVELS):
+                tot = totals[t][ks[t]]
+                own = per_group[t][(ks[t], g)]
+                n = tot[1] - own[1]
+                if n > 0:
+                    loo[i, t] = (tot[0] - own[0]) / n
+        enc = cls([{k: (v[0], v[1]) for k, v in tab.items()} for tab in totals])
+        return enc, _backoff(loo)
+
+    def lookup_one(self, keys: tuple[tuple, ...]) -> tuple[float, float]:
+        """(mean, level) of the most specific level with data for one row; (NaN, NaN) when none."""
+        for t, tab in enumerate(self.tables):
+            hit = tab.get(keys[t])
+            if hit is not None and hit[1] > 0:
+                return hit[0] / hit[1], float(t)
+        return math.nan, math.nan
+
+    def to_json(self) -> list[list]:
+        return [[[list(k), v[0], v[1]] for k, v in tab.items()] for tab in self.tables]
+
+    @classmethod
+    def from_json(cls, data: list[list]) -> _Encoder:
+        if len(data) != _N_LEVELS:
+            raise ValueError(f"encoder: {len(data)} tables, expected {_N_LEVELS}")
+        return cls([{tuple(k): (float(s), float(n)) for k, s, n in tab} for tab in data])
+
+
+# --------------------------------------------------------------------------------------------------
+# Matrix factorisation
+# --------------------------------------------------------------------------------------------------
+
+
+def _jk(key: tuple) -> str:
+    """A job key as a stable string (JSON keys)."""
+    fam, bs, prec, training = key
+    return f"{fam}|{bs}|{prec}|{int(training)}"
+
+
+class _MatrixFactors:
+    """Biased matrix factorisation of ordered-pair throughput per domain (one variant).
+
+    A domain is a GPU type plus measurement environment. Row/column biases are per (domain, job type);
+    embeddings are per (domain, job type) or, when ``share_u`` / ``share_v``, per job type across the GPU
+    types of one environment.
+    """
+
+    def __init__(self, share_u: bool, share_v: bool, names: dict[str, list[str]], mu: np.ndarray,
+                 rb: np.ndarray, cb: np.ndarray, u: np.ndarray, v: np.ndarray) -> None:
+        self.share_u, self.share_v = share_u, share_v
+        self.names = names  # "g", "r", "c", "u", "v" -> key names, index order of the arrays
+        self.pos = {k: {name: i for i, name in enumerate(lst)} for k, lst in names.items()}
+        self.mu, self.rb, self.cb, self.u, self.v = mu, rb, cb, u, v
+
+    def keys_of(self, job_key: tuple, domain: str, env: str) -> tuple[int, int, int, int, int]:
+        """Indices (domain, row bias, column bias, row embedding, column embedding) of a job type in a
+        domain (GPU type plus environment, ``JobProfile.domain``); -1 when unseen."""
+        jk = _jk(job_key)
+        gk = f"{domain}#{jk}"
+        ek = f"{env}#{jk}"
+        pos = self.pos
+        return (pos["g"].get(domain, -1), pos["r"].get(gk, -1), pos["c"].get(gk, -1),
+                pos["u"].get(ek if self.share_u else gk, -1), pos["v"].get(ek if self.share_v else gk, -1))
+
+    @classmethod
+    def fit(cls, pairs: Sequence[tuple[JobProfile, JobProfile]], y: np.ndarray, p: TrainParams,
+            share_u: bool, share_v: bool, seed: int) -> _MatrixFactors:
+        ja = [f"{a.env}#{_jk(a.job_key)}" for a, _ in pairs]  # shared embeddings: one per job type and env
+        jb = [f"{b.env}#{_jk(b.job_key)}" for _, b in pairs]
+        gpu = [a.domain for a, _ in pairs]
+        ra = [f"{a.domain}#{_jk(a.job_key)}" for a, _ in pairs]
+        cb_keys = [f"{b.domain}#{_jk(b.job_key)}" for _, b in pairs]
+
+        def index(items: list[str]) -> tuple[np.ndarray, list[str]]:
+            names = sorted(set(items))
+            pos = {k: i for i, k in enumerate(names)}
+            return np.array([pos[k] for k in items], dtype=np.int64), names
+
+        gi, gnames = index(gpu)
+        ri, rnames = index(ra)
+        ci, cnames = index(cb_keys)
+        ui, unames = index(ja if share_u else ra)
+        vi, vnames = index(jb if share_v else cb_keys)
+        yy = np.asarray(y, float)
+        mu = np.bincount(gi, yy, len(gnames)) / np.bincount(gi, None, len(gnames))
+        rng = np.random.default_rng(seed)
+        r = p.mf_rank
+        U = rng.normal(0.0, 0.1, (len(unames), r))
+        V = rng.normal(0.0, 0.1, (len(vnames), r))
+        rb = np.zeros(len(rnames))
+        cb = np.zeros(len(cnames))
+        reg = p.mf_lambda * np.eye(r)
+        u_rows = [np.flatnonzero(ui == k) for k in range(len(unames))]
+        v_rows = [np.flatnonzero(vi == k) for k in range(len(vnames))]
+        n_r = np.bincount(ri, None, len(rnames))
+        n_c = np.bincount(ci, None, len(cnames))
+        for _ in range(p.mf_iters):
+            inter = (U[ui] * V[vi]).sum(1)
+            rb = np.bincount(ri, yy - mu[gi] - cb[ci] - inter, len(rnames)) / (n_r + p.mf_bias_lambda)
+            cb = np.bincount(ci, yy - mu[gi] - rb[ri] - inter, len(cnames)) / (n_c + p.mf_bias_lambda)
+            res = yy - mu[gi] - rb[ri] - cb[ci]
+            for k, rows in enumerate(u_rows):
+                z = V[vi[rows]]
+                U[k] = np.linalg.solve(z.T @ z + reg, z.T @ res[rows])
+            for k, rows in enumerate(v_rows):
+                z = U[ui[rows]]
+                V[k] = np.linalg.solve(z.T @ z + reg, z.T @ res[rows])
+        names = {"g": gnames, "r": rnames, "c": cnames, "u": unames, "v": vnames}
+        return cls(share_u, share_v, names, mu, rb, cb, U, V)
+
+    def predict_idx(self, ka: np.ndarray, kb: np.ndarray) -> np.ndarray:
+        """Predictions from index rows (``keys_of`` of A and of B, ``[n, 5]`` each); NaN where unseen."""
+        g, r, u = ka[:, 0], ka[:, 1], ka[:, 3]
+        c, v = kb[:, 2], kb[:, 4]
+        ok = (g >= 0) & (r >= 0) & (c >= 0)
+        out = np.full(len(ka), np.nan)
+        if ok.any():
+            inter = np.zeros(len(ka))
+            emb = ok & (u >= 0) & (v >= 0)
+            inter[emb] = (self.u[u[emb]] * self.v[v[emb]]).sum(1)
+            out[ok] = self.mu[g[ok]] + self.rb[r[ok]] + self.cb[c[ok]] + inter[ok]
+        return out
+
+    def to_json(self) -> dict:
+        return {"share_u": self.share_u, "share_v": self.share_v, "names": self.names, "mu": self.mu.tolist(),
+                "rb": self.rb.tolist(), "cb": self.cb.tolist(), "u": self.u.tolist(), "v": self.v.tolist()}
+
+    @classmethod
+    def from_json(cls, d: dict) -> _MatrixFactors:
+        r = len(d["u"][0]) if d["u"] else 0
+        return cls(bool(d["share_u"]), bool(d["share_v"]), {k: list(v) for k, v in d["names"].items()},
+                   np.asarray(d["mu"], float), np.asarray(d["rb"], float), np.asarray(d["cb"], float),
+                   np.asarray(d["u"], float).reshape(-1, r), np.asarray(d["v"], float).reshape(-1, r))
+
+
+_MF_VARIANTS = ((False, False), (True, False), (False, True))
+
+
+# --------------------------------------------------------------------------------------------------
+# k-way composition
+# --------------------------------------------------------------------------------------------------
+
+
+def compose_k_way(pairwise: np.ndarray) -> np.ndarray:
+    """Normalised throughput of each of k tenants from pairwise predictions.
+
+    ``pairwise[i, j]`` is tenant i's normalised throughput next to tenant j alone (diagonal ignored).
+    Each co-tenant j *adds* the time it steals from i: alone next to j, i needs ``1 / p_ij`` of its solo
+    time, i.e. ``1 / p_ij - 1`` extra. With several co-tenants the extra times add up:
+
+        norm_i = 1 / (1 + sum_{j != i} (1 / p_ij - 1))
+
+    Why additive and not multiplicative (``prod_j p_ij``): for k jobs that each saturate the GPU
+    (p = 1/2 for every pair) time-slicing gives each 1/k; the additive rule gives exactly 1/k, while the
+    product gives (1/2)^(k-1) and would call three saturating jobs 1/4 instead of 1/3. For light co-tenants
+    (p near 1) both agree. Bounds, which the tests check: ``prod_j p_ij <= norm_i <= min_j p_ij`` (adding a
+    co-tenant never helps, and the additive rule is never more pessimistic than independent slowdowns).
+    Values are clipped to [0, 1]; p below 1e-3 is treated as 1e-3.
+
+    Args:
+        pairwise: ``[k, k]`` array of pairwise normalised throughputs.
+
+    Returns:
+        ``[k]`` array; a single tenant keeps 1.0.
+    """
+    p = np.asarray(pairwise, float)
+    k = p.shape[0]
+    if p.shape != (k, k):
+        raise ValueError(f"pairwise: shape {p.shape} is not square")
+    extra = 1.0 / np.clip(p, _MIN_NORM, 1.0) - 1.0
+    np.fill_diagonal(extra, 0.0)
+    return np.clip(1.0 / (1.0 + extra.sum(axis=1)), 0.0, 1.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------------
+
+
+def _profile_to_json(p: JobProfile) -> dict:
+    d = asdict(p)
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+
+
+def _profile_from_json(d: dict) -> JobProfile:
+    kw = {}
+    for f in fields(JobProfile):
+        if f.name not in d:
+            continue
+        v = d[f.name]
+        kw[f.name] = float("nan") if v is None and isinstance(f.default, float) else v
+    return JobProfile(**kw)
+
+
+_CACHE_MAX = 65_536
+
+
+class _ProfileTable:
+    """Integer ids for the profiles a model has seen, with their precomputed parts in arrays.
+
+    A profile is completed from the catalogue *at the vector level*: its solo vector's NaN entries take
+    the catalogued job type's values (every solo feature depends on one profile field plus the job type,
+    so this equals completing the fields first). Prediction then works on id arrays with numpy gathers.
+    Not thread-safe on its own: the model holds a lock around it.
+    """
+
+    _UNKNOWN_ARCH = "?"
+
+    def __init__(self, catalog: ProfileCatalog, factors: list[_MatrixFactors], families: frozenset[str],
+                 gpus: frozenset[str], envs: frozenset[str], reference_env: str, booster_set_of_env) -> None:
+        self._catalog = catalog
+        self._factors = factors
+        self._families = families
+        self._gpus = gpus
+        self._envs = envs
+        self._reference_env = reference_env
+        self._set_of_env = booster_set_of_env
+        self.hard_reset()
+
+    def hard_reset(self) -> None:
+        """Forget everything, including the job-type-level memos (bounds memory under arbitrary input)."""
+        self._interned: dict[object, int] = {}
+        self._types: dict[tuple, tuple] = {}
+        # encodings per (GPU type, family A, family B) on interned ids; type-level like the catalogue
+        self.enc_memo: dict[int, tuple[float, float]] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the per-profile rows (job-type-level memos stay)."""
+        cap = 256
+        self.ids: dict[JobProfile, int] = {}
+        self.n = 0
+        self.solo = np.empty((cap, len(F.SOLO_FEATURES)))
+        self.gpu_vec = np.empty((cap, len(F.GPU_FEATURES)))
+        self.mf = np.empty((cap, len(self._factors), 5), dtype=np.int64)
+        self.fam = np.empty(cap, dtype=np.int64)
+        self.arch = np.empty(cap, dtype=np.int64)
+        self.key = np.empty(cap, dtype=np.int64)
+        self.gpu = np.empty(cap, dtype=np.int64)
+        self.low = np.empty(cap, dtype=bool)
+        self.bset = np.empty(cap, dtype=np.int64)
+        self.strings: list[tuple[str, str, str, str]] = []  # id -> (domain, env, family, arch): encoder keys
+
+    def _intern(self, value: object) -> int:
+        got = self._interned.get(value)
+        if got is None:
+            got = self._interned[value] = len(self._interned)
+        return got
+
+    def _type_parts(self, p: JobProfile, env: str) -> tuple:
+        """Parts shared by every profile of one job type on one GPU type in environment ``env`` (memoised
+        across resets).
+
+        Returns (catalogued solo vector or None, completed job key, factorisation indices, family id,
+        arch id, job-key id, domain id, GPU vector, low confidence, (domain, env, family, arch), booster-set
+        index).
+        """
+        tkey = p.job_key + (p.gpu_type, env)
+        got = self._types.get(tkey)
+        if got is not None:
+            return got
+        found = self._catalog.get(p.model_family, p.batch_size, p.gpu_type, p.precision, p.training)
+        vec = None if found is None else F.solo_vector(found)
+        precision = p.precision or (found.precision if found is not None else "")
+        job_key = (p.model_family, p.batch_size or 0, precision, p.training)
+        arch = p.arch_class or self._UNKNOWN_ARCH
+        domain = f"{p.gpu_type}@{env}" if env else p.gpu_type  # JobProfile.domain, with the effective env
+        mf = np.array([f.keys_of(job_key, domain, env) for f in self._factors], dtype=np.int64).reshape(-1, 5)
+        low = p.model_family not in self._families or p.gpu_type not in self._gpus
+        got = (vec, job_key, mf, self._intern(("f", p.model_family)),
+               self._intern(("a", arch)) if arch != self._UNKNOWN_ARCH else -1, self._intern(("k", job_key)),
+               self._intern(("g", domain)), np.asarray(F.gpu_vector(p.gpu_type, env), float),
+               low, (domain, env, p.model_family, arch), self._set_of_env(env))
+        if len(self._types) < _CACHE_MAX:
+            self._types[tkey] = got
+        return got
+
+    def _grow(self, need: int) -> None:
+        cap = self.solo.shape[0]
+        while cap < need:
+            cap *= 2
+        for name in ("solo", "gpu_vec", "mf", "fam", "arch", "key", "gpu", "low", "bset"):
+            arr = getattr(self, name)
+            new = np.empty((cap,) + arr.shape[1:], dtype=arr.dtype)
+            new[: self.n] = arr[: self.n]
+            setattr(self, name, new)
+
+    def ids_of(self, profiles: Sequence[JobProfile]) -> np.ndarray:
+        """Table ids of ``profiles`` (adding the new ones), as an int array."""
+        ids = self.ids
+        out = [ids.get(p, -1) for p in profiles]
+        new: dict[JobProfile, int] = {}
+        for p, i in zip(profiles, out):
+            if i < 0 and p not in new:
+                new[p] = len(new)
+        if new:
+            if len(self._interned) > 4 * _CACHE_MAX or len(self.enc_memo) > 4 * _CACHE_MAX:
+                self.hard_reset()
+                return self.ids_of(profiles)
+            if self.n and self.n + len(new) > _CACHE_MAX:
+                self.reset()  # then n == 0: one batch may exceed the cap, it never loops
+                return self.ids_of(profiles)
+            if self.n + len(new) > self.solo.shape[0]:
+                self._grow(self.n + len(new))
+            fresh = list(new)
+            solo = F.solo_matrix(fresh)
+            base = self.n
+            for j, p in enumerate(fresh):
+                # an environment the model has no rows of is answered as the reference environment
+                env = p.env if p.env in self._envs else self._reference_env
+                vec, _jkey, mf, fam, arch, key, gpu, gvec, low, strings, bset = self._type_parts(p, env)
+                i = base + j
+                if vec is not None:
+                    row = solo[j]
+                    gap = np.isnan(row)
+                    row[gap] = vec[gap]
+                self.mf[i] = mf
+                self.fam[i], self.arch[i], self.key[i], self.gpu[i] = fam, arch, key, gpu
+                self.gpu_vec[i] = gvec
+                self.low[i] = low
+                self.bset[i] = bset
+                self.strings.append(strings)
+                ids[p] = i
+            self.solo[base:base + len(fresh)] = solo
+            self.n += len(fresh)
+            out = [ids[p] for p in profiles]
+        return np.asarray(out, dtype=np.int64)
+
+
+class InterferenceModel:
+    """A trained interference model. Build with :func:`train_model` or :meth:`load`; immutable afterwards."""
+
+    def __init__(self, booster_sets: dict[str, list[xgb.Booster]], encoder: _Encoder,
+                 factors: list[_MatrixFactors], catalog: ProfileCatalog, meta: dict, params: TrainParams) -> None:
+        if GENERAL_SET not in booster_sets:
+            raise ValueError(f"booster_sets: the general set {GENERAL_SET!r} is required")
+        self._booster_sets = booster_sets
+        self._set_names = sorted(booster_sets)
+        self._set_list = [booster_sets[k] for k in self._set_names]
+        self._encoder = encoder
+        self._factors = factors
+        self._catalog = catalog
+        self._params = params
+        self.meta = dict(meta)
+        self._families = frozenset(meta["families_seen"])
+        self._gpus = frozenset(meta["gpus_seen"])
+        self._envs = frozenset(meta["envs_seen"])
+        general = self._set_names.index(GENERAL_SET)
+        index = {name: i for i, name in enumerate(self._set_names)}
+        self._table = _ProfileTable(catalog, factors, self._families, self._gpus, self._envs,
+                                    meta["reference_env"], lambda env: index.get(env, general))
+        self._lock = threading.Lock()
+        # Ordered-pair results: the allocator asks about the same candidate pairs every round, and the
+        # model is immutable (a refresh builds a new instance), so a bounded memo is always valid.
+        self._pair_cache: dict[tuple[JobProfile, JobProfile], float] = {}
+        for boosters in self._set_list:
+            for b in boosters:
+                b.set_param({"nthread": params.nthread})
+
+    # ---- metadata ---------------------------------------------------------------------------------
+
+    @property
+    def version(self) -> str:
+        """Model version string, e.g. ``"20250101T120000Z-1a2b3c4d"`` (creation time + data digest)."""
+        return self.meta["version"]
+
+    @property
+    def schema_version(self) -> str:
+        return self.meta["schema_version"]
+
+    @property
+    def data_digest(self) -> str:
+        """sha256 (hex) of the training rows."""
+        return self.meta["training_data_sha256"]
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return dict(self.meta.get("metrics", {}))
+
+    @property
+    def params(self) -> TrainParams:
+        return self._params
+
+    @property
+    def catalog(self) -> ProfileCatalog:
+        """The solo profiles known to the model (used to complete request profiles)."""
+        return self._catalog
+
+    def with_metrics(self, metrics: dict[str, float]) -> InterferenceModel:
+        """A copy whose metadata carries ``metrics`` (merged over existing ones)."""
+        meta = dict(self.meta)
+        meta["metrics"] = {**self.meta.get("metrics", {}), **{k: float(v) for k, v in metrics.items()}}
+        return InterferenceModel(self._booster_sets, self._encoder, self._factors, self._catalog, meta, self._params)
+
+    # ---- prediction -------------------------------------------------------------------------------
+
+    def complete(self, p: JobProfile) -> JobProfile:
+        """``p`` with unknown solo fields filled from the model's catalogue (see ``ProfileCatalog``)."""
+        return self._catalog.complete(p)
+
+    def _predict_ids(self, ia: np.ndarray, ib: np.ndarray) -> np.ndarray:
+        """Normalised throughput of the first job of each ordered pair, from profile-table ids."""
+        T = self._table
+        n = len(ia)
+        bad = np.flatnonzero(T.gpu[ia] != T.gpu[ib])
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"pairs[{i}]: gpu_type/env differs between a ({T.strings[ia[i]][0]}) "
+                             f"and b ({T.strings[ib[i]][0]})")
+        same = np.column_stack([T.fam[ia] == T.fam[ib], T.key[ia] == T.key[ib],
+                                (T.arch[ia] == T.arch[ib]) & (T.arch[ia] >= 0)]).astype(float)
+        # Encodings depend only on (domain, family of A, family of B): memoised on interned ids.
+        enc = np.empty((n, 2))
+        memo = T.enc_memo
+        codes = ((T.gpu[ia] << 40) | (T.fam[ia] << 20) | T.fam[ib]).tolist()
+        for r, (code, a, b) in enumerate(zip(codes, ia.tolist(), ib.tolist())):
+            hit = memo.get(code)
+            if hit is None:
+                da, ea, fa, aa = T.strings[a]
+                _, _, fb, ab = T.strings[b]
+                hit = memo[code] = self._encoder.lookup_one(_enc_keys(da, ea, fa, fb, aa, ab))
+            enc[r] = hit
+        X = F.pair_rows(T.gpu_vec[ia], T.solo[ia], T.solo[ib], same, enc)
+        px = np.zeros(n)
+        sets = T.bset[ia]
+        for k in np.unique(sets).tolist():
+            m = sets == k
+            Xk = X if m.all() else X[m]
+            boosters = self._set_list[k]
+            acc = np.zeros(Xk.shape[0])
+            for booster in boosters:
+                acc += booster.inplace_predict(Xk)
+            px[m] = acc / len(boosters)
+        w = self._params.mf_weight
+        if w > 0 and self._factors:
+            pm = np.zeros(n)
+            for k, f in enumerate(self._factors):
+                pm += f.predict_idx(T.mf[ia, k], T.mf[ib, k])
+            pm /= len(self._factors)
+            ok = np.isfinite(pm)
+            px[ok] = (1.0 - w) * px[ok] + w * np.clip(pm[ok], 0.0, 1.0)
+        return np.clip(px, 0.0, 1.0)
+
+    def _predict_ordered(self, pairs: Sequence[tuple[JobProfile, JobProfile]]) -> np.ndarray:
+        with self._lock:
+            ids = self._table.ids_of([p for pair in pairs for p in pair])  # one call: ids stay valid
+            return self._predict_ids(ids[0::2], ids[1::2])
+
+    def predict(self, pairs: Sequence[tuple[JobProfile, JobProfile]]) -> Prediction:
+        """Both tenants' normalised throughput for each pair, with confidence flags.
+
+        Args:
+            pairs: (A, B) profiles sharing one GPU type. Unknown solo fields are completed from the
+                model's catalogue first; known fields (live counters, MPS share) are kept.
+
+        Returns:
+            :class:`Prediction`; ``norm_tput[i] = [A keeps, B keeps]``; an empty input gives empty arrays.
+            Results are memoised per ordered pair of profiles (the model is immutable).
+
+        Raises:
+            ValueError: when the two profiles of a pair name different GPU types.
+        """
+        n = len(pairs)
+        if n == 0:
+            return Prediction(np.zeros((0, 2)), np.zeros(0, bool), self.version)
+        with self._lock:
+            T = self._table
+            ids = T.ids_of([p for pair in pairs for p in pair])
+            ia, ib = ids[0::2], ids[1::2]
+            low = T.low[ia] | T.low[ib]
+            ordered = list(pairs) + [(b, a) for a, b in pairs]
+            cache = self._pair_cache
+            values = np.empty(2 * n)
+            missing: list[int] = []
+            for i, key in enumerate(ordered):
+                hit = cache.get(key)
+                if hit is None:
+                    missing.append(i)
+                else:
+                    values[i] = hit
+            if missing:
+                both_a = np.concatenate([ia, ib])
+                both_b = np.concatenate([ib, ia])
+                m = np.asarray(missing, dtype=np.int64)
+                fresh = self._predict_ids(both_a[m], both_b[m])
+                values[m] = fresh
+                if len(cache) + len(missing) > _CACHE_MAX:
+                    cache.clear()
+                for i, v in zip(missing, fresh.tolist()):
+                    cache[ordered[i]] = v
+        return Prediction(np.column_stack([values[:n], values[n:]]), low, self.version)
+
+    def clear_cache(self) -> None:
+        """Forget memoised per-profile and per-pair results (for cold-latency measurements)."""
+        with self._lock:
+            self._table.reset()
+            self._pair_cache.clear()
+
+    def predict_pairs(self, pairs: Sequence[tuple[JobProfile, JobProfile]]) -> np.ndarray:
+        """``[n, 2]`` normalised throughputs of (A, B) for each pair (see :meth:`predict`)."""
+        return self.predict(pairs).norm_tput
+
+    def low_confidence(self, pairs: Sequence[tuple[JobProfile, JobProfile]]) -> np.ndarray:
+        """``[n]`` bool: the pair involves a model family or GPU type unseen in training."""
+        return self.predict(pairs).low_confidence
+
+    def predict_k_way(self, profiles: Sequence[JobProfile]) -> np.ndarray:
+        """Normalised throughput of each of k tenants sharing one GPU, composed from pairwise predictions.
+
+        See :func:`compose_k_way` for the rule and its reasoning. ``k = 1`` gives ``[1.0]``.
+
+        Raises:
+            ValueError: empty input, or tenants on different GPU types / environments.
+        """
+        k = len(profiles)
+        if k == 0:
+            raise ValueError("profiles: at least one tenant is required")
+        if len({p.domain for p in profiles}) != 1:
+            raise ValueError("profiles: all tenants must share one GPU type (and environment)")
+        idx = [(i, j) for i in range(k) for j in range(i + 1, k)]
+        pw = np.ones((k, k))
+        if idx:
+            pred = self.predict_pairs([(profiles[i], profiles[j]) for i, j in idx])
+            for (i, j), (pi, pj) in zip(idx, pred):
+                pw[i, j], pw[j, i] = pi, pj
+        return compose_k_way(pw)
+
+    # ---- persistence --------------------------------------------------------------------------------
+
+    def to_json_dict(self) -> dict:
+        """The artifact as a JSON-serialisable dict."""
+        return {
+            "format": ARTIFACT_FORMAT,
+            **self.meta,
+            "params": asdict(self._params),
+            "feature_names": list(F.PAIR_FEATURES),
+            "boosters": {name: [json.loads(bytes(b.save_raw("json"))) for b in boosters]
+                         for name, boosters in self._booster_sets.items()},
+            "encoder": self._encoder.to_json(),
+            "factors": [f.to_json() for f in self._factors],
+            "catalog": [_profile_to_json(p) for p in self._catalog],
+        }
+
+    @classmethod
+    def from_json_dict(cls, d: dict) -> InterferenceModel:
+        """Inverse of :meth:`to_json_dict`.
+
+        Raises:
+            ArtifactError: wrong format tag, other feature schema, or missing fields.
+        """
+        if d.get("format") != ARTIFACT_FORMAT:
+            raise ArtifactError(f"format {d.get('format')!r} != {ARTIFACT_FORMAT!r}")
+        if d.get("schema_version") != F.SCHEMA_VERSION:
+            raise ArtifactError(f"feature schema {d.get('schema_version')!r} != {F.SCHEMA_VERSION!r}: retrain")
+        if d.get("feature_names") != list(F.PAIR_FEATURES):
+            raise ArtifactError("feature_names differ from this build's schema: retrain")
+        try:
+            params = TrainParams(**d["params"])
+            boosters: dict[str, list[xgb.Booster]] = {}
+            for name, items in d["boosters"].items():
+                boosters[name] = []
+                for bj in items:
+                    b = xgb.Booster()
+                    b.load_model(bytearray(json.dumps(bj).encode()))
+                    boosters[name].append(b)
+            meta_keys = ("version", "schema_version", "created_at", "created_at_unix_s", "training_data_sha256",
+                         "training_rows", "metrics", "seed", "families_seen", "gpus_seen", "envs_seen", "reference_env")
+            meta = {k: d[k] for k in meta_keys}
+            return cls(boosters, _Encoder.from_json(d["encoder"]),
+                       [_MatrixFactors.from_json(f) for f in d["factors"]],
+                       ProfileCatalog(_profile_from_json(p) for p in d["catalog"]), meta, params)
+        except (KeyError, TypeError, ValueError, xgb.core.XGBoostError) as exc:
+            raise ArtifactError(f"malformed model artifact: {exc}") from exc
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the artifact atomically (temporary file in the same folder, fsync, rename).
+
+        Readers never see a half-written file; a crash leaves at most a ``*.json.tmp`` file behind.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = json.dumps(self.to_json_dict(), separators=(",", ":"), allow_nan=False).encode()
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem + ".", suffix=".json.tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> InterferenceModel:
+        """Read an artifact written by :meth:`save`.
+
+        Raises:
+            ArtifactError: missing file, invalid JSON, or incompatible artifact.
+        """
+        try:
+            with open(path, "rb") as fh:
+                d = json.loads(fh.read())
+        except FileNotFoundError as exc:
+            raise ArtifactError(f"{path}: no model artifact (train one: python -m services.predictor.train)") from exc
+        except json.JSONDecodeError as exc:
+            raise ArtifactError(f"{path}: not JSON: {exc}") from exc
+        return cls.from_json_dict(d)
+
+
+def save_model(model: InterferenceModel, path: str | os.PathLike = DEFAULT_MODEL_PATH) -> Path:
+    """Atomically write ``model`` to ``path`` (see :meth:`InterferenceModel.save`)."""
+    return model.save(path)
+
+
+def load_model(path: str | os.PathLike = DEFAULT_MODEL_PATH) -> InterferenceModel:
+    """Read the artifact at ``path`` (see :meth:`InterferenceModel.load`)."""
+    return InterferenceModel.load(path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------------
+
+
+def _nan_none(x: float) -> float | None:
+    return None if math.isnan(x) else round(float(x), 12)
+
+
+def data_digest(rows: Sequence[Observation]) -> str:
+    """sha256 (hex) over the training rows in order: both profiles and both targets."""
+    h = hashlib.sha256()
+    for r in rows:
+        rec = [_profile_to_json(r.a), _profile_to_json(r.b), _nan_none(r.norm_tput_a), _nan_none(r.norm_tput_b),
+               r.failed]
+        h.update(json.dumps(rec, sort_keys=True, default=_nan_none).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def ordered_examples(rows: Sequence[Observation]) -> tuple[list[tuple[JobProfile, JobProfile]], np.ndarray, list[tuple]]:
+    """Both orderings of every usable row: (pairs, targets, groups).
+
+    Failed rows (the pair could not run together) have no throughput and are skipped: feasibility is a
+    memory-capacity question the placement answers from ``mem_used_mib``, and a target of 0 would drag the
+    predictions of feasible neighbours down.
+    """
+    pairs: list[tuple[JobProfile, JobProfile]] = []
+    ys: list[float] = []
+    groups: list[tuple] = []
+    for r in rows:
+        if r.failed or not (math.isfinite(r.norm_tput_a) and math.isfinite(r.norm_tput_b)):
+            continue
+        g = r.group
+        pairs += [(r.a, r.b), (r.b, r.a)]
+        ys += [float(r.norm_tput_a), float(r.norm_tput_b)]
+        groups += [g, g]
+    return pairs, np.asarray(ys, float), groups
+
+
+#: Preferred reference environments, in order: requests from an environment without training rows (this
+#: cluster, before its node agents reported observations) are answered as if measured in the first of
+#: these that has rows; failing all, the environment with the most rows.
+REFERENCE_ENVS = ("", "gavel")
+
+
+def _reference_env(env: np.ndarray) -> str:
+    names, counts = np.unique(env, return_counts=True)
+    present = dict(zip(names.tolist(), counts.tolist()))
+    for e in REFERENCE_ENVS:
+        if present.get(e, 0) > 0:
+            return e
+    return max(present, key=lambda e: (present[e], e))
+
+
+def train_model(rows: Sequence[Observation], seed: int = 0, params: TrainParams | None = None,
+                catalog: ProfileCatalog | None = None) -> InterferenceModel:
+    """Train an :class:`InterferenceModel` on co-location observations.
+
+    The service's online refresh calls this with the shipped rows plus observations reported by node
+    agents. Deterministic for a given seed, rows and thread count.
+
+    Args:
+        rows: observations; failed rows are skipped (see :func:`ordered_examples`).
+        seed: seed of the XGBoost bags and of the factorisation initialisation.
+        params: hyper-parameters (defaults: :class:`TrainParams`).
+        catalog: solo profiles that complete training and request profiles (copied, never modified); job
+            types it lacks are added from ``rows``. Default: the profiles appearing in ``rows``.
+
+    Returns:
+        The trained model; ``meta["metrics"]`` holds in-sample MAE/MAPE (cross-validated figures come from
+        ``services.predictor.evaluate --cv``).
+
+    Raises:
+        ValueError: when no usable row remains.
+    """
+    p = params or TrainParams()
+    pairs, y, groups = ordered_examples(rows)
+    if len(pairs) == 0:
+        raise ValueError("rows: no usable observation (all failed or empty)")
+    # Request profiles are completed from the catalogue, so training rows must see the same completion.
+    catalog = ProfileCatalog(catalog if catalog is not None else ())
+    pairs = [(catalog.complete(a), catalog.complete(b)) for a, b in pairs]
+    for a, b in pairs:  # job types known only from observations become completable too
+        for prof in (a, b):
+            if catalog.get(prof.model_family, prof.batch_size, prof.gpu_type, prof.precision, prof.training) is None:
+                catalog.add(prof)
+    encoder, loo = _Encoder.fit(pairs, y, groups)
+    X = F.pair_matrix(pairs, loo)
+    base_score = float(np.clip(np.median(y), 0.05, 0.95))
+    xparams = {
+        "objective": "reg:pseudohubererror", "huber_slope": p.huber_slope, "base_score": base_score,
+        "max_depth": p.max_depth, "min_child_weight": p.min_child_weight, "eta": p.eta,
+        "subsample": p.subsample, "colsample_bytree": p.colsample_bytree, "tree_method": "hist",
+        "nthread": p.nthread, "verbosity": 0,
+    }
+    env = np.array([a.env for a, _ in pairs])
+
+    def fit_set(mask: np.ndarray) -> list[xgb.Booster]:
+        d = xgb.DMatrix(X[mask], label=y[mask], feature_names=list(F.PAIR_FEATURES), nthread=p.nthread)
+        return [xgb.train({**xparams, "seed": seed + k}, d, p.rounds) for k in range(p.n_bags)]
+
+    envs, counts = np.unique(env, return_counts=True)
+    booster_sets = {GENERAL_SET: fit_set(np.ones(len(y), dtype=bool))}
+    if len(envs) > 1:
+        for e, c in zip(envs.tolist(), counts.tolist()):
+            if c >= p.env_min_examples:
+                booster_sets[e] = fit_set(env == e)
+    factors = ([_MatrixFactors.fit(pairs, y, p, su, sv, seed + 17 * (k + 1)) for k, (su, sv) in enumerate(_MF_VARIANTS)]
+               if p.mf_weight > 0 else [])
+    now = _dt.datetime.now(_dt.timezone.utc)
+    digest = data_digest(rows)
+    meta = {
+        "version": f"{now:%Y%m%dT%H%M%SZ}-{digest[:8]}",
+        "schema_version": F.SCHEMA_VERSION,
+        "created_at": now.isoformat(timespec="seconds"),
+        "created_at_unix_s": now.timestamp(),
+        "training_data_sha256": digest,
+        "training_rows": len(rows),
+        "metrics": {},
+        "seed": seed,
+        "families_seen": sorted({a.model_family for a, _ in pairs}),
+        "gpus_seen": sorted({a.gpu_type for a, _ in pairs}),
+        "envs_seen": sorted(set(env.tolist())),
+        "reference_env": _reference_env(env),
+    }
+    model = InterferenceModel(booster_sets, encoder, factors, catalog, meta, p)
+    fit_pred = model._predict_ordered(pairs)
+    err = np.abs(fit_pred - y)
+    return model.with_metrics({"train_mae": float(err.mean()),
+                               "train_mape_pct": float(100 * np.mean(err / np.maximum(y, 1e-3))),
+                               "train_examples": float(len(y))})
