@@ -9,8 +9,10 @@ STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 GEN    := elastico/v1/.generated
 PROTOS := $(wildcard protos/elastico/v1/*.proto)
 NODES  ?= 2
+# The interference model artifact: trained from the shipped data when absent (seconds, fixed seed).
+MODEL  := models/interference.json
 
-.PHONY: all venv protos test demo up down ps logs status bench clean distclean
+.PHONY: all venv protos model test demo up down ps logs status bench clean distclean
 
 all: protos
 
@@ -29,10 +31,15 @@ $(GEN): $(PROTOS) $(STAMP)
 
 protos: $(GEN)
 
-test: protos
+$(MODEL): | $(GEN)
+	$(PY) -m services.predictor.train --out $(MODEL)
+
+model: $(MODEL)
+
+test: protos model
 	$(PY) -m pytest -q
 
-up: protos
+up: protos model
 	$(PY) -m elastico.cluster up --nodes $(NODES)
 
 down:
@@ -48,15 +55,15 @@ status: protos
 	$(PY) -m elastico.cluster status
 
 # The README's first command: start the local cluster, show health and the GPUs the agents report, stop.
-demo: protos
+demo: protos model
 	$(PY) -m elastico.demo --nodes $(NODES)
 
-bench: protos
+bench: protos model
 	@for b in bench/*.py; do m=$$(basename $$b .py); [ "$$m" = "__init__" ] && continue; \
 	  echo "== bench.$$m =="; $(PY) -m bench.$$m || exit 1; done
 
 clean:
-	rm -rf .run .pytest_cache .hypothesis elastico/v1
+	rm -rf .run .pytest_cache .hypothesis elastico/v1 models
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: down clean

@@ -91,3 +91,13 @@ class Keys:
     def events(self) -> str:
         """Stream: job state-change events."""
         return f"{self.prefix}events"
+
+    @property
+    def observations(self) -> str:
+        """Stream: measured co-located throughput reported to the predictor (online learning)."""
+        return f"{self.prefix}observations"
+
+    @property
+    def observations_consumed(self) -> str:
+        """String: id of the last observation-stream entry folded into the served model."""
+        return f"{self.prefix}observations:consumed"

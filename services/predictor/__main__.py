@@ -1,20 +1,44 @@
-"""``python -m services.predictor``: the interference model service."""
+"""``python -m services.predictor``: the interference model service.
+
+Loads the model artifact (training and writing it first when absent: seconds, deterministic seed),
+serves it, and retrains periodically on node-agent observations.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sys
 
+from elastico.logging import get_logger
 from elastico.rpc.server import ServiceBinding, run_main
 from elastico.v1 import predictor_pb2, predictor_pb2_grpc
-from services.predictor.servicer import PredictorServicer
+from services.predictor import observations as obslog
+from services.predictor.servicer import PredictorServicer, load_or_train
 from services.predictor.settings import PredictorSettings
 
 
 def build(settings: PredictorSettings):
     async def _build():
-        binding = ServiceBinding(predictor_pb2.DESCRIPTOR.services_by_name["Predictor"].full_name,
-                                 PredictorServicer(settings), predictor_pb2_grpc.add_PredictorServicer_to_server)
-        return [binding], None
+        model = await asyncio.to_thread(load_or_train, settings)
+        if settings.redis_url:
+            log_store: obslog.ObservationLog = obslog.RedisObservationLog(settings.redis_url, settings.redis_namespace)
+        else:
+            get_logger(component="predictor").warning("no ELASTICO_REDIS_URL: observations are kept in memory only")
+            log_store = obslog.MemoryObservationLog()
+        servicer = PredictorServicer(settings, model, log_store)
+        task = asyncio.create_task(servicer.refresh_forever()) if settings.refresh_interval_s > 0 else None
+
+        async def cleanup() -> None:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await log_store.close()
+
+        binding = ServiceBinding(predictor_pb2.DESCRIPTOR.services_by_name["Predictor"].full_name, servicer,
+                                 predictor_pb2_grpc.add_PredictorServicer_to_server)
+        return [binding], cleanup
 
     return _build
 

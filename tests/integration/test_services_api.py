@@ -21,8 +21,6 @@ from elastico.v1 import (
     allocator_pb2_grpc,
     node_agent_pb2,
     node_agent_pb2_grpc,
-    predictor_pb2,
-    predictor_pb2_grpc,
     pricer_pb2,
     pricer_pb2_grpc,
     types_pb2,
@@ -31,15 +29,13 @@ from services.allocator.servicer import AllocatorServicer
 from services.allocator.settings import AllocatorSettings
 from services.node_agent.gpu import SimulatedBackend
 from services.node_agent.servicer import NodeAgent, NodeAgentServicer
-from services.predictor.servicer import PredictorServicer
-from services.predictor.settings import PredictorSettings
 from services.pricer.servicer import PricerServicer
 from services.pricer.settings import PricerSettings
 
 
 @pytest.fixture
 async def suite(redis_server) -> AsyncIterator[dict]:
-    """Allocator, node agent, pricer and predictor servicers in one in-process server on port 0."""
+    """Allocator, node agent and pricer servicers in one in-process server on port 0."""
     store = RedisStore.from_url(redis_server.url, namespace=f"api-{uuid.uuid4().hex[:8]}")
     agent = NodeAgent(store, SimulatedBackend("n1", "v100", 2, 16384), "n1", "127.0.0.1:0")
     await agent.heartbeat()
@@ -48,14 +44,13 @@ async def suite(redis_server) -> AsyncIterator[dict]:
         ServiceBinding("elastico.v1.Allocator", AllocatorServicer(store, settings), allocator_pb2_grpc.add_AllocatorServicer_to_server),
         ServiceBinding("elastico.v1.NodeAgent", NodeAgentServicer(agent), node_agent_pb2_grpc.add_NodeAgentServicer_to_server),
         ServiceBinding("elastico.v1.Pricer", PricerServicer(PricerSettings.from_env({})), pricer_pb2_grpc.add_PricerServicer_to_server),
-        ServiceBinding("elastico.v1.Predictor", PredictorServicer(PredictorSettings.from_env({})), predictor_pb2_grpc.add_PredictorServicer_to_server),
     ]
     server, port = await create_server(settings, bindings)
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     yield {"channel": channel, "server": server, "store": store, "alloc": allocator_pb2_grpc.AllocatorStub(channel),
            "agent": node_agent_pb2_grpc.NodeAgentStub(channel), "pricer": pricer_pb2_grpc.PricerStub(channel),
-           "predictor": predictor_pb2_grpc.PredictorStub(channel), "metrics_port": server.metrics_port}
+           "metrics_port": server.metrics_port}
     await channel.close()
     await server.stop(0)
     await store.close()
@@ -159,10 +154,6 @@ async def test_cluster_state_and_node_status(suite):
     status = await suite["agent"].GetNodeStatus(node_agent_pb2.GetNodeStatusRequest(), timeout=5)
     assert status.node.gpu_backend == "simulated" and [g.index for g in status.node.gpus] == [0, 1]
     assert status.node.gpus[0].mem_total_mib == 16384
-
-
-async def test_unbuilt_methods_answer_unimplemented_not_unknown(suite):
-    await expect_code(suite["predictor"].GetModelInfo(predictor_pb2.GetModelInfoRequest(), timeout=5), grpc.StatusCode.UNIMPLEMENTED)
 
 
 async def test_unexpected_exception_is_internal_with_incident_id(redis_server):

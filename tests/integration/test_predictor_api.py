@@ -1,0 +1,118 @@
+"""Predictor over gRPC against a real redis-server: predictions, validation, and online learning."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from elastico.rpc.server import ServiceBinding, create_server
+from elastico.v1 import predictor_pb2 as prpb
+from elastico.v1 import predictor_pb2_grpc
+from elastico.v1 import types_pb2 as pb
+from services.predictor.model import InterferenceModel, train_model
+from services.predictor.observations import RedisObservationLog
+from services.predictor.servicer import PredictorServicer
+from services.predictor.settings import PredictorSettings
+from services.predictor.train import training_rows
+
+
+@pytest.fixture(scope="module")
+def base_model() -> InterferenceModel:
+    return train_model(training_rows(include_lucid=False), seed=0)
+
+
+@pytest.fixture
+async def served(redis_server, base_model, tmp_path) -> AsyncIterator[tuple[predictor_pb2_grpc.PredictorStub, PredictorServicer]]:
+    settings = PredictorSettings.from_env({}, port=0, model_path=str(tmp_path / "model.json"), max_batch_pairs=300,
+                                          redis_url=redis_server.url, refresh_interval_s=0)
+    log = RedisObservationLog(redis_server.url, namespace=f"pred-{uuid.uuid4().hex[:8]}")
+    servicer = PredictorServicer(settings, base_model, log)
+    server, port = await create_server(settings, [ServiceBinding("elastico.v1.Predictor", servicer, predictor_pb2_grpc.add_PredictorServicer_to_server)])
+    await server.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        yield predictor_pb2_grpc.PredictorStub(ch), servicer
+    await server.stop(0)
+    await log.close()
+
+
+def prof(family: str = "ResNet-50", batch: int = 64, gpu: str = "v100", **kw) -> prpb.TaskProfile:
+    return prpb.TaskProfile(model_family=family, batch_size=batch, gpu_type=gpu, kind=pb.JOB_KIND_TRAINING, **kw)
+
+
+async def test_predicts_batches_symmetrically_with_model_version(served):
+    stub, servicer = served
+    a, b = prof("ResNet-50", 64), prof("Transformer", 32)
+    resp = await stub.PredictInterference(prpb.PredictInterferenceRequest(pairs=[prpb.PairQuery(a=a, b=b), prpb.PairQuery(a=b, b=a)]), timeout=20)
+    p, q = resp.predictions
+    assert resp.model_version == servicer.model.version
+    assert 0 <= p.norm_tput_a <= 1 and 0 <= p.norm_tput_b <= 1
+    assert (p.norm_tput_a, p.norm_tput_b) == pytest.approx((q.norm_tput_b, q.norm_tput_a))
+
+
+async def test_unknown_family_or_gpu_is_answered_low_confidence(served):
+    stub, _ = served
+    pairs = [prpb.PairQuery(a=prof("NeverSeenNet", 8), b=prof("ResNet-18", 32)),
+             prpb.PairQuery(a=prof(gpu="b300"), b=prof("ResNet-18", 32, gpu="b300")),
+             prpb.PairQuery(a=prof(), b=prof("ResNet-18", 32))]
+    resp = await stub.PredictInterference(prpb.PredictInterferenceRequest(pairs=pairs), timeout=20)
+    assert [p.low_confidence for p in resp.predictions] == [True, True, False]
+    assert all(math.isfinite(p.norm_tput_a) for p in resp.predictions)
+
+
+BAD = [
+    ([], "pairs"),
+    ([prpb.PairQuery(a=prof(mps_share_pct=math.nan), b=prof())], "pairs[0].a.mps_share_pct"),
+    ([prpb.PairQuery(a=prof(), b=prof(mps_share_pct=150))], "pairs[0].b.mps_share_pct"),
+    ([prpb.PairQuery(a=prof(), b=prof()), prpb.PairQuery(a=prof(family=""), b=prof())], "pairs[1].a.model_family"),
+    ([prpb.PairQuery(a=prof(), b=prof(gpu="k80"))], "pairs[0].b.gpu_type"),
+    ([prpb.PairQuery(a=prof(counters=pb.GpuCounters(sm_util_pct=140)), b=prof())], "pairs[0].a.counters.sm_util_pct"),
+    ([prpb.PairQuery(a=prof(), b=prof())] * 301, "pairs"),
+]
+
+
+@pytest.mark.parametrize(("pairs", "field"), BAD, ids=[f"{f}-{i}" for i, (_, f) in enumerate(BAD)])
+async def test_malformed_predict_is_invalid_argument(served, pairs, field):
+    stub, _ = served
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await stub.PredictInterference(prpb.PredictInterferenceRequest(pairs=pairs), timeout=20)
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert exc.value.details().startswith(field + ":"), exc.value.details()
+
+
+async def test_malformed_observations_are_rejected_and_nothing_is_stored(served):
+    stub, _ = served
+    good = prpb.Observation(a=prof(), b=prof("ResNet-18", 32), norm_tput_a=0.5, norm_tput_b=0.6)
+    bad = prpb.Observation(a=prof(), b=prof("ResNet-18", 32), norm_tput_a=math.nan, norm_tput_b=0.6)
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await stub.ReportObservation(prpb.ReportObservationRequest(observations=[good, bad]), timeout=5)
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT and exc.value.details().startswith("observations[1].norm_tput_a:")
+    info = await stub.GetModelInfo(prpb.GetModelInfoRequest(), timeout=5)
+    assert info.pending_observations == 0
+
+
+async def test_observations_of_a_badly_predicted_pair_reduce_its_error_after_refresh(served):
+    stub, servicer = served
+    pair = prpb.PairQuery(a=prof("ResNet-50", 64), b=prof("ResNet-18", 32))
+    before = (await stub.PredictInterference(prpb.PredictInterferenceRequest(pairs=[pair]), timeout=20)).predictions[0]
+    truth_a = before.norm_tput_a - 0.35 if before.norm_tput_a > 0.5 else before.norm_tput_a + 0.35
+    truth_b = before.norm_tput_b - 0.35 if before.norm_tput_b > 0.5 else before.norm_tput_b + 0.35
+    obs = [prpb.Observation(a=pair.a, b=pair.b, norm_tput_a=truth_a, norm_tput_b=truth_b, node_id="n1") for _ in range(30)]
+    assert (await stub.ReportObservation(prpb.ReportObservationRequest(observations=obs), timeout=5)).accepted == 30
+    info = await stub.GetModelInfo(prpb.GetModelInfoRequest(), timeout=5)
+    assert info.pending_observations == 30
+    old_version = info.model_version
+    assert await servicer.refresh(force=True)
+    after_resp = await stub.PredictInterference(prpb.PredictInterferenceRequest(pairs=[pair]), timeout=20)
+    after = after_resp.predictions[0]
+    err_before = abs(before.norm_tput_a - truth_a) + abs(before.norm_tput_b - truth_b)
+    err_after = abs(after.norm_tput_a - truth_a) + abs(after.norm_tput_b - truth_b)
+    assert err_after < 0.5 * err_before, (err_before, err_after)
+    assert after_resp.model_version != old_version
+    info = await stub.GetModelInfo(prpb.GetModelInfoRequest(), timeout=5)
+    assert info.pending_observations == 0 and info.model_version == after_resp.model_version
+    assert InterferenceModel.load(servicer._settings.model_path).version == after_resp.model_version
+    assert not await servicer.refresh()  # nothing new: no retrain
