@@ -34,5 +34,9 @@ def configure_logging(service: str, level: str = "info", fmt: str = "auto") -> s
 
 
 def get_logger(**bound: object) -> structlog.stdlib.BoundLogger:
-    """A logger with ``bound`` key-values on every line."""
-    return structlog.get_logger().bind(**bound)
+    """A logger with ``bound`` key-values on every line.
+
+    Lazy: safe at module import time, it picks up ``configure_logging`` done later (a logger bound at
+    import would keep structlog's defaults, debug lines included).
+    """
+    return structlog.get_logger(**bound)
