@@ -36,7 +36,7 @@ import numpy as np
 
 from services.allocator.policy.baselines import Policy
 from services.allocator.policy.inference import required_share_pct, slo_margin
-from services.allocator.policy.placement import pick_gang, predict_join, weighted_loss
+from services.allocator.policy.placement import TenantState, pick_gang, predict_join, weighted_loss
 from services.allocator.policy.pricing import choose_shapes
 from services.allocator.policy.shapes import SHARES_PCT, shape_speed_table
 from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, Decision, occupy, vacate
@@ -198,6 +198,7 @@ class ElastiCo(Policy):
             d.info["pricing"] = info
         attempts = 0
         failed: set = set()
+        state = TenantState(self.M, self.kappa, gj, gs, jobs, True)
         for c in np.flatnonzero(choice >= 0):
             if attempts >= self.max_attempts or free_slots == 0 or free_share < min(self.shares_pct):
                 break
@@ -211,8 +212,7 @@ class ElastiCo(Policy):
                 if key in failed or nj * share > free_share + 1e-9:
                     continue
                 attempts += 1
-                pred = predict_join(self.M, self.kappa, gj, gs, jobs, t, float(jobs.solo_util[j]), share, True,
-                                    self.train_floor, self.slo_factor)
+                pred = state.join(t, float(jobs.solo_util[j]), share, self.train_floor, self.slo_factor)
                 feas = (pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok
                         & (pred.new_norm >= self.train_floor - 1e-9))
                 gain = wc[c] * pred.new_norm - weighted_loss(pred, gj, W)
@@ -223,6 +223,7 @@ class ElastiCo(Policy):
                     failed.add(key)
                     continue
                 occupy(gj, gs, j, g, share)
+                state.refresh(g, gj, gs)
                 d.place.append((j, g, share))
                 free_share -= nj * share
                 free_slots -= nj

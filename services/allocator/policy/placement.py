@@ -35,6 +35,68 @@ class JoinPrediction:
         self.share_free = share_free  # [G] float, unallocated share percent
 
 
+class TenantState:
+    """Per-slot interference state of the current tenants, reusable across many candidates in a round.
+
+    Computing the tenant-tenant part once (``[G, K, K]``) and refreshing only the GPUs a placement
+    touched keeps a round's cost proportional to the candidates tried, not candidates x K^2 x G.
+    """
+
+    def __init__(self, M: np.ndarray, kappa: float, gpu_job: np.ndarray, gpu_share: np.ndarray, jobs: JobTable,
+                 mps_limits: bool):
+        self.M, self.kappa, self.jobs, self.mps_limits = M, kappa, jobs, mps_limits
+        G, K = gpu_job.shape
+        self.mask = np.zeros((G, K), bool)  # occupied slots
+        self.tt = np.zeros((G, K), np.int64)  # tenant types
+        self.tu = np.zeros((G, K))  # tenant solo utilisations
+        self.extra = np.zeros((G, K))  # sum over co-tenants of (1/p - 1): additive composition state
+        self.cap = np.ones((G, K))  # MPS share cap of each tenant's speed (1 = none)
+        self.is_inf = np.zeros((G, K), bool)  # inference tenants
+        self.fc = np.zeros((G, K))  # inference forecast load (0 for training)
+        self.share = np.zeros((G, K))  # tenant shares, percent
+        self.refresh(np.arange(G), gpu_job, gpu_share)
+
+    def refresh(self, rows: np.ndarray, gpu_job: np.ndarray, gpu_share: np.ndarray) -> None:
+        """Recompute the state of GPUs ``rows`` from the (planning) tenant arrays."""
+        rows = np.atleast_1d(rows)
+        gj = gpu_job[rows]
+        mask = gj >= 0
+        tj = np.where(mask, gj, 0)
+        tt = self.jobs.type_idx[tj]
+        tu = np.where(mask, self.jobs.solo_util[tj], 0.0)
+        K = gj.shape[1]
+        pair = pair_estimate(self.M, self.kappa, tt[:, :, None], tu[:, :, None], tt[:, None, :], tu[:, None, :])
+        both = mask[:, :, None] & mask[:, None, :] & ~np.eye(K, dtype=bool)[None]
+        extra = np.where(both, 1.0 / np.clip(pair, 1e-3, 1.0) - 1.0, 0.0).sum(axis=2)
+        is_inf = mask & (self.jobs.kind[tj] == INFERENCE)
+        sh = gpu_share[rows]
+        cap = (np.where(mask & ~is_inf, share_speed(sh, np.maximum(tu, 1e-6)), 1.0) if self.mps_limits
+               else np.ones_like(sh))
+        self.mask[rows], self.tt[rows], self.tu[rows], self.extra[rows] = mask, tt, tu, extra
+        self.cap[rows], self.is_inf[rows], self.share[rows] = cap, is_inf, sh
+        self.fc[rows] = np.where(is_inf, np.nan_to_num(self.jobs.load_forecast[tj]), 0.0)
+
+    def join(self, cand_type: int, cand_util: float, cand_share_pct: float, train_floor: float,
+             slo_factor: float) -> JoinPrediction:
+        """Predicted effect of one candidate joining each GPU (see :func:`predict_join`)."""
+        mask = self.mask
+        px = np.where(mask, pair_estimate(self.M, self.kappa, self.tt, self.tu, cand_type, cand_util), 1.0)
+        pc = np.where(mask, pair_estimate(self.M, self.kappa, cand_type, cand_util, self.tt, self.tu), 1.0)
+        before_raw = 1.0 / (1.0 + self.extra)
+        after_raw = 1.0 / (1.0 + self.extra + 1.0 / np.clip(px, 1e-3, 1.0) - 1.0)
+        before = np.where(mask, np.minimum(before_raw, self.cap), 1.0)
+        after = np.where(mask, np.minimum(after_raw, self.cap), 1.0)
+        new_norm = compose_additive(pc)
+        if self.mps_limits:
+            new_norm = np.minimum(new_norm, share_speed(cand_share_pct, max(cand_util, 1e-6)))
+        is_inf = self.is_inf
+        train_ok = ~mask | is_inf | (after >= train_floor - 1e-9) | (after >= before - 1e-9)
+        inf_ok = ~is_inf | (self.share / 100.0 * np.where(mask, after_raw, 1.0) - self.fc
+                            >= slo_margin(slo_factor) - 1e-9)
+        return JoinPrediction(new_norm, before, after, (train_ok & inf_ok).all(axis=1),
+                              ~mask.all(axis=1), 100.0 - self.share.sum(axis=1))
+
+
 def predict_join(M: np.ndarray, kappa: float, gpu_job: np.ndarray, gpu_share: np.ndarray, jobs: JobTable,
                  cand_type: int, cand_util: float, cand_share_pct: float, mps_limits: bool,
                  train_floor: float, slo_factor: float) -> JoinPrediction:
@@ -47,40 +109,15 @@ def predict_join(M: np.ndarray, kappa: float, gpu_job: np.ndarray, gpu_share: np
         jobs: job table (types, utilisations, inference forecasts).
         cand_type, cand_util, cand_share_pct: the candidate.
         mps_limits: True when shares cap speed (MPS); False for unrestricted sharing.
-        train_floor: minimum normalised throughput a training tenant may be pushed to.
+        train_floor: minimum normalised throughput a training tenant may be pushed to (a tenant already
+            below it may stay if it does not get worse).
         slo_factor: inference SLO multiple (see :mod:`inference`).
 
     Returns:
         :class:`JoinPrediction`.
     """
-    mask = gpu_job >= 0
-    tj = np.where(mask, gpu_job, 0)
-    tt = jobs.type_idx[tj]
-    tu = np.where(mask, jobs.solo_util[tj], 0.0)
-    pair = pair_estimate(M, kappa, tt[:, :, None], tu[:, :, None], tt[:, None, :], tu[:, None, :])
-    both = mask[:, :, None] & mask[:, None, :]
-    K = gpu_job.shape[1]
-    pair = np.where(both & ~np.eye(K, dtype=bool)[None], pair, 1.0)
-    before = np.where(mask, compose_additive(pair), 1.0)
-    px = np.where(mask, pair_estimate(M, kappa, tt, tu, cand_type, cand_util), 1.0)
-    pc = np.where(mask, pair_estimate(M, kappa, cand_type, cand_util, tt, tu), 1.0)
-    pair_x = np.concatenate([pair, px[:, :, None]], axis=2)
-    after = np.where(mask, compose_additive(pair_x), 1.0)
-    new_norm = compose_additive(pc)
-    is_inf = mask & (jobs.kind[tj] == INFERENCE)
-    if mps_limits:
-        cap = np.where(mask & ~is_inf, share_speed(gpu_share, np.maximum(tu, 1e-6)), 1.0)
-        after_c = np.minimum(after, cap)
-        before = np.minimum(before, cap)
-        new_norm = np.minimum(new_norm, share_speed(cand_share_pct, max(cand_util, 1e-6)))
-    else:
-        after_c = after
-    # floors: training tenants keep >= floor (or do not lose if already below); inference keeps its SLO
-    train_ok = ~mask | is_inf | (after_c >= train_floor - 1e-9) | (after_c >= before - 1e-9)
-    fc = np.where(is_inf, jobs.load_forecast[tj], 0.0)
-    inf_ok = ~is_inf | (gpu_share / 100.0 * after - np.nan_to_num(fc) >= slo_margin(slo_factor) - 1e-9)
-    return JoinPrediction(new_norm, before, after_c, (train_ok & inf_ok).all(axis=1),
-                          ~mask.all(axis=1), 100.0 - gpu_share.sum(axis=1))
+    return TenantState(M, kappa, gpu_job, gpu_share, jobs, mps_limits).join(cand_type, cand_util, cand_share_pct,
+                                                                           train_floor, slo_factor)
 
 
 def weighted_loss(pred: JoinPrediction, gpu_job: np.ndarray, weight: np.ndarray) -> np.ndarray:
