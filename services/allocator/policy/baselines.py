@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.allocator.policy.placement import first_free_gpus, pick_gang, predict_join
+from services.allocator.policy.placement import TenantState, first_free_gpus, pick_gang
 from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, Decision, occupy, vacate
 
 
@@ -234,6 +234,8 @@ class LucidPacking(Policy):
         order = _inference_first(view, pend[np.argsort(est, kind="stable")])
         free = int((gj < 0).all(axis=1).sum())
         placed_now: dict[int, int] = {}
+        state = None  # tenant interference state, built on the first packing attempt, refreshed on change
+        failed: set = set()  # (type, gang size) that found no partner since the last change
         for j in order:
             j = int(j)
             n = int(jobs.num_gpus[j])
@@ -243,6 +245,9 @@ class LucidPacking(Policy):
                 free -= n
                 placed_now[j] = len(d.place)
                 d.place.append((j, g, 100.0))
+                if state is not None:
+                    state.refresh(g, gj, gs * 0.0)
+                failed.clear()
                 continue
             if jobs.kind[j] == INFERENCE:
                 continue
@@ -250,14 +255,17 @@ class LucidPacking(Policy):
             one = ((gj >= 0).sum(axis=1) == 1)
             res = np.where(one, gj.max(axis=1), -1)
             one &= (res >= 0) & (jobs.kind[np.maximum(res, 0)] == TRAINING)
-            if one.sum() < n:
+            key = (int(jobs.type_idx[j]), n)
+            if one.sum() < n or key in failed:
                 continue
-            pred = predict_join(self.M, self.kappa, gj, gs * 0.0, jobs, int(jobs.type_idx[j]),
-                                float(jobs.solo_util[j]), 100.0, False, 0.0, self.slo_factor)
+            if state is None:
+                state = TenantState(self.M, self.kappa, gj, gs * 0.0, jobs, False)
+            pred = state.join(int(jobs.type_idx[j]), float(jobs.solo_util[j]), 100.0, 0.0, self.slo_factor)
             resident = pred.after.min(axis=1)
             ok = one & (pred.new_norm >= self.pack_floor) & (resident >= self.pack_floor)
             g = pick_gang(pred.new_norm + resident, ok, n)
             if g is None:
+                failed.add(key)
                 continue
             for gg in g:  # accounting only: the two tenants split the GPU 50/50 (no MPS limits)
                 r = int(res[gg])
@@ -269,4 +277,6 @@ class LucidPacking(Policy):
                     d.resize.append((r, 50.0))
             occupy(gj, gs, j, g, 50.0)
             d.place.append((j, g, 50.0))
+            state.refresh(g, gj, gs * 0.0)
+            failed.clear()
         return d

@@ -211,6 +211,10 @@ class ElastiCo(Policy):
                 key = (t, nj, share)
                 if key in failed or nj * share > free_share + 1e-9:
                     continue
+                # capacity precheck (no prediction needed): enough GPUs with a free slot and this share?
+                if int(((state.share.sum(axis=1) <= 100.0 - share + 1e-9) & ~state.mask.all(axis=1)).sum()) < nj:
+                    failed.add(key)
+                    continue
                 attempts += 1
                 pred = state.join(t, float(jobs.solo_util[j]), share, self.train_floor, self.slo_factor)
                 feas = (pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok
