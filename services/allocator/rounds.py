@@ -120,11 +120,11 @@ class Scheduler:
                        asyncio.create_task(self._watch_reports(), name="watch-reports")]
 
     async def stop(self) -> None:
-        for t in [*self._tasks, *self._bg]:
+        tasks = [*self._tasks, *self._bg]
+        for t in tasks:
             t.cancel()
-        for t in [*self._tasks, *self._bg]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        if tasks:  # bounded: a task stuck in a blocking store read must not hold up shutdown
+            await asyncio.wait(tasks, timeout=2.0)
         self._tasks = []
         m.IS_LEADER.set(0)
 
@@ -223,6 +223,8 @@ class Scheduler:
         pol = self._policies.get(key)
         if pol is None:
             opts = {"train_floor": self.s.train_floor, "solver": self.solver}
+            if self.s.policy_max_attempts:
+                opts["max_attempts"] = self.s.policy_max_attempts
             if matrix is None:  # degraded: the same policy on whole GPUs with a matrix that forbids sharing
                 pol = make_policy(self.s.policy, exclusive_matrix(self.types), self.kappa, shares_pct=(100,), **opts)
             else:
@@ -274,7 +276,7 @@ class Scheduler:
         rep.pending = len(view.pending)
         m.QUEUE_LENGTH.set(len(view.pending))
         t1 = time.perf_counter()
-        decision = await asyncio.to_thread(policy.decide, view) if len(view.pending) or len(view.running) else None
+        decision = await asyncio.to_thread(policy.decide, view) if len(view.pending) else None
         rep.decide_seconds = time.perf_counter() - t1
         m.DECIDE_SECONDS.observe(rep.decide_seconds)
 

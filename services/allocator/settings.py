@@ -37,6 +37,7 @@ class AllocatorSettings(Settings):
     estimate_refresh_s: float = 300.0  # how often the pair matrix is re-fetched from the predictor, s
     max_tenants: int = 4  # MPS tenants per GPU at most
     train_floor: float = 0.5  # training co-location floor, fraction of isolated speed (policy default)
+    policy_max_attempts: int = 0  # ElastiCo: placement attempts per round at most (bounds a round's cost); 0 = the policy's default
     time_scale: float = 1.0  # policy clock = wall clock x this (demo replays: matches the node agents' scale)
 
     def validate(self) -> None:
@@ -62,6 +63,8 @@ class AllocatorSettings(Settings):
             raise ConfigError(f"ELASTICO_NODE_GRACE_S={self.node_grace_s}: must be >= 0")
         if not 1 <= self.max_tenants <= 16:
             raise ConfigError(f"ELASTICO_MAX_TENANTS={self.max_tenants}: must be in [1, 16]")
+        if self.policy_max_attempts < 0:
+            raise ConfigError(f"ELASTICO_POLICY_MAX_ATTEMPTS={self.policy_max_attempts}: must be >= 0")
         if not 0 < self.train_floor <= 1:
             raise ConfigError(f"ELASTICO_TRAIN_FLOOR={self.train_floor}: must be in (0, 1]")
         for name in ("pricer_address", "predictor_address"):
