@@ -14,17 +14,25 @@
   was unrestricted sharing).
 * Inference: serving capacity = share x interference factor; its utilisation in the rule is its mean
   load (constant per service, so a segment's capacity is constant between placement changes).
+
+Per-tenant entry point for everything that is not the engine (the node agent's simulated GPUs):
+:meth:`GroundTruth.speeds` (one GPU's tenants by type row; the same rules as the engine's per-GPU speeds)
+and :func:`tenant_speeds` (``gpu_type``, ``[(job_type, share_pct)]`` -> normalised speeds), with
+:func:`type_index` mapping a workload's model family + batch size to a type the way trace rows are mapped.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
+import re
 from pathlib import Path
 
 import numpy as np
 
-from services.allocator.policy.interference import calibrate_kappa
-from services.allocator.policy.profiles import DATA_DIR, TypeTable
+from services.allocator.policy.interference import calibrate_kappa, compose_additive, utilisation_rule
+from services.allocator.policy.profiles import DATA_DIR, INFERENCE_TYPE, TypeTable, load_type_table
+from services.allocator.policy.shapes import share_speed
 
 #: Normalised throughput assigned to measured pairs that failed to co-locate (OOM stand-in).
 FAILED_PAIR_NORM = 0.05
@@ -55,3 +63,138 @@ class GroundTruth:
                 measured.append((r["job_type_a"], r["job_type_b"], na, nb))
         self.measured_pairs = len(measured)  # number of measured (successful) pairs
         self.kappa = calibrate_kappa(measured, types, kappa_quantile)  # contention factor of the rule
+
+    # ---- per-tenant lookup (one GPU) ---------------------------------------------------------------
+    def speeds(self, type_idx, share_pct=None, util=None, training=None) -> np.ndarray:
+        """Ground-truth normalised speed of each tenant of ONE GPU (before any gang minimum).
+
+        The simulator's rules, as ``simulator.engine.Engine._gpu_norms`` applies them: a lone tenant keeps
+        1.0; otherwise the ``[k, k]`` pair matrix (measured value, :data:`FAILED_PAIR_NORM` for failed
+        pairs, the calibrated utilisation rule where unmeasured) composed additively. With ``share_pct``
+        (MPS limits enforced), a training tenant's speed is then capped by ``share_speed(share, u)``.
+
+        Args:
+            type_idx: [k] row of each tenant in this truth's ``TypeTable``.
+            share_pct: [k] MPS share of each tenant on this GPU, percent; None = no MPS limits.
+            util: [k] utilisation of each tenant (fraction of one GPU); None = the types' fitted
+                ``solo_util`` (inference tenants need it given: their type has none).
+            training: [k] bool, True for training tenants (only they are capped by their share); None = all.
+
+        Returns:
+            [k] normalised throughputs in (0, 1].
+        """
+        tt = np.asarray(type_idx, dtype=np.int64).reshape(-1)
+        k = len(tt)
+        if k == 0:
+            return np.zeros(0)
+        uu = self.types.solo_util[tt].astype(float) if util is None else np.asarray(util, float).reshape(-1)
+        if k == 1:
+            out = np.ones(1)
+        else:
+            pm = self.matrix[tt[:, None], tt[None, :]]
+            pm = np.where(np.isnan(pm), utilisation_rule(uu[:, None], uu[None, :], self.kappa), pm)
+            np.fill_diagonal(pm, 1.0)
+            out = compose_additive(pm)
+        if share_pct is not None:
+            sh = np.asarray(share_pct, float).reshape(-1)
+            tr = np.ones(k, bool) if training is None else np.asarray(training, bool).reshape(-1)
+            cap = np.where(tr, share_speed(sh, np.maximum(uu, 1e-6)), 1.0)
+            out = np.minimum(out, cap)
+        return out
+
+
+# ---- job types of workloads that are not trace rows (node agent, live jobs) ------------------------------
+
+#: Solo utilisation assumed for a training workload on a GPU type without any measured data (the default of
+#: :func:`services.allocator.policy.profiles.fit_solo_utilisation` when nothing can be fitted).
+UNKNOWN_TYPE_UTIL = 0.75
+
+_TYPE_NAME_RE = re.compile(r"^(?P<model>.+) \(batch size (?P<bs>\d+)\)$")
+
+
+def _norm_model(name: str) -> str:
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
+def _split_type_name(name: str) -> tuple[str, int]:
+    m = _TYPE_NAME_RE.match(name)
+    return (m.group("model"), int(m.group("bs"))) if m else (name, 0)
+
+
+def type_index(types: TypeTable, model: str, batch_size: int) -> int | None:
+    """Row of ``types`` for a training workload (model family + per-GPU batch size): the simulator's mapping.
+
+    As ``simulator.traces.load_training`` maps trace rows (and the allocator's ``TypeResolver`` job specs):
+    the type ``"<model> (batch size <batch_size>)"`` (a type without a batch size in its name, e.g. ``A3C``,
+    has batch size 0); else the first type of the same model family; else -- a model the data does not
+    know -- the type with the median solo utilisation, whose measured pairs and fitted utilisation then
+    stand for it. Model names are compared ignoring case and punctuation. None only when the table has no
+    training type at all (a GPU type without data).
+    """
+    lut = getattr(types, "_gt_model_lut", None)
+    if lut is None:
+        exact: dict[tuple[str, int], int] = {}
+        family: dict[str, int] = {}
+        for i, n in enumerate(types.names[:-1]):
+            m, bs = _split_type_name(n)
+            exact.setdefault((_norm_model(m), bs), i)
+            family.setdefault(_norm_model(m), i)
+        train = types.solo_util[:-1]
+        med = int(np.argsort(train)[len(train) // 2]) if len(train) else None  # as traces.py (same ties)
+        lut = (exact, family, med)
+        object.__setattr__(types, "_gt_model_lut", lut)
+    exact, family, med = lut
+    m = _norm_model(model)
+    hit = exact.get((m, int(batch_size or 0)))
+    if hit is None:
+        hit = family.get(m, med)
+    return hit
+
+
+@functools.cache
+def default_truth(gpu_type: str = "v100", data_dir: Path | str = DATA_DIR) -> GroundTruth:
+    """The shipped ground truth for one GPU type (type table + measured pairs, built once per process)."""
+    return GroundTruth(load_type_table(data_dir, gpu_type), data_dir)
+
+
+def tenant_speeds(gpu_type: str, tenants, data_dir: Path | str = DATA_DIR, mps_limits: bool = True) -> list[float]:
+    """Ground-truth normalised speed of each tenant of one GPU of ``gpu_type`` (the simulator's rules).
+
+    Args:
+        gpu_type: GPU type whose measured pairs apply (``v100``, ``p100``, ``k80``; case-insensitive).
+        tenants: ``(job_type, share_pct)`` or ``(job_type, share_pct, util)`` per tenant of the GPU.
+            ``job_type`` is a type name (``"ResNet-50 (batch size 64)"``, ``"A3C"``), mapped by
+            :func:`type_index` when the table does not hold it exactly, or ``"inference"`` for an
+            inference service. ``util`` (fraction of one GPU) overrides the type's fitted solo
+            utilisation; an inference tenant without it is assumed to use its whole share. A training
+            tenant of a GPU type without data gets :data:`UNKNOWN_TYPE_UTIL` and the utilisation rule.
+        data_dir: folder of the measured files.
+        mps_limits: shares are enforced MPS limits (training speed capped by ``share_speed``).
+
+    Returns:
+        [k] normalised throughputs (co-located / isolated), in the order of ``tenants``.
+    """
+    truth = default_truth(str(gpu_type).lower().split("_")[0].strip(), data_dir)
+    types = truth.types
+    idx, shares, utils, training = [], [], [], []
+    for t in tenants:
+        name, share = t[0], float(t[1])
+        util = t[2] if len(t) > 2 else None
+        inf = name == INFERENCE_TYPE
+        if inf:
+            i = types.inference_index
+        else:
+            try:
+                i = types.index(name)
+            except KeyError:
+                i = type_index(types, *_split_type_name(name))
+        if i is None:  # no training type known on this GPU type: NaN pair row -> utilisation rule
+            i, default_u = types.inference_index, UNKNOWN_TYPE_UTIL
+        else:
+            default_u = share / 100.0 if inf else float(types.solo_util[i])
+        idx.append(i)
+        shares.append(share)
+        utils.append(default_u if util is None else float(util))
+        training.append(not inf)
+    out = truth.speeds(idx, shares if mps_limits else None, utils, training)
+    return [float(x) for x in out]

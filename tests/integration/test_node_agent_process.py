@@ -153,13 +153,21 @@ async def test_mps_env_rates_and_restart_readoption(agent):
         assert "ELASTICO_REDIS_URL" not in env  # the agent's own settings do not leak into workloads
     assert w[j_r18].cotenants == (j_r50,) and w[j_solo].cotenants == ()
 
-    # observed progress rates follow the measured co-location data (with the share cap)
+    # observed progress rates follow the simulator's ground truth: measured pair, saturating share cap
     truth = ColocationTruth.default()
     expected = truth.rates([Tenant(j_r18, "ResNet-18", 32, (0,), 70.0), Tenant(j_r50, "ResNet-50", 64, (0,), 30.0),
                             Tenant(j_solo, "Transformer", 64, (1,), 50.0)], "v100")
-    na, nb = truth.pair("v100", ("ResNet-18", 32), ("ResNet-50", 64))
-    assert expected[j_r18][1] == pytest.approx(na)  # measured pair fraction binds (0.50 < 0.70 share)
-    assert expected[j_r50][1] == pytest.approx(0.30)  # the share cap binds (0.30 < 0.84 measured)
+    gt = truth.ground_truth("v100")
+    u = {n: float(gt.types.solo_util[gt.types.index(n)]) for n in
+         ("ResNet-18 (batch size 32)", "ResNet-50 (batch size 64)", "Transformer (batch size 64)")}
+    ia, ib = gt.types.index("ResNet-18 (batch size 32)"), gt.types.index("ResNet-50 (batch size 64)")
+    na, nb = gt.matrix[ia, ib], gt.matrix[ib, ia]
+    assert 0 < na < 0.7 and nb > 0.3  # measured on V100
+    assert expected[j_r18][1] == pytest.approx(na)  # the measured pair fraction binds (below its share cap 1.0)
+    assert expected[j_r50][1] == pytest.approx(min(1.0, 0.30 / u["ResNet-50 (batch size 64)"]))  # share cap binds
+    # alone at 50 %: min(1, share / solo utilisation), not the linear 0.5
+    assert expected[j_solo][1] == pytest.approx(min(1.0, 0.50 / u["Transformer (batch size 64)"]))
+    assert expected[j_solo][1] > 0.55
 
     async def measured():
         w = await workloads(store)
