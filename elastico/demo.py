@@ -16,10 +16,9 @@ simulated, and the difference.
 
 The interference estimate: the allocator is configured with the calibrated utilisation rule
 (``ELASTICO_ESTIMATOR=rule``), the estimate the simulator uses when no trained predictor artifact is
-present, so that both sides decide on the same numbers. The simulated GPUs' co-location ground truth
-(``services/node_agent/coloc.py``) and the simulator's (``simulator/groundtruth.py``) are different
-emulations of the same measurements (see coloc.py's "TO UNIFY"); where jobs share GPUs, live and
-simulated speeds differ by that much, and the difference row shows it.
+present, so that both sides decide on the same numbers. The simulated GPUs take their co-location speeds
+from the simulator's ground truth (``simulator/groundtruth.py``, through ``services/node_agent/coloc.py``),
+so what remains in the difference row is the control plane (latency, reconcile and report intervals).
 """
 
 from __future__ import annotations

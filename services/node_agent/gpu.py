@@ -5,7 +5,7 @@ never a silent fallback: ``nvml`` fails loudly on a machine without a driver, an
 back, with a warning in the log.
 
 Real GPUs set each workload's pace themselves; simulated GPUs must be told. ``emulated_rates`` is that
-seam: the simulated backend answers from measured co-location data (``coloc.ColocationTruth``), NVML
+seam: the simulated backend answers from the simulator's ground truth (``coloc.ColocationTruth``), NVML
 answers nothing, and the reconciler writes whatever comes back into the synthetic workloads' rate files.
 """
 
