@@ -1,22 +1,25 @@
 """``python -m bench.allocator [--smoke]``: the live allocator's control plane at 512 GPUs.
 
-Setup (printed with the figures): a private redis-server (embedded), the pricer as its own process
-(``python -m services.pricer``, real gRPC), and in this process the allocator's gRPC job API plus its
-scheduler (leader, ElastiCo policy, pricing through the pricer service with a deadline). 64 nodes x 8
-simulated V100s are registered **directly with ``Store.put_node``** (heartbeats refreshed by the bench)
-instead of 64 node-agent processes, and node agents are played by the bench: every placement they are
-given is reported back as finished at once (``Store.report_workloads``), so capacity keeps turning over.
+Setup (printed with the figures), one process per role as a deployment runs them: a private redis-server
+(embedded); the pricer (``python -m services.pricer``, real gRPC); in this process the allocator's gRPC job
+API plus its scheduler (leader, ElastiCo policy, pricing through the pricer service with a deadline); the
+load client (``--client``: SubmitJob over gRPC, 64 calls in flight) in its own process; and the 64 node
+agents played by one more process (``--agents``): 64 nodes x 8 simulated V100s are registered **directly
+with ``Store.put_node``** (heartbeats refreshed every 2 s), and every placement an agent is given (desired
+state polled every 0.1 s) is reported back as finished at once (``Store.report_workloads``), so capacity
+keeps turning over.
 ElastiCo runs with ``max_attempts=256`` placement attempts per round (``ELASTICO_POLICY_MAX_ATTEMPTS``;
 the policy's default of 16 bounds rounds for the simulator, where a round runs at every event instant).
 The interference estimate is the calibrated utilisation rule: the pair matrix is a per-type table the
 allocator fetches from the predictor once at start and every ``estimate_refresh_s``, never per round, so it
 is not part of a round's latency (no predictor call is made here).
 
-1. **Sustained submit + placement rate**: clients submit N one-GPU jobs through ``SubmitJob`` (64 in flight)
-   while rounds run on events; rate = N / (time until the last one is PLACED). Target >= 500 jobs/s.
+1. **Sustained submit + placement rate**: the client submits N one-GPU jobs through ``SubmitJob`` (64 in
+   flight) while rounds run on events; rate = N / (time from the first submission until the last job is
+   PLACED, i.e. committed by a round). Target >= 500 jobs/s.
 2. **Round latency at 512 GPUs / 1,000 pending**: the queue is topped up to 1,000 pending jobs and the
    cluster emptied before each measured round (read state, decide with the pricer call, one commit of
-   every placement). Target median <= 200 ms.
+   every placement, UNSCHEDULABLE_NOW written on the jobs it newly leaves queued). Target median <= 200 ms.
 
 Both on this machine's cores, shared with Redis and the pricer; figures are printed as measured with
 PASS/FAIL against the targets (``--smoke`` runs reduced sizes for CI and judges nothing).
@@ -70,14 +73,19 @@ async def _register(store: RedisStore, nodes: int) -> None:
 
 
 async def _fake_agents(store: RedisStore, node_ids: list[str], stop: asyncio.Event, period_s: float = 0.1) -> None:
-    """Report every desired placement as finished (the bench plays 64 node agents)."""
+    """Report every desired placement as finished (the bench plays 64 node agents): each node's desired state
+    is polled every ``period_s``; a changed generation is answered with a report, as an agent reconciles."""
+    reported: dict[str, int] = {}
     while not stop.is_set():
         for n in node_ids:
             gen, desired = await store.get_desired(n)
+            if reported.get(n) == gen:
+                continue
             await store.report_workloads(n, gen, [
                 Workload(j, (p.slices[0].gpu_index,), p.slices[0].compute_share_pct, p.slices[0].mem_mib, status="succeeded",
                          reason=StateReason.COMPLETED, placement_id=placement_id(p), progress_steps=1000)
                 for j, p in desired.items() if any(s.node_id == n for s in p.slices)])
+            reported[n] = gen
         await asyncio.sleep(period_s)
 
 
@@ -86,6 +94,41 @@ async def _heartbeats(store: RedisStore, stop: asyncio.Event) -> None:
         for n in await store.list_nodes():
             await store.put_node(replace(n, last_heartbeat_s=time.time()))
         await asyncio.sleep(2.0)
+
+
+async def _agents_main(redis_url: str, namespace: str, nodes: int) -> None:
+    """``--agents``: play the node agents until stdin closes (the bench's parent ends the phase)."""
+    store = RedisStore.from_url(redis_url, namespace=namespace)
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(_fake_agents(store, [f"b{n:02d}" for n in range(nodes)], stop)),
+             asyncio.create_task(_heartbeats(store, stop))]
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    stop.set()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await store.close()
+
+
+async def _client_main(address: str, jobs: int, inflight: int, prefix: str) -> None:
+    """``--client``: after 'go' on stdin, submit ``jobs`` jobs (``inflight`` calls at a time); print the seconds."""
+    ch = grpc.aio.insecure_channel(address)
+    stub = allocator_pb2_grpc.AllocatorStub(ch)
+    await ch.channel_ready()
+    spec = _spec()
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    t0 = time.perf_counter()
+    nxt = iter(range(jobs))
+
+    async def worker() -> None:
+        for i in nxt:
+            r = await stub.SubmitJob(apb.SubmitJobRequest(request_id=f"{prefix}-{i}", spec=spec), timeout=30)
+            assert r.created, f"request {prefix}-{i} was not new"
+
+    await asyncio.gather(*(worker() for _ in range(inflight)))
+    print(f"submitted {time.perf_counter() - t0:.6f}", flush=True)
+    await ch.close()
 
 
 async def bench(jobs: int, rounds: int, pending: int, nodes: int) -> dict:
@@ -102,7 +145,8 @@ async def bench(jobs: int, rounds: int, pending: int, nodes: int) -> dict:
             if health_status(f"127.0.0.1:{pricer_port}") == "SERVING":
                 break
             await asyncio.sleep(0.1)
-        store = RedisStore.from_url(redis.url, namespace=f"bench-{uuid.uuid4().hex[:6]}")
+        namespace = f"bench-{uuid.uuid4().hex[:6]}"
+        store = RedisStore.from_url(redis.url, namespace=namespace)
         await _register(store, nodes)
         node_ids = [f"b{n:02d}" for n in range(nodes)]
         settings = AllocatorSettings.from_env({}, redis_url=redis.url, port=0, estimator="rule", round_interval_s=1.0,
@@ -121,67 +165,62 @@ async def bench(jobs: int, rounds: int, pending: int, nodes: int) -> dict:
         server, port = await create_server(settings, [ServiceBinding("elastico.v1.Allocator", servicer,
                                                                      allocator_pb2_grpc.add_AllocatorServicer_to_server)])
         await server.start()
-        stop = asyncio.Event()
         lease.start()
         sch.start()
-        bg = [asyncio.create_task(_fake_agents(store, node_ids, stop)), asyncio.create_task(_heartbeats(store, stop))]
-        placed_before = sch_placed = 0
+        me = [sys.executable, "-m", "bench.allocator"]
+        agents = subprocess.Popen([*me, "--agents", redis.url, namespace, str(nodes)], stdin=subprocess.PIPE, text=True)
+        client = subprocess.Popen([*me, "--client", f"127.0.0.1:{port}", str(jobs), "64", "bench"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
         from services.allocator import metrics as m
 
         placed_before = m.PLACEMENTS._value.get()
-        ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        stub = allocator_pb2_grpc.AllocatorStub(ch)
-        spec = _spec()
-        sem = asyncio.Semaphore(64)
-        ids: list[str] = []
-
-        async def submit(i: int) -> None:
-            async with sem:
-                r = await stub.SubmitJob(apb.SubmitJobRequest(request_id=f"bench-{i}", spec=spec), timeout=10)
-                ids.append(r.job.job_id)
-
+        loop = asyncio.get_running_loop()
+        assert (await loop.run_in_executor(None, client.stdout.readline)).strip() == "ready"
         t0 = time.perf_counter()
-        await asyncio.gather(*(submit(i) for i in range(jobs)))
-        t_submit = time.perf_counter() - t0
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        done = loop.run_in_executor(None, client.stdout.readline)
         while m.PLACEMENTS._value.get() - placed_before < jobs and time.perf_counter() - t0 < 120:
             await asyncio.sleep(0.01)
         t_all = time.perf_counter() - t0
+        line = await done
+        assert line.startswith("submitted "), f"load client failed: {line!r}"
+        t_submit = float(line.split()[1])
+        client.wait(10)
         sch_placed = m.PLACEMENTS._value.get() - placed_before
         print(f"   phase 1 done in {t_all:.1f} s", file=sys.stderr, flush=True)
         out.update(jobs=jobs, submit_s=t_submit, all_placed_s=t_all, placed=int(sch_placed),
                    submit_rate=jobs / t_submit, rate=sch_placed / t_all, rounds_phase1=sch.rounds)
-        stop.set()
+        agents.stdin.close()
+        agents.wait(10)
         await sch.stop()
         await lease.stop()
-        for t in bg:
-            t.cancel()
-        await ch.close()
         await server.stop(0)
 
         # ---- 2. round latency at 512 GPUs / `pending` pending ------------------------------------------
         lease2 = LeaderLease(store, "bench-2", ttl_s=60)
         epoch = await lease2.try_acquire()
         sch2 = Scheduler(store, settings, lease2, solver=solver)
-        lat, dec, placed_n = [], [], []
+        lat, dec, placed_n, marked = [], [], [], []
         for k in range(rounds):
             # empty the cluster (as if every placed job had finished) and top the queue up
-            for j in await store.list_active_jobs():
-                if j.state is not JobState.PENDING:
-                    await store.release_job(epoch, j, JobState.SUCCEEDED, StateReason.COMPLETED)
+            await store.release_jobs(epoch, [(j, JobState.SUCCEEDED, StateReason.COMPLETED, "")
+                                             for j in await store.list_active_jobs() if j.state is not JobState.PENDING])
             for n in node_ids:
                 await store.report_workloads(n, 0, [])
             have = sum(1 for j in await store.list_active_jobs() if j.state is JobState.PENDING)
-            for i in range(max(0, pending - have)):
-                await store.create_job(Job(job_id=f"q{k}-{i}-{uuid.uuid4().hex[:6]}", request_id=f"q{k}-{i}-{uuid.uuid4().hex[:6]}",
-                                           spec=JobSpec(kind=JobKind.TRAINING, tenant="bench", model_family="ResNet-18",
-                                                        batch_size=64, training=TrainingWork(1000))))
+            await store.create_jobs([Job(job_id=f"q{k}-{i}-{uuid.uuid4().hex[:6]}", request_id=f"q{k}-{i}-{uuid.uuid4().hex[:6]}",
+                                         spec=JobSpec(kind=JobKind.TRAINING, tenant="bench", model_family="ResNet-18",
+                                                      batch_size=64, training=TrainingWork(1000)))
+                                     for i in range(max(0, pending - have))])
             print(f"   round {k + 1}/{rounds} ...", file=sys.stderr, flush=True)
             rep = await sch2.round(epoch)
             lat.append(rep.seconds)
             dec.append(rep.decide_seconds)
             placed_n.append(rep.placed_jobs)
+            marked.append(rep.unschedulable)
             out.setdefault("pending_seen", rep.pending)
-        out.update(round_s=lat, decide_s=dec, round_placed=placed_n, pricer_degraded=solver.degraded)
+        out.update(round_s=lat, decide_s=dec, round_placed=placed_n, round_marked=marked, pricer_degraded=solver.degraded)
         solver.close()
         await store.close()
     finally:
@@ -192,12 +231,20 @@ async def bench(jobs: int, rounds: int, pending: int, nodes: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--agents"]:  # internal: the played node agents' process
+        asyncio.run(_agents_main(argv[1], argv[2], int(argv[3])))
+        return 0
+    if argv[:1] == ["--client"]:  # internal: the load client's process
+        asyncio.run(_client_main(argv[1], int(argv[2]), int(argv[3]), argv[4]))
+        return 0
     ap = argparse.ArgumentParser(prog="python -m bench.allocator", description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="reduced sizes for CI (< 30 s); targets are not judged")
     a = ap.parse_args(argv)
     jobs, rounds, pending = (400, 3, 300) if a.smoke else (3000, 9, 1000)
     print(f"bench.allocator: {NODES} nodes x {GPUS_PER_NODE} GPUs (registered with put_node; agents played by the bench), "
-          f"real redis-server, pricer process over gRPC, allocator API + scheduler in this process"
+          f"real redis-server, pricer process over gRPC, allocator API + scheduler in this process, load client and "
+          f"played agents in their own processes"
           f"{' [SMOKE: reduced sizes, targets not judged]' if a.smoke else ''}", flush=True)
     r = asyncio.run(bench(jobs, rounds, pending, NODES))
     med = statistics.median(r["round_s"])
@@ -210,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"2. round latency, {NODES * GPUS_PER_NODE} GPUs / {r['pending_seen']} pending (pricer over gRPC included): "
           f"median {med * 1e3:.0f} ms, min {min(r['round_s']) * 1e3:.0f}, max {max(r['round_s']) * 1e3:.0f} over "
           f"{len(r['round_s'])} rounds; decide() median {statistics.median(r['decide_s']) * 1e3:.0f} ms; "
-          f"placed per round {r['round_placed']} (target median <= {TARGET_ROUND_S * 1e3:.0f} ms)  [{verdict(ok2)}]")
+          f"placed per round {r['round_placed']}, newly UNSCHEDULABLE_NOW per round {r['round_marked']} (target median <= {TARGET_ROUND_S * 1e3:.0f} ms)  [{verdict(ok2)}]")
     if r["pricer_degraded"]:
         print(f"   pricer degraded during the measurement: {r['pricer_degraded']}")
     return 0 if (a.smoke or (ok1 and ok2)) else 1

@@ -139,6 +139,7 @@ class Job:
     version: int = 0  # optimistic-concurrency version; the store sets it
     submitted_at_s: float = 0.0
     updated_at_s: float = 0.0
+    queued_at_s: float = 0.0  # when it last entered the queue (submitted or requeued); 0 = unknown, use updated_at_s
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,11 @@
 One generic, type-hint-driven codec instead of a hand-written ``to_dict``/``from_dict`` per class: a new
 field on a domain class is stored and loaded without touching this module. Unknown keys are ignored on
 load so that an older reader tolerates records written by a newer writer.
+
+Speed: a scheduling round encodes and decodes thousands of records, so the reflection (``fields()``,
+``get_type_hints``, ``get_origin``) is done once per type: ``from_jsonable`` compiles one decoder closure
+per type annotation and ``to_jsonable`` caches each dataclass's field names. The output is the same as a
+plain reflective walk (``tests/unit/test_domain.py`` checks both directions).
 """
 
 from __future__ import annotations
@@ -13,15 +18,30 @@ import functools
 import json
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """Field names of a dataclass type, None for any other type (cached per class)."""
+    if dataclasses.is_dataclass(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
+    return None
+
 
 def to_jsonable(value: Any) -> Any:
     """Turn a domain value (dataclass, enum, tuple...) into JSON-compatible data."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    cls = type(value)
+    if cls in _SCALARS:
+        return value
+    names = _field_names(cls)
+    if names is not None:
+        return {n: to_jsonable(getattr(value, n)) for n in names}
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, (tuple, list)):
@@ -29,9 +49,12 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
 def dumps(value: Any) -> str:
     """Compact, key-sorted JSON of a domain value (stable bytes for equal values)."""
-    return json.dumps(to_jsonable(value), separators=(",", ":"), sort_keys=True, allow_nan=False)
+    return _ENCODER.encode(to_jsonable(value))
 
 
 @functools.cache
@@ -39,30 +62,54 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def from_jsonable(tp: Any, data: Any) -> Any:
-    """Rebuild a value of type ``tp`` from JSON-compatible ``data``."""
+def _identity(data: Any) -> Any:
+    return data
+
+
+def _to_float(data: Any) -> Any:
+    return float(data) if isinstance(data, int) else data
+
+
+@functools.cache
+def _decoder(tp: Any) -> Callable[[Any], Any]:
+    """A function rebuilding a value of annotation ``tp`` from JSON data (compiled once per annotation)."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        if data is None:
-            return None
         (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return from_jsonable(inner, data)
+        dec = _decoder(inner)
+        return lambda data: None if data is None else dec(data)
     if origin is tuple:
         args = typing.get_args(tp)
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(from_jsonable(args[0], v) for v in data)
-        return tuple(from_jsonable(a, v) for a, v in zip(args, data, strict=True))
+            item = _decoder(args[0])
+            if item is _identity:
+                return tuple
+            return lambda data: tuple([item(v) for v in data])
+        decs = tuple(_decoder(a) for a in args)
+        return lambda data: tuple([d(v) for d, v in zip(decs, data, strict=True)])
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return tp(data)
+        return tp
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         hints = _hints(tp)
-        kwargs = {f.name: from_jsonable(hints[f.name], data[f.name]) for f in dataclasses.fields(tp) if f.name in data}
-        return tp(**kwargs)
-    if tp is float and isinstance(data, int):
-        return float(data)
-    return data
+        fields = tuple((f.name, _decoder(hints[f.name])) for f in dataclasses.fields(tp))
+
+        def dataclass_decoder(data: Any) -> Any:
+            return tp(**{name: dec(data[name]) for name, dec in fields if name in data})
+
+        return dataclass_decoder
+    if tp is float:
+        return _to_float
+    return _identity
+
+
+def from_jsonable(tp: Any, data: Any) -> Any:
+    """Rebuild a value of type ``tp`` from JSON-compatible ``data``."""
+    return _decoder(tp)(data)
+
+
+_json_loads = json.loads
 
 
 def loads(cls: type[T], text: str | bytes) -> T:
     """Parse JSON written by ``dumps`` into an instance of ``cls``."""
-    return from_jsonable(cls, json.loads(text))
+    return _decoder(cls)(_json_loads(text))

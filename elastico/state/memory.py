@@ -78,6 +78,9 @@ class MemoryStore(StoreBase):
                     self._active.add(w.job_id)
                 if w.index_score is not None:
                     self._index[w.job_id] = w.index_score
+                elif w.index_seq:
+                    self._seq += 1
+                    self._index[w.job_id] = self._seq
             for key, used in pending.items():
                 self._gpu_used[key] = [max(0, used[0]), max(0, used[1])]
             for op in tx.desired:
@@ -109,10 +112,6 @@ class MemoryStore(StoreBase):
 
     async def _request_owner(self, request_id: str) -> str | None:
         return self._requests.get(request_id)
-
-    async def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
 
     async def _index_page(self, before_score: int | None, count: int) -> list[tuple[str, int]]:
         items = sorted(((s, j) for j, s in self._index.items() if before_score is None or s < before_score), reverse=True)
@@ -157,6 +156,9 @@ class MemoryStore(StoreBase):
     async def get_workloads(self, node_id: str) -> tuple[int, dict[str, Workload]]:
         gen, table = self._workloads.get(node_id, (0, {}))
         return gen, {j: codec.loads(Workload, d) for j, d in table.items()}
+
+    async def get_all_workloads(self, node_ids: Sequence[str]) -> dict[str, tuple[int, dict[str, Workload]]]:
+        return {n: await self.get_workloads(n) for n in node_ids}  # no await point inside: one consistent step
 
     # --- leadership ---------------------------------------------------------------------------------
     async def acquire_leadership(self, holder: str, ttl_s: float) -> int | None:

@@ -6,7 +6,6 @@ allocators racing; a connection failure surfaces as ``Unavailable`` (retry), nev
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from collections.abc import Awaitable, Callable, Sequence
@@ -53,6 +52,13 @@ class RedisStore(StoreBase):
         self._r = client
         self._k = Keys(namespace)
         self._apply_script = client.register_script(lua.APPLY)
+        self._apply_each_script = client.register_script(lua.APPLY_EACH)
+        self._active_jobs_script = client.register_script(lua.ACTIVE_JOBS)
+        self._nodes_script = client.register_script(lua.NODES)
+        self._workloads_script = client.register_script(lua.WORKLOADS)
+        # decoded records memoised by their exact stored JSON (a round re-reads mostly unchanged records)
+        self._node_cache: dict[tuple[str, str], NodeInfo] = {}
+        self._workload_cache: dict[str, Workload] = {}
         self._acquire_script = client.register_script(lua.ACQUIRE)
         self._release_script = client.register_script(lua.RELEASE)
 
@@ -69,26 +75,51 @@ class RedisStore(StoreBase):
     async def ping(self) -> bool:
         return bool(await self._r.ping())
 
-    @_unavailable_on_connection_error
-    async def _apply(self, tx: Transaction) -> None:
-        payload: dict[str, Any] = dataclasses.asdict(tx)
-        for e in payload["events"]:
-            e["time_s"] = repr(float(e["time_s"]))
-        result = await self._apply_script(args=[self._k.prefix, json.dumps(payload), str(EVENT_STREAM_MAXLEN)])
-        if result is None:
-            return
+    @staticmethod
+    def _tx_payload(tx: Transaction) -> dict[str, Any]:
+        """The transaction as the script's JSON (``dataclasses.asdict`` by hand: it is on every write's path)."""
+        return {
+            "epoch": tx.epoch,
+            "claim_request": list(tx.claim_request) if tx.claim_request is not None else None,
+            "jobs": [{"job_id": w.job_id, "expected_version": w.expected_version, "new_version": w.new_version,
+                      "state": w.state, "data": w.data, "index_score": w.index_score, "index_seq": w.index_seq}
+                     for w in tx.jobs],
+            "gpus": [{"node_id": d.node_id, "gpu_index": d.gpu_index, "share_units": d.share_units, "mem_mib": d.mem_mib}
+                     for d in tx.gpus],
+            "desired": [{"node_id": o.node_id, "job_id": o.job_id, "data": o.data} for o in tx.desired],
+            "events": [{"job_id": e.job_id, "state": e.state, "reason": e.reason, "message": e.message,
+                        "version": e.version, "time_s": repr(float(e.time_s))} for e in tx.events],
+        }
+
+    @staticmethod
+    def _tx_error(tx: Transaction, result: list) -> Exception:
         kind, *detail = result
         if kind == "stale_epoch":
-            raise StaleEpoch(f"epoch {tx.epoch} is stale (current {detail[0]})")
+            return StaleEpoch(f"epoch {tx.epoch} is stale (current {detail[0]})")
         if kind == "duplicate":
-            raise DuplicateRequest(detail[0])
+            return DuplicateRequest(detail[0])
         if kind == "version":
-            raise Conflict(f"job {detail[0]} is at version {detail[1]}, expected {detail[2]}")
+            return Conflict(f"job {detail[0]} is at version {detail[1]}, expected {detail[2]}")
         if kind == "unknown_gpu":
-            raise Conflict(f"unknown GPU {detail[0]}")
+            return Conflict(f"unknown GPU {detail[0]}")
         if kind == "capacity":
-            raise Conflict(f"GPU {detail[0]} lacks capacity")
+            return Conflict(f"GPU {detail[0]} lacks capacity")
         raise RuntimeError(f"unexpected script result {result!r}")  # pragma: no cover
+
+    @_unavailable_on_connection_error
+    async def _apply(self, tx: Transaction) -> None:
+        result = await self._apply_script(args=[self._k.prefix, json.dumps(self._tx_payload(tx)), str(EVENT_STREAM_MAXLEN)])
+        if result is not None:
+            raise self._tx_error(tx, result)
+
+    @_unavailable_on_connection_error
+    async def _apply_each(self, txs: Sequence[Transaction]) -> list[Exception | None]:
+        """All transactions in one script call (one round trip), each checked and written on its own."""
+        if not txs:
+            return []
+        payload = json.dumps([self._tx_payload(tx) for tx in txs])
+        results = await self._apply_each_script(args=[self._k.prefix, payload, str(EVENT_STREAM_MAXLEN)])
+        return [None if r == ["ok"] else self._tx_error(tx, r) for tx, r in zip(txs, results, strict=True)]
 
     @_unavailable_on_connection_error
     async def _get_job_data(self, job_id: str) -> str | None:
@@ -97,10 +128,6 @@ class RedisStore(StoreBase):
     @_unavailable_on_connection_error
     async def _request_owner(self, request_id: str) -> str | None:
         return await self._r.hget(self._k.requests, request_id)
-
-    @_unavailable_on_connection_error
-    async def _next_seq(self) -> int:
-        return int(await self._r.incr(self._k.job_seq))
 
     @_unavailable_on_connection_error
     async def _index_page(self, before_score: int | None, count: int) -> list[tuple[str, int]]:
@@ -118,13 +145,8 @@ class RedisStore(StoreBase):
 
     @_unavailable_on_connection_error
     async def _active_job_data(self) -> list[str | None]:
-        ids = await self._r.smembers(self._k.active_jobs)
-        if not ids:
-            return []
-        pipe = self._r.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hget(self._k.job(job_id), "data")
-        return await pipe.execute()
+        """One script call: the active set and each member's record read in one step (one round trip)."""
+        return await self._active_jobs_script(args=[self._k.prefix])
 
     @_unavailable_on_connection_error
     async def put_status(self, name: str, data: str) -> None:
@@ -158,13 +180,21 @@ class RedisStore(StoreBase):
 
     @_unavailable_on_connection_error
     async def list_nodes(self) -> list[NodeInfo]:
-        ids = sorted(await self._r.smembers(self._k.nodes))
-        out = []
-        for node_id in ids:
-            try:
-                out.append(await self.get_node(node_id))
-            except NotFound:
-                continue
+        """Every node with its GPUs' committed usage, read in one step by one script call (one round trip).
+
+        Decoding is memoised by (node JSON, usage): between heartbeats a round reuses the decoded NodeInfo.
+        """
+        flat = await self._nodes_script(args=[self._k.prefix])
+        cache, fresh, out = self._node_cache, {}, []
+        for data, usage in zip(flat[::2], flat[1::2], strict=True):
+            key = (data, usage)
+            node = cache.get(key)
+            if node is None:
+                rows = [u.split(",") for u in usage.split(";")] if usage else []
+                node = self._with_usage(codec.loads(NodeInfo, data), [(int(a), int(b)) for a, b in rows])
+            fresh[key] = node
+            out.append(node)
+        self._node_cache = fresh
         return out
 
     @_unavailable_on_connection_error
@@ -205,6 +235,27 @@ class RedisStore(StoreBase):
         pipe.hgetall(self._k.workloads(node_id))
         gen, table = await pipe.execute()
         return int(gen or 0), {j: codec.loads(Workload, d) for j, d in table.items()}
+
+    @_unavailable_on_connection_error
+    async def get_all_workloads(self, node_ids: Sequence[str]) -> dict[str, tuple[int, dict[str, Workload]]]:
+        """Every listed node's actual state in one script call (one round trip, one consistent snapshot).
+
+        Decoding is memoised by each workload's exact JSON: agents re-report mostly unchanged workloads.
+        """
+        if not node_ids:
+            return {}
+        rows = await self._workloads_script(args=[self._k.prefix, *node_ids])
+        cache, fresh, out = self._workload_cache, {}, {}
+        for n, (gen, flat) in zip(node_ids, rows, strict=True):
+            decoded = {}
+            for j, d in zip(flat[::2], flat[1::2], strict=True):
+                w = cache.get(d)
+                if w is None:
+                    w = codec.loads(Workload, d)
+                fresh[d] = decoded[j] = w
+            out[n] = (int(gen or 0), decoded)
+        self._workload_cache = fresh
+        return out
 
     # --- leadership ---------------------------------------------------------------------------------
     @_unavailable_on_connection_error

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from elastico.domain import GpuInfo, Job, JobEvent, JobState, NodeInfo, Placement, StateReason, Workload
-from elastico.errors import Conflict, NotFound, WrongState
+from elastico.errors import Conflict, NotFound, StaleEpoch, WrongState
 from elastico.state import codec
 
 SHARE_UNITS_PER_PCT = 100
@@ -41,6 +41,7 @@ class JobWrite:
     state: str
     data: str  # JSON of the new Job
     index_score: int | None = None  # add to the job index with this score (creation only)
+    index_seq: bool = False  # add to the job index scored by the next submission sequence number (creation only)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,9 @@ class Store(Protocol):
     """Cluster state shared by the services. All methods are coroutines; all changes are atomic."""
 
     async def create_job(self, job: Job) -> tuple[Job, bool]: ...
+    async def create_jobs(self, jobs: Sequence[Job]) -> list[tuple[Job, bool]]:
+        """``create_job`` for each job (each on its own, idempotent by request id), in one round trip."""
+        ...
     async def get_job(self, job_id: str) -> Job: ...
     async def find_job_by_request(self, request_id: str) -> Job | None: ...
     async def list_jobs(
@@ -108,10 +112,18 @@ class Store(Protocol):
         """Every job in a non-terminal state (PENDING, PLACED, RUNNING), in no particular order."""
         ...
     async def update_job(self, old: Job, new: Job, *, epoch: int | None = None) -> Job: ...
+    async def update_jobs(self, changes: Sequence[tuple[Job, Job]], *, epoch: int | None = None) -> list[Job | Conflict]:
+        """``update_job`` for each (old, new) on its own, in one round trip: the new job or its Conflict."""
+        ...
     async def commit_placements(self, epoch: int, placements: Sequence[tuple[Job, Placement]]) -> list[Job]: ...
     async def release_job(
         self, epoch: int | None, job: Job, state: JobState, reason: StateReason, message: str = ""
     ) -> Job: ...
+    async def release_jobs(
+        self, epoch: int | None, releases: Sequence[tuple[Job, JobState, StateReason, str]]
+    ) -> list[Job | Conflict]:
+        """``release_job`` for each (job, state, reason, message) on its own, in one round trip."""
+        ...
     async def put_node(self, node: NodeInfo) -> None: ...
     async def get_node(self, node_id: str) -> NodeInfo: ...
     async def list_nodes(self) -> list[NodeInfo]: ...
@@ -122,6 +134,9 @@ class Store(Protocol):
         ...
     async def get_workloads(self, node_id: str) -> tuple[int, dict[str, Workload]]:
         """The node's actual state: (desired generation its agent had applied, {job_id: Workload})."""
+        ...
+    async def get_all_workloads(self, node_ids: Sequence[str]) -> dict[str, tuple[int, dict[str, Workload]]]:
+        """``get_workloads`` of every node in ``node_ids``, read together in one step."""
         ...
     async def acquire_leadership(self, holder: str, ttl_s: float) -> int | None: ...
     async def release_leadership(self, holder: str) -> None: ...
@@ -142,13 +157,24 @@ class StoreBase:
         """Run ``tx`` atomically. Raises StaleEpoch, Conflict or DuplicateRequest; nothing changes then."""
         raise NotImplementedError
 
+    async def _apply_each(self, txs: Sequence[Transaction]) -> list[Exception | None]:
+        """Run each transaction atomically on its own, in order; per transaction None or the error it raised
+        (StaleEpoch, Conflict, DuplicateRequest), a failed one having changed nothing. Backends override this
+        to send the whole list in one round trip."""
+        out: list[Exception | None] = []
+        for tx in txs:
+            try:
+                await self._apply(tx)
+            except (StaleEpoch, Conflict, DuplicateRequest) as exc:
+                out.append(exc)
+            else:
+                out.append(None)
+        return out
+
     async def _get_job_data(self, job_id: str) -> str | None:
         raise NotImplementedError
 
     async def _request_owner(self, request_id: str) -> str | None:
-        raise NotImplementedError
-
-    async def _next_seq(self) -> int:
         raise NotImplementedError
 
     async def _index_page(self, before_score: int | None, count: int) -> list[tuple[str, int]]:
@@ -167,22 +193,38 @@ class StoreBase:
     async def create_job(self, job: Job) -> tuple[Job, bool]:
         """Store a new PENDING job; idempotent by ``job.request_id``.
 
+        One atomic transaction (one Redis round trip): claim the request id, write the job, index it under
+        the next submission sequence number, append its event.
+
         Returns:
             (the stored job, True) or, when the request id was seen before, (the existing job, False).
         """
-        now = job.submitted_at_s or time.time()
-        job = replace(job, version=1, submitted_at_s=now, updated_at_s=now)
-        seq = await self._next_seq()
-        tx = Transaction(
-            claim_request=(job.request_id, job.job_id),
-            jobs=[JobWrite(job.job_id, 0, 1, job.state.value, codec.dumps(job), index_score=seq)],
-            events=[_event(job)],
-        )
-        try:
-            await self._apply(tx)
-        except DuplicateRequest as dup:
-            return await self.get_job(dup.job_id), False
-        return job, True
+        return (await self.create_jobs([job]))[0]
+
+    async def create_jobs(self, jobs: Sequence[Job]) -> list[tuple[Job, bool]]:
+        """``create_job`` for each job, each its own atomic transaction, all sent in one round trip.
+
+        Two jobs with the same request id in one call: the first is created, the second returns it.
+        """
+        stored, txs = [], []
+        for job in jobs:
+            now = job.submitted_at_s or time.time()
+            job = replace(job, version=1, submitted_at_s=now, updated_at_s=now, queued_at_s=now)
+            stored.append(job)
+            txs.append(Transaction(
+                claim_request=(job.request_id, job.job_id),
+                jobs=[JobWrite(job.job_id, 0, 1, job.state.value, codec.dumps(job), index_seq=True)],
+                events=[_event(job)],
+            ))
+        out: list[tuple[Job, bool]] = []
+        for job, err in zip(stored, await self._apply_each(txs), strict=True):
+            if err is None:
+                out.append((job, True))
+            elif isinstance(err, DuplicateRequest):
+                out.append((await self.get_job(err.job_id), False))
+            else:
+                raise err
+        return out
 
     async def get_job(self, job_id: str) -> Job:
         data = await self._get_job_data(job_id)
@@ -247,12 +289,21 @@ class StoreBase:
             Conflict: the stored version is no longer ``old.version``.
             StaleEpoch: ``epoch`` is given and is not the current leader epoch.
         """
-        stored = replace(new, version=old.version + 1, updated_at_s=time.time())
-        tx = Transaction(epoch=epoch, jobs=[JobWrite(old.job_id, old.version, stored.version, stored.state.value, codec.dumps(stored))])
-        if (old.state, old.reason) != (stored.state, stored.reason):
-            tx.events.append(_event(stored))
+        tx, stored = _update_tx(old, new, epoch)
         await self._apply(tx)
         return stored
+
+    async def update_jobs(self, changes: Sequence[tuple[Job, Job]], *, epoch: int | None = None) -> list[Job | Conflict]:
+        """``update_job`` for every (old, new), each its own compare-and-set, all sent in one round trip.
+
+        Returns:
+            Per change, the stored new job or the ``Conflict`` that rejected it (that change wrote nothing).
+
+        Raises:
+            StaleEpoch: ``epoch`` is stale (then no change was written).
+        """
+        built = [_update_tx(old, new, epoch) for old, new in changes]
+        return _each_result([j for _, j in built], await self._apply_each([tx for tx, _ in built]))
 
     async def commit_placements(self, epoch: int, placements: Sequence[tuple[Job, Placement]]) -> list[Job]:
         """Place PENDING jobs, all or nothing, fenced by ``epoch``.
@@ -294,19 +345,27 @@ class StoreBase:
         Raises:
             Conflict: the job changed since it was read. StaleEpoch: ``epoch`` is stale.
         """
-        now = time.time()
-        restarts = job.restarts + (1 if state is JobState.PENDING and job.placement is not None else 0)
-        new = replace(job, state=state, reason=reason, message=message, placement=None, restarts=restarts,
-                      version=job.version + 1, updated_at_s=now)
-        tx = Transaction(epoch=epoch, jobs=[JobWrite(job.job_id, job.version, new.version, state.value, codec.dumps(new))])
-        if job.placement is not None:
-            for s in job.placement.slices:
-                tx.gpus.append(GpuDelta(s.node_id, s.gpu_index, -share_units(s.compute_share_pct), -s.mem_mib))
-            for node_id in sorted({s.node_id for s in job.placement.slices}):
-                tx.desired.append(DesiredOp(node_id, job.job_id, None))
-        tx.events.append(_event(new))
+        tx, new = _release_tx(epoch, job, state, reason, message)
         await self._apply(tx)
         return new
+
+    async def release_jobs(
+        self, epoch: int | None, releases: Sequence[tuple[Job, JobState, StateReason, str]]
+    ) -> list[Job | Conflict]:
+        """``release_job`` for every (job, state, reason, message), each atomic on its own, in one round trip.
+
+        Returns:
+            Per release, the new job or the ``Conflict`` that rejected it (that release wrote nothing).
+
+        Raises:
+            StaleEpoch: ``epoch`` is stale (then nothing was written).
+        """
+        built = [_release_tx(epoch, job, state, reason, message) for job, state, reason, message in releases]
+        return _each_result([j for _, j in built], await self._apply_each([tx for tx, _ in built]))
+
+    async def get_all_workloads(self, node_ids: Sequence[str]) -> dict[str, tuple[int, dict[str, Workload]]]:
+        """``get_workloads`` of every node in ``node_ids`` (backends read them in one step)."""
+        return {n: await self.get_workloads(n) for n in node_ids}
 
     # --- nodes --------------------------------------------------------------------------------------
     def _with_usage(self, node: NodeInfo, usage: list[tuple[int, int]]) -> NodeInfo:
@@ -318,6 +377,43 @@ class StoreBase:
 
     async def _node_with_usage(self, node: NodeInfo) -> NodeInfo:
         return self._with_usage(node, await self._gpu_usage(node.node_id, [g.index for g in node.gpus]))
+
+
+def _update_tx(old: Job, new: Job, epoch: int | None) -> tuple[Transaction, Job]:
+    stored = replace(new, version=old.version + 1, updated_at_s=time.time())
+    tx = Transaction(epoch=epoch, jobs=[JobWrite(old.job_id, old.version, stored.version, stored.state.value, codec.dumps(stored))])
+    if (old.state, old.reason) != (stored.state, stored.reason):
+        tx.events.append(_event(stored))
+    return tx, stored
+
+
+def _release_tx(epoch: int | None, job: Job, state: JobState, reason: StateReason, message: str) -> tuple[Transaction, Job]:
+    now = time.time()
+    requeued = state is JobState.PENDING and job.placement is not None
+    new = replace(job, state=state, reason=reason, message=message, placement=None,
+                  restarts=job.restarts + (1 if requeued else 0), version=job.version + 1, updated_at_s=now,
+                  queued_at_s=now if state is JobState.PENDING else job.queued_at_s)
+    tx = Transaction(epoch=epoch, jobs=[JobWrite(job.job_id, job.version, new.version, state.value, codec.dumps(new))])
+    if job.placement is not None:
+        for s in job.placement.slices:
+            tx.gpus.append(GpuDelta(s.node_id, s.gpu_index, -share_units(s.compute_share_pct), -s.mem_mib))
+        for node_id in sorted({s.node_id for s in job.placement.slices}):
+            tx.desired.append(DesiredOp(node_id, job.job_id, None))
+    tx.events.append(_event(new))
+    return tx, new
+
+
+def _each_result(jobs: list[Job], errors: list[Exception | None]) -> list[Job | Conflict]:
+    """Per-change results of ``_apply_each``: a stale epoch fails the call, a conflict only its change."""
+    out: list[Job | Conflict] = []
+    for job, err in zip(jobs, errors, strict=True):
+        if err is None:
+            out.append(job)
+        elif isinstance(err, Conflict):
+            out.append(err)
+        else:
+            raise err
+    return out
 
 
 def _event(job: Job) -> EventRecord:

@@ -215,7 +215,7 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
             remaining[r] = max(0.0, j.spec.training.total_steps - j.progress_steps) / iso[r]
         p = j.placement
         if p is None:
-            queued_since[r] = (j.updated_at_s or j.submitted_at_s) * ts
+            queued_since[r] = (j.queued_at_s or j.updated_at_s or j.submitted_at_s) * ts  # a reason update is no requeue
             continue
         since = p.committed_at_s * ts
         last_change[r] = since

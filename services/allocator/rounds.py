@@ -44,7 +44,7 @@ from services.allocator import metrics as m
 from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient, pool_names
 from services.allocator.estimate import TypeResolver, default_kappa, default_types, exclusive_matrix, rule_matrix
 from services.allocator.leader import LeaderLease
-from services.allocator.plan import Transition, build_view, node_fresh, transitions, translate
+from services.allocator.plan import Transition, build_view, node_fresh, spec_num_gpus, transitions, translate
 from services.allocator.policy import TypeTable, make_policy
 from services.allocator.policy.interference import compose_additive
 from services.allocator.policy.placement import pair_estimate
@@ -53,6 +53,9 @@ from services.allocator.settings import AllocatorSettings
 log = get_logger(component="rounds")
 
 STATUS_NAME = "allocator"  # Store.put_status key of the leader's last round
+# Reasons a round writes on a job it leaves queued; their events must not wake another round.
+_QUEUE_NOTES = (StateReason.UNSCHEDULABLE_NOW, StateReason.NEVER_SCHEDULABLE)
+UNSCHEDULABLE_NOW_MESSAGE = "no capacity for it in the last round; retried every round"
 
 
 @dataclass
@@ -68,6 +71,7 @@ class RoundReport:
     preempted: int = 0
     resized: int = 0
     dropped: int = 0
+    unschedulable: int = 0  # pending jobs newly marked UNSCHEDULABLE_NOW by this round
     conflict: str = ""
     seconds: float = 0.0
     decide_seconds: float = 0.0
@@ -173,7 +177,8 @@ class Scheduler:
                 continue
             if events:
                 after = events[-1].event_id
-                if any(e.state in (JobState.PENDING, JobState.CANCELLED) for e in events):
+                if any(e.state is JobState.CANCELLED or (e.state is JobState.PENDING and e.reason not in _QUEUE_NOTES)
+                       for e in events):
                     self.wake("event")
 
     async def _watch_reports(self) -> None:
@@ -183,11 +188,10 @@ class Scheduler:
             if self.lease.epoch is None or not self._node_ids:
                 continue
             try:
-                reports = await asyncio.gather(*(self.store.get_workloads(n) for n in self._node_ids))
+                reports = await self.store.get_all_workloads(self._node_ids)
             except Unavailable:
                 continue
-            sig = frozenset((n, j, w.placement_id, w.status) for n, (_, ws) in zip(self._node_ids, reports, strict=True)
-                            for j, w in ws.items())
+            sig = frozenset((n, j, w.placement_id, w.status) for n, (_, ws) in reports.items() for j, w in ws.items())
             if sig != self._report_sig:
                 self._report_sig = sig
                 self.wake("reports")
@@ -243,20 +247,23 @@ class Scheduler:
         m.EPOCH.set(epoch)
         rep = RoundReport(epoch=epoch)
         now = self.clock()
-        jobs, nodes = await asyncio.gather(self.store.list_active_jobs(), self.store.list_nodes())
+        # 1. read: jobs, nodes (with usage) and the agents' reports, three round trips in parallel (reports of
+        # the nodes known from the last round; re-read when the node set changed)
+        known = list(self._node_ids)
+        jobs, nodes, workloads = await asyncio.gather(self.store.list_active_jobs(), self.store.list_nodes(),
+                                                      self.store.get_all_workloads(known))
         self._node_ids = [n.node_id for n in nodes]
+        if self._node_ids != known:
+            workloads = await self.store.get_all_workloads(self._node_ids)
         node_map = {n.node_id: n for n in nodes}
-        reports = await asyncio.gather(*(self.store.get_workloads(n.node_id) for n in nodes))
-        workloads: dict[str, dict[str, Workload]] = {n.node_id: ws for n, (_, ws) in zip(nodes, reports, strict=True)}
+        workloads = {n: ws for n, (_, ws) in workloads.items()}
         touched: set[str] = set()
 
-        # 2. consume reports and heartbeats
+        # 2. consume reports and heartbeats: every transition its own compare-and-set, all in one batch
         changed: dict[str, Job] = {}
         released = False
-        for t in transitions(jobs, node_map, workloads, now, self.s.node_stale_s, self.s.node_grace_s):
-            new = await self._apply_transition(epoch, t, rep)
-            if new is None:
-                continue
+        for t, new in await self._apply_transitions(epoch, transitions(jobs, node_map, workloads, now, self.s.node_stale_s,
+                                                                        self.s.node_grace_s), rep):
             changed[t.job.job_id] = new
             if t.release and t.job.placement is not None:
                 released = True
@@ -266,7 +273,7 @@ class Scheduler:
             jobs = [j for j in jobs if not j.state.terminal]
         if released:
             nodes = await self.store.list_nodes()  # releases changed committed usage
-        await self._mark_never_schedulable(epoch, jobs, nodes)
+        total_gpus = await self._mark_never_schedulable(epoch, jobs, nodes)
 
         # 3-5. view, estimate, decide
         matrix, est_note = await self._estimate()
@@ -287,31 +294,30 @@ class Scheduler:
             for job_id, why in plan.dropped:
                 log.warning("decision not applied", job_id=job_id, why=why)
             batch = []
-            for job in plan.preempt:
-                try:
-                    await self.store.release_job(epoch, self._with_progress(job, workloads), JobState.PENDING,
-                                                 StateReason.PREEMPTED, "preempted by the policy")
-                except Conflict:
+            releases = [(self._with_progress(job, workloads), JobState.PENDING, StateReason.PREEMPTED, "preempted by the policy")
+                        for job in plan.preempt]
+            releases += [(self._with_progress(job, workloads), JobState.PENDING, StateReason.RESIZED,
+                          f"restart at {p.slices[0].compute_share_pct:g}%") for job, p in plan.resize]
+            results = await self.store.release_jobs(epoch, releases) if releases else []
+            for i, (job, new) in enumerate(zip([*plan.preempt, *(j for j, _ in plan.resize)], results, strict=True)):
+                if isinstance(new, Conflict):
                     continue
-                rep.preempted += 1
-                m.RELEASES.labels("preempted").inc()
                 touched.update(s.node_id for s in job.placement.slices)
-                log.info("job preempted", job_id=job.job_id, epoch=epoch)
-            for job, p in plan.resize:
-                try:
-                    new = await self.store.release_job(epoch, self._with_progress(job, workloads), JobState.PENDING,
-                                                       StateReason.RESIZED, f"restart at {p.slices[0].compute_share_pct:g}%")
-                except Conflict:
-                    continue
-                rep.resized += 1
-                m.RELEASES.labels("resized").inc()
-                touched.update(s.node_id for s in job.placement.slices)
-                batch.append((new, p))
+                if i < len(plan.preempt):
+                    rep.preempted += 1
+                    m.RELEASES.labels("preempted").inc()
+                    log.info("job preempted", job_id=job.job_id, epoch=epoch)
+                else:
+                    rep.resized += 1
+                    m.RELEASES.labels("resized").inc()
+                    batch.append((new, plan.resize[i - len(plan.preempt)][1]))
             batch += plan.place
+            committed = True
             if batch:
                 try:
                     placed = await self.store.commit_placements(epoch, batch)
                 except (Conflict, WrongState) as exc:
+                    committed = False
                     m.CONFLICTS.inc()
                     rep.conflict = str(exc)
                     log.warning("round commit rejected, nothing written; re-reading next round", epoch=epoch,
@@ -325,6 +331,9 @@ class Scheduler:
                         touched.update(s.node_id for s in j.placement.slices)
                         log.info("job placed", job_id=j.job_id, epoch=epoch, share_pct=j.placement.slices[0].compute_share_pct,
                                  gpus=[f"{s.node_id}:{s.gpu_index}" for s in j.placement.slices])
+            if committed:
+                await self._mark_unschedulable_now(epoch, [index.jobs[int(r)] for r in view.pending],
+                                                   {j.job_id for j, _ in batch}, total_gpus, rep)
             info = decision.info.get("pricing")
             if info is not None and info.get("gap") is not None and np.isfinite(info["gap"]):
                 rep.gap = float(info["gap"])
@@ -359,36 +368,63 @@ class Scheduler:
                      decide_ms=round(rep.decide_seconds * 1e3, 1), degraded=rep.degraded or None)
         return rep
 
-    async def _apply_transition(self, epoch: int, t: Transition, rep: RoundReport) -> Job | None:
-        """Write one report-driven transition; returns the new job (None when it could not be written)."""
-        try:
-            if not t.release:
-                new = await self.store.update_job(t.job, replace(t.job, state=JobState.RUNNING, reason=StateReason.STARTED,
-                                                                 message=""), epoch=epoch)
-                rep.started += 1
-                log.info("job running", job_id=t.job.job_id, epoch=epoch)
-                return new
-            new = await self.store.release_job(epoch, t.job, t.state, t.reason, t.message)
-        except Conflict:
-            return None  # changed under us (e.g. cancelled): re-read next round
-        rep.released[t.reason.value] = rep.released.get(t.reason.value, 0) + 1
-        m.RELEASES.labels(t.reason.value).inc()
-        log.info("job released", job_id=t.job.job_id, state=t.state.value, reason=t.reason.value, detail=t.message,
-                 progress_steps=t.job.progress_steps, epoch=epoch)
-        return new
+    async def _apply_transitions(self, epoch: int, ts: list[Transition], rep: RoundReport) -> list[tuple[Transition, Job]]:
+        """Write the report-driven transitions, each its own compare-and-set, in one batch per kind (two round
+        trips in parallel); returns the ones written with their new job (a Conflict means the job changed under
+        us, e.g. cancelled: it is re-read next round)."""
+        starts = [t for t in ts if not t.release]
+        ends = [t for t in ts if t.release]
+        started, ended = await asyncio.gather(
+            self.store.update_jobs([(t.job, replace(t.job, state=JobState.RUNNING, reason=StateReason.STARTED, message=""))
+                                    for t in starts], epoch=epoch) if starts else _none(),
+            self.store.release_jobs(epoch, [(t.job, t.state, t.reason, t.message) for t in ends]) if ends else _none())
+        out = []
+        for t, new in zip(starts, started, strict=True):
+            if isinstance(new, Conflict):
+                continue
+            rep.started += 1
+            log.info("job running", job_id=t.job.job_id, epoch=epoch)
+            out.append((t, new))
+        for t, new in zip(ends, ended, strict=True):
+            if isinstance(new, Conflict):
+                continue
+            rep.released[t.reason.value] = rep.released.get(t.reason.value, 0) + 1
+            m.RELEASES.labels(t.reason.value).inc()
+            log.info("job released", job_id=t.job.job_id, state=t.state.value, reason=t.reason.value, detail=t.message,
+                     progress_steps=t.job.progress_steps, epoch=epoch)
+            out.append((t, new))
+        return out
 
-    async def _mark_never_schedulable(self, epoch: int, jobs: list[Job], nodes: list[NodeInfo]) -> None:
-        """A pending job larger than the whole cluster says so (NEVER_SCHEDULABLE) instead of waiting silently."""
+    async def _mark_never_schedulable(self, epoch: int, jobs: list[Job], nodes: list[NodeInfo]) -> int:
+        """A pending job larger than the whole cluster says so (NEVER_SCHEDULABLE) instead of waiting silently.
+
+        Returns the cluster's healthy GPUs."""
         total = sum(1 for n in nodes for g in n.gpus if g.healthy)
-        from services.allocator.plan import spec_num_gpus
+        if not nodes:
+            return total
+        marks = [(i, j) for i, j in enumerate(jobs) if j.state is JobState.PENDING and spec_num_gpus(j.spec) > total
+                 and j.reason is not StateReason.NEVER_SCHEDULABLE]
+        if not marks:
+            return total
+        results = await self.store.update_jobs(
+            [(j, replace(j, reason=StateReason.NEVER_SCHEDULABLE, message=f"needs {spec_num_gpus(j.spec)} GPUs; the cluster has {total}"))
+             for _, j in marks], epoch=epoch)
+        for (i, _), new in zip(marks, results, strict=True):
+            if not isinstance(new, Conflict):
+                jobs[i] = new
+        return total
 
-        for i, j in enumerate(jobs):
-            if j.state is JobState.PENDING and nodes and spec_num_gpus(j.spec) > total \
-                    and j.reason is not StateReason.NEVER_SCHEDULABLE:
-                with contextlib.suppress(Conflict):
-                    jobs[i] = await self.store.update_job(j, replace(
-                        j, reason=StateReason.NEVER_SCHEDULABLE,
-                        message=f"needs {spec_num_gpus(j.spec)} GPUs; the cluster has {total}"), epoch=epoch)
+    async def _mark_unschedulable_now(self, epoch: int, pending: list[Job], placed: set[str], total_gpus: int,
+                                      rep: RoundReport) -> None:
+        """Pending jobs this round could not place carry UNSCHEDULABLE_NOW: written once, on the transition
+        (a job already marked, or one that can never fit, is left alone), in one batch; its event wakes no round."""
+        marks = [j for j in pending if j.job_id not in placed and j.reason is not StateReason.UNSCHEDULABLE_NOW
+                 and not (total_gpus and spec_num_gpus(j.spec) > total_gpus)]
+        if not marks:
+            return
+        results = await self.store.update_jobs(
+            [(j, replace(j, reason=StateReason.UNSCHEDULABLE_NOW, message=UNSCHEDULABLE_NOW_MESSAGE)) for j in marks], epoch=epoch)
+        rep.unschedulable = sum(1 for r in results if not isinstance(r, Conflict))
 
     @staticmethod
     def _with_progress(job: Job, workloads: dict[str, dict[str, Workload]]) -> Job:
@@ -462,6 +498,10 @@ class Scheduler:
             await self.predictor.close()
         if self.solver is not None:
             self.solver.close()
+
+
+async def _none() -> list:
+    return []
 
 
 __all__ = ["Scheduler", "RoundReport", "STATUS_NAME", "ElasticoError"]

@@ -10,7 +10,7 @@ from dataclasses import replace
 import grpc
 import pytest
 
-from elastico.domain import JobState, StateReason, Workload, placement_id
+from elastico.domain import JobState, Shape, StateReason, Workload, placement_id
 from elastico.errors import StaleEpoch
 from elastico.rpc.server import ServiceBinding, create_server
 from elastico.state.memory import MemoryStore
@@ -112,6 +112,64 @@ async def test_stale_node_gets_nothing_and_its_jobs_are_requeued_after_grace(sto
     moved = await store.get_job(job.job_id)
     assert moved.state is JobState.PLACED and moved.placement.slices[0].node_id == "n2"
     assert any(d.startswith("node n1") for d in rep.degraded)
+
+
+async def test_unplaced_pending_job_is_marked_unschedulable_now_once(store):
+    """A job a round leaves queued for lack of capacity carries UNSCHEDULABLE_NOW (never NEVER_SCHEDULABLE):
+    written once on the transition, not every round; the mark is no requeue (its queue time stays)."""
+    await heartbeat(store, "n1", gpus=1)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(), lease)
+    whole = make_spec(shapes=(Shape(num_gpus=1, compute_share_pct=100.0, mem_mib=16384),))
+    first, _ = await store.create_job(make_job(spec=whole))
+    second, _ = await store.create_job(make_job(spec=whole))
+    big, _ = await store.create_job(make_job(spec=make_spec(shapes=(Shape(num_gpus=2, compute_share_pct=100.0, mem_mib=1024),))))
+    rep = await sch.round(epoch)
+    assert rep.placed == [first.job_id] and rep.unschedulable == 1
+    waiting = await store.get_job(second.job_id)
+    assert (waiting.state, waiting.reason, waiting.version) == (JobState.PENDING, StateReason.UNSCHEDULABLE_NOW, 2)
+    assert waiting.message and waiting.queued_at_s == second.queued_at_s
+    assert (await store.get_job(big.job_id)).reason is StateReason.NEVER_SCHEDULABLE  # distinct from "not now"
+    for _ in range(3):  # later rounds that still cannot place it write nothing more
+        rep = await sch.round(epoch)
+        assert rep.placed == [] and rep.unschedulable == 0
+    assert (await store.get_job(second.job_id)).version == 2
+    events = [e for e in await store.read_events("0") if e.job_id in (second.job_id, big.job_id)]
+    assert [e.reason for e in events if e.job_id == second.job_id] == [StateReason.SUBMITTED, StateReason.UNSCHEDULABLE_NOW]
+    assert [e.reason for e in events if e.job_id == big.job_id] == [StateReason.SUBMITTED, StateReason.NEVER_SCHEDULABLE]
+    # capacity frees: the marked job is placed; requeued later and left queued, it is marked again
+    await agent_reports(store, "n1", "succeeded", StateReason.COMPLETED)
+    rep = await sch.round(epoch)
+    assert rep.placed == [second.job_id] and (await store.get_job(second.job_id)).reason is StateReason.PLACED
+    third, _ = await store.create_job(make_job(spec=whole))
+    await agent_reports(store, "n1", "failed", StateReason.COTENANT_FAULT)
+    rep = await sch.round(epoch)
+    assert rep.released == {"cotenant_fault": 1} and len(rep.placed) == 1 and rep.unschedulable == 1
+    left = next(j for j in (second.job_id, third.job_id) if j not in rep.placed)
+    assert (await store.get_job(left)).reason is StateReason.UNSCHEDULABLE_NOW
+
+
+async def test_reason_marks_do_not_wake_rounds(store):
+    """The scheduler's event watch ignores UNSCHEDULABLE_NOW / NEVER_SCHEDULABLE events (no round storm)."""
+    await heartbeat(store, "n1", gpus=1)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(round_interval_s=30.0), lease)
+    job, _ = await store.create_job(make_job())
+    watcher = asyncio.create_task(sch._watch_events())
+    try:
+        await asyncio.sleep(0.2)
+        sch._wake.clear()
+        await store.update_job(job, replace(job, reason=StateReason.UNSCHEDULABLE_NOW), epoch=epoch)
+        await asyncio.sleep(0.3)
+        assert not sch._wake.is_set()
+        await store.create_job(make_job())
+        for _ in range(40):
+            if sch._wake.is_set():
+                break
+            await asyncio.sleep(0.05)
+        assert sch._wake.is_set()
+    finally:
+        watcher.cancel()
 
 
 async def test_stale_leader_round_writes_nothing(store):

@@ -249,3 +249,81 @@ async def test_status_documents_round_trip(store):
     await store.put_status("allocator", '{"gap": 0.01}')
     await store.put_status("allocator", '{"gap": 0.02}')
     assert await store.get_status("allocator") == '{"gap": 0.02}'
+
+
+async def test_create_jobs_batch_is_idempotent_per_request_and_indexed_in_order(store):
+    """A batch creates each job on its own: a repeat (in the batch or from before) returns the first job."""
+    old, _ = await store.create_job(make_job(request_id="r-old"))
+    results = await store.create_jobs([make_job(request_id="r-a"), make_job(request_id="r-old"),
+                                       make_job(request_id="r-b"), make_job(request_id="r-a")])
+    (a, a_new), (dup_old, old_new), (b, b_new), (dup_a, a_again) = results
+    assert (a_new, old_new, b_new, a_again) == (True, False, True, False)
+    assert dup_old == old and dup_a == a and a.version == b.version == 1
+    assert a.queued_at_s == a.submitted_at_s == a.updated_at_s > 0
+    page, _ = await store.list_jobs(page_size=10)
+    assert [j.job_id for j in page] == [b.job_id, a.job_id, old.job_id]  # newest first, one index entry each
+    assert (await store.find_job_by_request("r-b")).job_id == b.job_id
+    events = [e for e in await store.read_events("0") if e.job_id in (a.job_id, b.job_id)]
+    assert [(e.job_id, e.state) for e in events] == [(a.job_id, JobState.PENDING), (b.job_id, JobState.PENDING)]
+    assert await store.create_jobs([]) == []
+
+
+async def test_update_jobs_each_change_is_checked_on_its_own(store):
+    j1, _ = await store.create_job(make_job())
+    j2, _ = await store.create_job(make_job())
+    moved = await store.update_job(j2, j2.__class__(**{**j2.__dict__, "message": "moved"}))
+    r1, r2 = await store.update_jobs([(j1, j1.__class__(**{**j1.__dict__, "reason": StateReason.UNSCHEDULABLE_NOW})),
+                                      (j2, j2.__class__(**{**j2.__dict__, "message": "stale writer"}))])
+    assert r1.version == 2 and r1.reason is StateReason.UNSCHEDULABLE_NOW
+    assert isinstance(r2, Conflict)  # j2 moved: only that change is rejected
+    assert (await store.get_job(j1.job_id)) == r1
+    assert (await store.get_job(j2.job_id)) == moved
+    # a reason update is not a requeue: the queue-entry time stays
+    assert r1.queued_at_s == j1.queued_at_s and r1.updated_at_s >= j1.updated_at_s
+    assert [e.reason for e in await store.read_events("0") if e.job_id == j1.job_id] == [
+        StateReason.SUBMITTED, StateReason.UNSCHEDULABLE_NOW]
+    assert await store.update_jobs([]) == []
+
+
+async def test_release_jobs_batch_frees_each_and_is_fenced(store):
+    await store.put_node(make_node(gpus=2))
+    epoch = await store.acquire_leadership("a", 5)
+    jobs = [(await store.create_job(make_job()))[0] for _ in range(3)]
+    placed = await store.commit_placements(epoch, [(jobs[0], placement_on("node-1", 0)), (jobs[1], placement_on("node-1", 1)),
+                                                   (jobs[2], placement_on("node-1", 0, 30.0, 1000))])
+    stale = placed[2]
+    again = await store.update_job(stale, stale.__class__(**{**stale.__dict__, "message": "moved"}), epoch=epoch)
+    with pytest.raises(StaleEpoch):  # a stale epoch writes nothing at all
+        await store.release_jobs(epoch + 1, [(placed[0], JobState.SUCCEEDED, StateReason.COMPLETED, "")])
+    assert (await store.get_job(placed[0].job_id)).state is JobState.PLACED
+    done, requeued, conflict = await store.release_jobs(epoch, [
+        (placed[0], JobState.SUCCEEDED, StateReason.COMPLETED, ""),
+        (placed[1], JobState.PENDING, StateReason.PREEMPTED, "by the policy"),
+        (stale, JobState.SUCCEEDED, StateReason.COMPLETED, "")])
+    assert done.state is JobState.SUCCEEDED and done.placement is None
+    assert requeued.state is JobState.PENDING and requeued.restarts == 1 and requeued.queued_at_s == requeued.updated_at_s
+    assert isinstance(conflict, Conflict)
+    gpus = (await store.get_node("node-1")).gpus
+    assert (gpus[0].allocated_share_pct, gpus[0].allocated_mem_mib, gpus[1].allocated_share_pct) == (30.0, 1000, 0.0)
+    assert set((await store.get_desired("node-1"))[1]) == {again.job_id}
+    assert {j.job_id for j in await store.list_active_jobs()} == {requeued.job_id, again.job_id}
+
+
+async def test_all_workloads_and_nodes_read_together(store):
+    from elastico.domain import Workload
+
+    await store.put_node(make_node("n2", gpus=2))
+    await store.put_node(make_node("n1", gpus=3))
+    epoch = await store.acquire_leadership("a", 5)
+    job, _ = await store.create_job(make_job())
+    await store.commit_placements(epoch, [(job, placement_on("n1", 2, 25.0, 512))])
+    nodes = await store.list_nodes()
+    assert [n.node_id for n in nodes] == ["n1", "n2"]
+    assert [(g.index, g.allocated_share_pct, g.allocated_mem_mib) for g in nodes[0].gpus] == [(0, 0.0, 0), (1, 0.0, 0), (2, 25.0, 512)]
+    assert nodes == await store.list_nodes() and nodes[0] == await store.get_node("n1")
+    w = Workload(job_id=job.job_id, gpu_indices=(2,), compute_share_pct=25.0, mem_mib=512, status="running")
+    await store.report_workloads("n1", 4, [w])
+    assert await store.get_all_workloads(["n1", "n2", "gone"]) == {"n1": (4, {job.job_id: w}), "n2": (0, {}), "gone": (0, {})}
+    await store.report_workloads("n1", 5, [])
+    assert (await store.get_all_workloads(["n1"]))["n1"] == (5, {})
+    assert await store.get_all_workloads([]) == {}
