@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from services.allocator.policy import POLICY_NAMES
@@ -27,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inference-fraction", type=float, default=0.25)
     ap.add_argument("--restart-s", type=float, default=60.0)
     ap.add_argument("--round-interval-s", type=float, default=300.0)
-    ap.add_argument("--train-floor", type=float, default=0.5, help="ElastiCo: min fraction of isolated speed")
+    ap.add_argument("--train-floor", type=float, default=None,
+                    help="ElastiCo: min fraction of isolated speed (default: the policy's, 0.7)")
     ap.add_argument("--estimator", choices=["auto", "predictor", "rule"], default="auto")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
@@ -44,8 +46,14 @@ def main(argv: list[str] | None = None) -> int:
           f"estimate: {w.estimator_name}; ground truth: {w.truth.measured_pairs} measured pairs, "
           f"rule kappa {w.truth.kappa:.2f}", flush=True)
     cfg = SimConfig(gpus=a.gpus, restart_s=a.restart_s, round_interval_s=a.round_interval_s, progress=not a.quiet)
-    results, sums = run_policies(w, policies, cfg, {"train_floor": a.train_floor})
+    t0 = time.perf_counter()
+    opts = {} if a.train_floor is None else {"train_floor": a.train_floor}
+    results, sums = run_policies(w, policies, cfg, opts)
+    wall = time.perf_counter() - t0
     print(table(sums))
+    print("simulation wall time: " + ", ".join(f"{s['policy']} {s['wall_s']:.1f} s (CPU {s['cpu_s']:.1f} s)"
+                                               for s in sums)
+          + f" (total {wall:.1f} s)", flush=True)
     meta = {"trace": a.trace, "gpus": a.gpus, "seed": a.seed, "load": a.load, "offered_load": w.train.offered_load,
             "native_offered_load": w.train.native_offered_load, "inference_services": ninf,
             "estimator": w.estimator_name, "kappa": w.truth.kappa}

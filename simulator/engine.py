@@ -81,6 +81,7 @@ class SimResult:
     events: int
     gpus: int
     pricing_gaps: list = field(default_factory=list)
+    cpu_s: float = float("nan")  # process CPU time of the run, s (wall_s inflates when the machine is shared)
 
 
 class Engine:
@@ -391,6 +392,7 @@ class Engine:
 
     def run(self) -> SimResult:
         w0 = time.perf_counter()
+        c0 = time.process_time()
         cfg = self.cfg
         for j in range(self.N):
             if self.kind[j] == TRAINING and self.num_gpus[j] > cfg.gpus:
@@ -481,7 +483,7 @@ class Engine:
             alloc_gpu_s=self.alloc_int, eff_gpu_s=self.eff_int, window_end_s=self.window_end,
             work_in_window_gpu_s=float(self.work_window), slo_ok_s=self.slo_ok, slo_total_s=self.slo_total,
             timeline=tl, wall_s=time.perf_counter() - w0, rounds=self.rounds, events=self.events,
-            gpus=cfg.gpus, pricing_gaps=self.gaps)
+            gpus=cfg.gpus, pricing_gaps=self.gaps, cpu_s=time.process_time() - c0)
 
     def _snapshot_work(self, t: float) -> None:
         for j in list(self.running):

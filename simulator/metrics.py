@@ -50,4 +50,5 @@ def summarise(r: SimResult) -> dict:
         "rounds": r.rounds,
         "events": r.events,
         "wall_s": r.wall_s,
+        "cpu_s": r.cpu_s,
     }

@@ -14,5 +14,6 @@ def test_headline_smoke(tmp_path):
     for name in ("elastico", "exclusive-fifo", "exclusive-backfill", "tiresias", "mps-equal-share", "lucid"):
         assert name in p.stdout
     assert "OVERALL:" in p.stdout and ("PASS" in p.stdout or "FAIL" in p.stdout)
+    assert "information parity" in p.stdout
     assert (tmp_path / "headline.json").exists()
     assert any(tmp_path.glob("*/jct_cdf.png")) and any(tmp_path.glob("*/utilisation.png"))

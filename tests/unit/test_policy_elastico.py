@@ -1,0 +1,97 @@
+"""ElastiCo's elastic behaviour: information parity, no starvation, preemption/shrink hysteresis, expand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from services.allocator.policy import make_policy
+from tests.unit._policy_builders import rule_matrix, view
+
+HEAVY = 2  # solo utilisation 1.0 in the builder's type table
+H = 3600.0
+
+
+def elastico(**kw):
+    return make_policy("elastico", rule_matrix(1.0), 1.0, **kw)
+
+
+def placed_ids(d):
+    return [j for j, _, _ in d.place]
+
+
+@pytest.mark.parametrize("remaining, expected", [
+    ((100 * H, 1 * H), [1]),  # same estimates Lucid/backfill get: shortest remaining work first
+    ((np.nan, np.nan), [0]),  # no estimates: non-clairvoyant (equal attained service, older job first)
+], ids=["with-estimates", "without-estimates"])
+def test_information_parity_uses_the_supplied_estimates(remaining, expected):
+    jobs = [{"type": HEAVY, "arrival": 0, "remaining": remaining[0]},
+            {"type": HEAVY, "arrival": 10, "remaining": remaining[1]}]
+    d = elastico().decide(view(jobs, gpus=1, now=100.0))
+    assert placed_ids(d) == expected
+
+
+def test_estimates_can_be_switched_off():
+    jobs = [{"type": HEAVY, "arrival": 0, "remaining": 100 * H}, {"type": HEAVY, "arrival": 10, "remaining": H}]
+    d = elastico(use_estimates=False).decide(view(jobs, gpus=1, now=100.0))
+    assert placed_ids(d) == [0]
+
+
+def test_no_starvation_waiting_age_eventually_beats_short_jobs():
+    """A long job that has waited long enough outweighs any freshly arrived short job.
+
+    Bound (defaults): a job of S GPU-hours outranks every fresh job once it has waited about S days."""
+    pol = elastico()
+    long_job = {"type": HEAVY, "arrival": 0, "remaining": 10 * H}
+    fresh_short = {"type": HEAVY, "arrival": None, "remaining": 0.5 * H}
+    for now, expected in ((10 * H, [1]), (10.5 * 24 * H, [0])):
+        fresh_short["arrival"] = now - 60.0
+        d = pol.decide(view([long_job, dict(fresh_short)], gpus=1, now=now))
+        assert placed_ids(d) == expected, now
+
+
+def _contended(now):
+    # job 0: long, running on the only GPU since t=0; job 1: short, waiting
+    jobs = [{"type": HEAVY, "arrival": 0, "remaining": 100 * H}, {"type": HEAVY, "arrival": now - 60, "remaining": H}]
+    return view(jobs, gpus=1, placed={0: ([0], 100.0)}, now=now)
+
+
+def test_preempts_a_much_lighter_running_job_after_min_run():
+    d = elastico(min_run_s=1800.0).decide(_contended(now=4000.0))
+    assert d.preempt == [0]
+    assert placed_ids(d) == [1]
+
+
+def test_hysteresis_min_run_protects_a_recently_started_job():
+    d = elastico(min_run_s=1800.0).decide(_contended(now=1000.0))
+    assert d.preempt == [] and d.place == []
+
+
+def test_hysteresis_ratio_protects_a_comparable_job():
+    # remaining 1.5 h vs 1 h: the waiting job is not preempt_ratio times heavier
+    jobs = [{"type": HEAVY, "arrival": 0, "remaining": 1.5 * H}, {"type": HEAVY, "arrival": 3940, "remaining": H}]
+    d = elastico().decide(view(jobs, gpus=1, placed={0: ([0], 100.0)}, now=4000.0))
+    assert d.preempt == []
+
+
+def test_preemption_pass_is_rate_limited():
+    pol = elastico(preempt_interval_s=300.0)
+    pol.decide(_contended(now=1000.0))  # checked (min run not reached)
+    d = pol.decide(_contended(now=4000.0))
+    assert d.preempt == [0]
+    pol2 = elastico(preempt_interval_s=300.0)
+    pol2.decide(_contended(now=3900.0))  # checked at 3900 (min run reached: preempts)
+    assert pol2.decide(_contended(now=4000.0)).preempt == []  # within the interval: not re-run
+
+
+@pytest.mark.parametrize("remaining, grows", [(100 * H, True), (60.0, False)], ids=["long-expands", "short-stays"])
+def test_expand_share_capped_job_when_room_and_worth_the_restart(remaining, grows):
+    jobs = [{"type": HEAVY, "arrival": 0, "remaining": remaining}]
+    d = elastico(min_run_s=1800.0).decide(view(jobs, gpus=1, placed={0: ([0], 50.0)}, now=4000.0))
+    assert (d.resize == [(0, 100.0)]) is grows
+
+
+def test_expand_waits_for_min_run():
+    jobs = [{"type": HEAVY, "arrival": 0, "remaining": 100 * H}]
+    d = elastico(min_run_s=1800.0).decide(view(jobs, gpus=1, placed={0: ([0], 50.0)}, now=600.0))
+    assert d.resize == []
