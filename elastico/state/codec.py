@@ -5,9 +5,9 @@ field on a domain class is stored and loaded without touching this module. Unkno
 load so that an older reader tolerates records written by a newer writer.
 
 Speed: a scheduling round encodes and decodes thousands of records, so the reflection (``fields()``,
-``get_type_hints``, ``get_origin``) is done once per type: ``from_jsonable`` compiles one decoder closure
-per type annotation and ``to_jsonable`` caches each dataclass's field names. The output is the same as a
-plain reflective walk (``tests/unit/test_domain.py`` checks both directions).
+``get_type_hints``, ``get_origin``) is done once per type: one encoder and one decoder closure is compiled
+per dataclass from its type hints. The output is the same as a plain reflective walk over the values
+(``tests/unit/test_domain.py`` checks it against one).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import dataclasses
 import enum
 import functools
 import json
+import operator
 import types
 import typing
 from collections.abc import Callable
@@ -26,27 +27,70 @@ T = TypeVar("T")
 _SCALARS = (str, int, float, bool, type(None))
 
 
-@functools.cache
-def _field_names(cls: type) -> tuple[str, ...] | None:
-    """Field names of a dataclass type, None for any other type (cached per class)."""
-    if dataclasses.is_dataclass(cls):
-        return tuple(f.name for f in dataclasses.fields(cls))
-    return None
-
-
 def to_jsonable(value: Any) -> Any:
     """Turn a domain value (dataclass, enum, tuple...) into JSON-compatible data."""
     cls = type(value)
     if cls in _SCALARS:
         return value
-    names = _field_names(cls)
-    if names is not None:
-        return {n: to_jsonable(getattr(value, n)) for n in names}
+    if dataclasses.is_dataclass(cls):
+        return _encoder(cls)(value)
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, (tuple, list)):
         return [to_jsonable(v) for v in value]
     return value
+
+
+def _enum_value(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else to_jsonable(value)
+
+
+@functools.cache
+def _field_encoder(tp: Any) -> Callable[[Any], Any] | None:
+    """The encoder of a field annotated ``tp``; None = the value is stored as it is (str, int, float, bool)."""
+    if tp in _SCALARS:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) != 1:
+            return to_jsonable
+        inner = _field_encoder(args[0])
+        return None if inner is None else (lambda v: None if v is None else inner(v))
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            item = _field_encoder(args[0])
+            return list if item is None else (lambda v: [item(x) for x in v])
+        items = tuple(_field_encoder(a) for a in args)
+        if all(i is None for i in items):
+            return list
+        return to_jsonable
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum_value
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return to_jsonable  # the value may be a subclass: dispatch on its own type
+    return to_jsonable
+
+
+@functools.cache
+def _encoder(cls: type) -> Callable[[Any], dict[str, Any]]:
+    """Dataclass -> dict of JSON-compatible values, compiled once per class from its type hints."""
+    hints = _hints(cls)
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    convs = tuple(_field_encoder(hints[n]) for n in names)
+    if not names:
+        return lambda value: {}
+    get = operator.attrgetter(*names)
+    if len(names) == 1:
+        (name,), (conv,) = names, convs
+        return lambda value: {name: get(value) if conv is None else conv(get(value))}
+    pairs = tuple(zip(names, convs, strict=True))
+
+    def encode(value: Any) -> dict[str, Any]:
+        return {n: v if c is None else c(v) for (n, c), v in zip(pairs, get(value))}
+
+    return encode
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False)

@@ -2,6 +2,8 @@
 (see ``elastico.state.keys``: all keys share one hash tag, so one slot)."""
 
 # The body of one transaction (see elastico.state.store.Transaction), shared by APPLY and APPLY_EACH.
+# Records (job JSON, placement JSON) travel as their own ARGV entries, named by index (``data_arg``) in
+# the transaction JSON: no JSON-in-JSON escaping to encode in the client and decode in the script.
 # Every check runs before the first write, so a transaction that fails writes nothing. A job write with
 # ``index_seq`` is added to the job index scored by the next submission sequence number (INCR here, after
 # the checks: a rejected submission consumes no number).
@@ -43,7 +45,7 @@ local function apply(tx)
     redis.call('HSET', p .. 'requests', tx.claim_request[1], tx.claim_request[2])
   end
   for _, w in ipairs(tx.jobs) do
-    redis.call('HSET', p .. 'job:' .. w.job_id, 'data', w.data, 'version', string.format('%d', w.new_version), 'state', w.state)
+    redis.call('HSET', p .. 'job:' .. w.job_id, 'data', ARGV[w.data_arg], 'version', string.format('%d', w.new_version), 'state', w.state)
     if w.index_score ~= cjson.null then
       redis.call('ZADD', p .. 'jobs', string.format('%d', w.index_score), w.job_id)
     elseif w.index_seq then
@@ -60,10 +62,10 @@ local function apply(tx)
     redis.call('HSET', k, 'share_used', string.format('%d', math.max(0, u[3])), 'mem_used', string.format('%d', math.max(0, u[4])))
   end
   for _, op in ipairs(tx.desired) do
-    if op.data == cjson.null then
+    if op.data_arg == cjson.null then
       redis.call('HDEL', p .. 'desired:' .. op.node_id, op.job_id)
     else
-      redis.call('HSET', p .. 'desired:' .. op.node_id, op.job_id, op.data)
+      redis.call('HSET', p .. 'desired:' .. op.node_id, op.job_id, ARGV[op.data_arg])
     end
     redis.call('INCR', p .. 'desired:' .. op.node_id .. ':gen')
   end
@@ -75,13 +77,13 @@ local function apply(tx)
 end
 """
 
-# ARGV[1] = key prefix, ARGV[2] = JSON Transaction, ARGV[3] = event stream MAXLEN.
+# ARGV[1] = key prefix, ARGV[2] = JSON Transaction, ARGV[3] = event stream MAXLEN, ARGV[4..] = records.
 # Returns nil on success or {error_kind, detail...}; on error nothing has been written.
 APPLY = _APPLY_ONE + r"""
 return apply(cjson.decode(ARGV[2]))
 """
 
-# ARGV[1] = key prefix, ARGV[2] = JSON list of Transactions, ARGV[3] = event stream MAXLEN.
+# ARGV[1] = key prefix, ARGV[2] = JSON list of Transactions, ARGV[3] = event stream MAXLEN, ARGV[4..] = records.
 # Applies each transaction on its own, in order (a later one sees the earlier ones' writes): returns one
 # entry per transaction, {'ok'} or its {error_kind, detail...}; a failed one writes nothing and does not
 # stop the others. (The whole script is one atomic step, but callers rely only on each entry's atomicity.)

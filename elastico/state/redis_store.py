@@ -76,17 +76,25 @@ class RedisStore(StoreBase):
         return bool(await self._r.ping())
 
     @staticmethod
-    def _tx_payload(tx: Transaction) -> dict[str, Any]:
-        """The transaction as the script's JSON (``dataclasses.asdict`` by hand: it is on every write's path)."""
+    def _tx_payload(tx: Transaction, records: list[str]) -> dict[str, Any]:
+        """The transaction as the script's JSON (``dataclasses.asdict`` by hand: it is on every write's path).
+
+        Records (job and placement JSON) are appended to ``records`` and named by their ARGV index.
+        """
+        def arg(data: str) -> int:
+            records.append(data)
+            return len(records) + 3  # ARGV[1..3] are prefix, transaction(s), MAXLEN
+
         return {
             "epoch": tx.epoch,
             "claim_request": list(tx.claim_request) if tx.claim_request is not None else None,
             "jobs": [{"job_id": w.job_id, "expected_version": w.expected_version, "new_version": w.new_version,
-                      "state": w.state, "data": w.data, "index_score": w.index_score, "index_seq": w.index_seq}
+                      "state": w.state, "data_arg": arg(w.data), "index_score": w.index_score, "index_seq": w.index_seq}
                      for w in tx.jobs],
             "gpus": [{"node_id": d.node_id, "gpu_index": d.gpu_index, "share_units": d.share_units, "mem_mib": d.mem_mib}
                      for d in tx.gpus],
-            "desired": [{"node_id": o.node_id, "job_id": o.job_id, "data": o.data} for o in tx.desired],
+            "desired": [{"node_id": o.node_id, "job_id": o.job_id, "data_arg": None if o.data is None else arg(o.data)}
+                        for o in tx.desired],
             "events": [{"job_id": e.job_id, "state": e.state, "reason": e.reason, "message": e.message,
                         "version": e.version, "time_s": repr(float(e.time_s))} for e in tx.events],
         }
@@ -108,7 +116,9 @@ class RedisStore(StoreBase):
 
     @_unavailable_on_connection_error
     async def _apply(self, tx: Transaction) -> None:
-        result = await self._apply_script(args=[self._k.prefix, json.dumps(self._tx_payload(tx)), str(EVENT_STREAM_MAXLEN)])
+        records: list[str] = []
+        payload = json.dumps(self._tx_payload(tx, records))
+        result = await self._apply_script(args=[self._k.prefix, payload, str(EVENT_STREAM_MAXLEN), *records])
         if result is not None:
             raise self._tx_error(tx, result)
 
@@ -117,8 +127,9 @@ class RedisStore(StoreBase):
         """All transactions in one script call (one round trip), each checked and written on its own."""
         if not txs:
             return []
-        payload = json.dumps([self._tx_payload(tx) for tx in txs])
-        results = await self._apply_each_script(args=[self._k.prefix, payload, str(EVENT_STREAM_MAXLEN)])
+        records: list[str] = []
+        payload = json.dumps([self._tx_payload(tx, records) for tx in txs])
+        results = await self._apply_each_script(args=[self._k.prefix, payload, str(EVENT_STREAM_MAXLEN), *records])
         return [None if r == ["ok"] else self._tx_error(tx, r) for tx, r in zip(txs, results, strict=True)]
 
     @_unavailable_on_connection_error

@@ -23,6 +23,7 @@ from elastico.errors import Conflict, NotFound, StaleEpoch, WrongState
 from elastico.state import codec
 
 SHARE_UNITS_PER_PCT = 100
+WRITTEN_CACHE_MAX = 20_000  # records remembered between two list_active_jobs calls (see StoreBase._note_written)
 FULL_GPU_SHARE_UNITS = 100 * SHARE_UNITS_PER_PCT
 
 
@@ -217,8 +218,9 @@ class StoreBase:
                 events=[_event(job)],
             ))
         out: list[tuple[Job, bool]] = []
-        for job, err in zip(stored, await self._apply_each(txs), strict=True):
+        for job, tx, err in zip(stored, txs, await self._apply_each(txs), strict=True):
             if err is None:
+                self._note_written(tx.jobs[0].data, job)
                 out.append((job, True))
             elif isinstance(err, DuplicateRequest):
                 out.append((await self.get_job(err.job_id), False))
@@ -267,17 +269,30 @@ class StoreBase:
         would dominate the round, so a record whose stored bytes are unchanged reuses its decoded Job.
         """
         cache: dict[str, Job] = self.__dict__.get("_decode_cache", {})
+        written = self._written_jobs()
         fresh: dict[str, Job] = {}
         out: list[Job] = []
         for data in await self._active_job_data():
             if data is None:
                 continue
-            job = cache.get(data) or codec.loads(Job, data)
+            job = cache.get(data) or written.get(data) or codec.loads(Job, data)
             fresh[data] = job
             if not job.state.terminal:
                 out.append(job)
         self.__dict__["_decode_cache"] = fresh
+        written.clear()
         return out
+
+    def _written_jobs(self) -> dict[str, Job]:
+        """Jobs this store object wrote, by their exact stored JSON, until the next ``list_active_jobs``: what a
+        round wrote itself (placements, marks, releases) is found there instead of being decoded again."""
+        return self.__dict__.setdefault("_written_cache", {})
+
+    def _note_written(self, data: str, job: Job) -> None:
+        written = self._written_jobs()
+        if len(written) >= WRITTEN_CACHE_MAX:  # a replica that never lists active jobs must not grow it forever
+            written.clear()
+        written[data] = job
 
     async def update_job(self, old: Job, new: Job, *, epoch: int | None = None) -> Job:
         """Replace ``old`` by ``new`` if nobody changed it since ``old`` was read (compare-and-set).
@@ -291,6 +306,7 @@ class StoreBase:
         """
         tx, stored = _update_tx(old, new, epoch)
         await self._apply(tx)
+        self._note_written(tx.jobs[0].data, stored)
         return stored
 
     async def update_jobs(self, changes: Sequence[tuple[Job, Job]], *, epoch: int | None = None) -> list[Job | Conflict]:
@@ -303,7 +319,7 @@ class StoreBase:
             StaleEpoch: ``epoch`` is stale (then no change was written).
         """
         built = [_update_tx(old, new, epoch) for old, new in changes]
-        return _each_result([j for _, j in built], await self._apply_each([tx for tx, _ in built]))
+        return self._each_result(built, await self._apply_each([tx for tx, _ in built]))
 
     async def commit_placements(self, epoch: int, placements: Sequence[tuple[Job, Placement]]) -> list[Job]:
         """Place PENDING jobs, all or nothing, fenced by ``epoch``.
@@ -333,6 +349,8 @@ class StoreBase:
             tx.events.append(_event(new))
             placed.append(new)
         await self._apply(tx)
+        for w, job in zip(tx.jobs, placed, strict=True):
+            self._note_written(w.data, job)
         return placed
 
     async def release_job(
@@ -347,6 +365,7 @@ class StoreBase:
         """
         tx, new = _release_tx(epoch, job, state, reason, message)
         await self._apply(tx)
+        self._note_written(tx.jobs[0].data, new)
         return new
 
     async def release_jobs(
@@ -361,7 +380,20 @@ class StoreBase:
             StaleEpoch: ``epoch`` is stale (then nothing was written).
         """
         built = [_release_tx(epoch, job, state, reason, message) for job, state, reason, message in releases]
-        return _each_result([j for _, j in built], await self._apply_each([tx for tx, _ in built]))
+        return self._each_result(built, await self._apply_each([tx for tx, _ in built]))
+
+    def _each_result(self, built: list[tuple[Transaction, Job]], errors: list[Exception | None]) -> list[Job | Conflict]:
+        """Per-change results of ``_apply_each``: a stale epoch fails the call, a conflict only its change."""
+        out: list[Job | Conflict] = []
+        for (tx, job), err in zip(built, errors, strict=True):
+            if err is None:
+                self._note_written(tx.jobs[0].data, job)
+                out.append(job)
+            elif isinstance(err, Conflict):
+                out.append(err)
+            else:
+                raise err
+        return out
 
     async def get_all_workloads(self, node_ids: Sequence[str]) -> dict[str, tuple[int, dict[str, Workload]]]:
         """``get_workloads`` of every node in ``node_ids`` (backends read them in one step)."""
@@ -401,19 +433,6 @@ def _release_tx(epoch: int | None, job: Job, state: JobState, reason: StateReaso
             tx.desired.append(DesiredOp(node_id, job.job_id, None))
     tx.events.append(_event(new))
     return tx, new
-
-
-def _each_result(jobs: list[Job], errors: list[Exception | None]) -> list[Job | Conflict]:
-    """Per-change results of ``_apply_each``: a stale epoch fails the call, a conflict only its change."""
-    out: list[Job | Conflict] = []
-    for job, err in zip(jobs, errors, strict=True):
-        if err is None:
-            out.append(job)
-        elif isinstance(err, Conflict):
-            out.append(err)
-        else:
-            raise err
-    return out
 
 
 def _event(job: Job) -> EventRecord:

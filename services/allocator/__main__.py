@@ -10,7 +10,7 @@ from elastico.state.redis_store import RedisStore
 from elastico.v1 import allocator_pb2, allocator_pb2_grpc
 from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient
 from services.allocator.leader import LeaderLease
-from services.allocator.rounds import Scheduler
+from services.allocator.rounds import Scheduler, tune_gc
 from services.allocator.servicer import AllocatorServicer
 from services.allocator.settings import AllocatorSettings
 
@@ -37,6 +37,7 @@ def build(settings: AllocatorSettings):
         servicer = AllocatorServicer(store, settings, on_change=scheduler.wake if scheduler else None)
         binding = ServiceBinding(allocator_pb2.DESCRIPTOR.services_by_name["Allocator"].full_name,
                                  servicer, allocator_pb2_grpc.add_AllocatorServicer_to_server)
+        tune_gc()  # start-up objects frozen: a full collection no longer walks them inside a round
 
         async def cleanup() -> None:
             if scheduler is not None:

@@ -146,6 +146,14 @@ class GrpcSolver:
                              gap=self.last_gap, iterations=resp.iterations, wall_time_s=resp.wall_time_s,
                              status=_STATUS.get(resp.status, SolveStatus.FEASIBLE))
 
+    def snapshot(self) -> tuple:
+        """What callers read after a solve (``degraded``, last prices, capacity, gap): sent back by a worker process."""
+        return (self.degraded, self.last_prices, self.last_capacity, self.last_gap)
+
+    def restore(self, snapshot: tuple) -> None:
+        """Adopt a ``snapshot`` taken where the solves ran (a decide worker process)."""
+        self.degraded, self.last_prices, self.last_capacity, self.last_gap = snapshot
+
     def _fallback(self, problem: PricingProblem) -> PricingResult:
         u, d, m = np.asarray(problem.utility, float), np.asarray(problem.demand, float), np.asarray(problem.mask, bool)
         cap = np.asarray(problem.capacity, float).copy()

@@ -39,6 +39,7 @@ class AllocatorSettings(Settings):
     train_floor: float = 0.5  # training co-location floor, fraction of isolated speed (policy default)
     policy_max_attempts: int = 0  # ElastiCo: placement attempts per round at most (bounds a round's cost); 0 = the policy's default
     time_scale: float = 1.0  # policy clock = wall clock x this (demo replays: matches the node agents' scale)
+    decide_worker: str = "process"  # where policy.decide runs: "process" (own core, loop keeps serving) or "thread"
 
     def validate(self) -> None:
         super().validate()
@@ -51,6 +52,8 @@ class AllocatorSettings(Settings):
             raise ConfigError(f"ELASTICO_WATCH_POLL_S={self.watch_poll_s}: must be in (0, 4]")
         if self.policy not in POLICY_NAMES:
             raise ConfigError(f"ELASTICO_POLICY={self.policy!r}: must be one of {', '.join(POLICY_NAMES)}")
+        if self.decide_worker not in ("process", "thread"):
+            raise ConfigError(f"ELASTICO_DECIDE_WORKER={self.decide_worker!r}: must be process or thread")
         if self.estimator not in ESTIMATORS:
             raise ConfigError(f"ELASTICO_ESTIMATOR={self.estimator!r}: must be one of {', '.join(ESTIMATORS)}")
         for name in ("round_interval_s", "report_poll_s", "lease_ttl_s", "pricer_timeout_s", "predictor_timeout_s",

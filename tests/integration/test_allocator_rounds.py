@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 
 import grpc
+import numpy as np
 import pytest
 
 from elastico.domain import JobState, Shape, StateReason, Workload, placement_id
@@ -17,6 +18,7 @@ from elastico.state.memory import MemoryStore
 from elastico.v1 import allocator_pb2, predictor_pb2_grpc, pricer_pb2_grpc
 from services.allocator.clients import GrpcSolver, PredictorClient
 from services.allocator.leader import LeaderLease
+from services.allocator.plan import build_view
 from services.allocator.rounds import STATUS_NAME, Scheduler
 from services.allocator.servicer import AllocatorServicer
 from services.allocator.settings import AllocatorSettings
@@ -28,7 +30,9 @@ from tests.conftest import make_job, make_node, make_spec
 
 
 def settings(**kw) -> AllocatorSettings:
-    base = {"redis_url": "redis://unused:1", "estimator": "rule", "node_stale_s": 5.0, "node_grace_s": 1.0}
+    # decide in a thread here (a worker process costs a spawn per scheduler); process mode has its own tests
+    base = {"redis_url": "redis://unused:1", "estimator": "rule", "node_stale_s": 5.0, "node_grace_s": 1.0,
+            "decide_worker": "thread"}
     return AllocatorSettings.from_env({}, **{**base, **kw})
 
 
@@ -208,6 +212,44 @@ async def test_a_new_leader_continues_from_the_store_without_placing_twice(store
     assert len(desired) == len(set(desired))
 
 
+async def test_decide_worker_process_decides_as_a_thread_and_survives_its_death(store):
+    """decide_worker=process: the worker builds the same policy and returns the same decision as a thread
+    would; a killed worker costs nothing but a warning (that round decides in a thread)."""
+    import os
+    import signal
+
+    from services.allocator.decider import _WORKER, _decide_in_worker
+
+    await heartbeat(store, "n1", "n2", gpus=4)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(decide_worker="process"), lease)
+    threaded = Scheduler(store, settings(), lease)
+    try:
+        for _ in range(6):
+            await store.create_job(make_job(spec=make_spec(model_family="ResNet-18", batch_size=64)))
+        jobs = await store.list_active_jobs()
+        view, _ = build_view(jobs, await store.list_nodes(), sch.types, sch.resolve, time.time(), 5.0)
+        policy = sch._policy(sch._matrix)
+        assert sch._spec is not None
+        _WORKER.clear()  # what the worker process does, here in-process: same decision as the thread's policy
+        local, _ = _decide_in_worker(sch._spec, view)
+        remote = await sch._decide(policy, view)
+        reference = threaded._policy(threaded._matrix).decide(view)
+        for d in (local, remote):
+            assert [(int(r), [int(g) for g in np.atleast_1d(gs)], float(sh)) for r, gs, sh in d.place] == \
+                   [(int(r), [int(g) for g in np.atleast_1d(gs)], float(sh)) for r, gs, sh in reference.place]
+        rep = await sch.round(epoch)
+        assert len(rep.placed) == 6 and sch._decider.pid is not None
+        os.kill(sch._decider.pid, signal.SIGKILL)
+        for _ in range(2):
+            await store.create_job(make_job(spec=make_spec(model_family="ResNet-18", batch_size=64)))
+        rep = await sch.round(epoch)
+        assert rep.placed and sch._decider.failures == 1  # decided in a thread
+    finally:
+        await sch.close()
+        _WORKER.clear()
+
+
 @pytest.fixture
 async def services():
     """Pricer and predictor servicers in-process on port 0 (the predictor answers what its build serves)."""
@@ -227,14 +269,15 @@ async def _contested(store, n_jobs: int = 12) -> None:
         await store.create_job(make_job(spec=make_spec(model_family="ResNet-18", batch_size=64)))
 
 
-async def test_pricing_through_the_pricer_service_is_published(services):
+@pytest.mark.parametrize("worker", ["thread", "process"])
+async def test_pricing_through_the_pricer_service_is_published(services, worker):
     store = MemoryStore()
     await _contested(store)
     lease, epoch = await leader(store, "a")
     solver = GrpcSolver(services, timeout_s=5.0)
-    sch = Scheduler(store, settings(pricer_address=services), lease, solver=solver)
+    sch = Scheduler(store, settings(pricer_address=services, decide_worker=worker), lease, solver=solver)
     rep = await sch.round(epoch)
-    solver.close()
+    await sch.close()  # closes the solver (and the worker process)
     assert rep.placed and rep.gap is not None and not rep.degraded
     doc = json.loads(await store.get_status(STATUS_NAME))
     assert [p["pool"] for p in doc["prices"]] == ["gpu_share_pct", "tenant_slots"] and doc["epoch"] == epoch
@@ -242,13 +285,15 @@ async def test_pricing_through_the_pricer_service_is_published(services):
     assert cs.leader_id == "a" and len(cs.prices) == 2 and cs.degraded == []
 
 
-async def test_pricer_down_degrades_explicitly_and_still_places_within_capacity():
+@pytest.mark.parametrize("worker", ["thread", "process"])
+async def test_pricer_down_degrades_explicitly_and_still_places_within_capacity(worker):
     store = MemoryStore()
     await _contested(store)
     lease, epoch = await leader(store, "a")
     solver = GrpcSolver("127.0.0.1:1", timeout_s=0.3)
-    rep = await Scheduler(store, settings(), lease, solver=solver).round(epoch)
-    solver.close()
+    sch = Scheduler(store, settings(decide_worker=worker), lease, solver=solver)
+    rep = await sch.round(epoch)
+    await sch.close()
     assert rep.placed and any(d.startswith("pricer unavailable") for d in rep.degraded)
     assert all(g.allocated_share_pct <= 100 for n in await store.list_nodes() for g in n.gpus)
     cs = await AllocatorServicer(store, settings()).GetClusterState(allocator_pb2.GetClusterStateRequest(), None)

@@ -327,3 +327,23 @@ async def test_all_workloads_and_nodes_read_together(store):
     await store.report_workloads("n1", 5, [])
     assert (await store.get_all_workloads(["n1"]))["n1"] == (5, {})
     assert await store.get_all_workloads([]) == {}
+
+
+def test_redis_transaction_payload_carries_every_field():
+    """RedisStore builds the script's JSON by hand (hot path): a new Transaction field must not be dropped."""
+    from dataclasses import fields
+
+    from elastico.state.redis_store import RedisStore
+    from elastico.state.store import DesiredOp, EventRecord, GpuDelta, JobWrite, Transaction
+
+    tx = Transaction(epoch=1, claim_request=("r", "j"), jobs=[JobWrite("j", 0, 1, "pending", "{}", index_seq=True)],
+                     gpus=[GpuDelta("n", 0, 100, 5)], desired=[DesiredOp("n", "j", "{}"), DesiredOp("n", "k", None)],
+                     events=[EventRecord("j", "pending", "submitted", "", 1, 2.5)])
+    records: list[str] = []
+    payload = RedisStore._tx_payload(tx, records)
+    assert set(payload) == {f.name for f in fields(Transaction)}
+    assert set(payload["jobs"][0]) == {f.name for f in fields(JobWrite)} - {"data"} | {"data_arg"}
+    assert set(payload["gpus"][0]) == {f.name for f in fields(GpuDelta)}
+    assert set(payload["desired"][0]) == {f.name for f in fields(DesiredOp)} - {"data"} | {"data_arg"}
+    assert set(payload["events"][0]) == {f.name for f in fields(EventRecord)}
+    assert records == ["{}", "{}"] and payload["jobs"][0]["data_arg"] == 4 and payload["desired"][1]["data_arg"] is None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import json
 import math
 from dataclasses import replace
 
@@ -82,8 +85,32 @@ def test_job_codec_roundtrip(shape, state, reason, steps, labels):
     job = Job("j", "r", spec, state=state, reason=reason, placement=placement, progress_steps=steps, version=4)
     assert codec.loads(Job, codec.dumps(job)) == job
     assert codec.loads(Job, codec.dumps(replace(job, placement=None))).placement is None
+    for value in (job, replace(job, placement=None)):  # the compiled encoder writes what a reflective walk writes
+        assert codec.dumps(value) == json.dumps(_reflective(value), separators=(",", ":"), sort_keys=True)
+
+
+def _reflective(value):
+    """Reference encoding: walk the values with ``dataclasses.fields`` (what the codec must stay equal to)."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: _reflective(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return [_reflective(v) for v in value]
+    return value
+
+
+def test_workload_codec_matches_reflective_encoding_and_roundtrips():
+    from elastico.domain import GpuCounters, Workload
+
+    for w in (Workload("j", (0, 1), 50.0, 1024),
+              Workload("j", (2,), 25.0, 512, status="failed", reason=StateReason.COTENANT_FAULT, exit_code=-9,
+                       cotenants=("a", "b"), norm_throughput=0.5, counters=GpuCounters(sm_util_pct=3.0, mem_used_mib=1.0))):
+        assert codec.dumps(w) == json.dumps(_reflective(w), separators=(",", ":"), sort_keys=True)
+        assert codec.loads(Workload, codec.dumps(w)) == w
 
 
 def test_node_codec_roundtrip():
     node: NodeInfo = make_node(gpus=3)
     assert codec.loads(NodeInfo, codec.dumps(node)) == node
+    assert codec.dumps(node) == json.dumps(_reflective(node), separators=(",", ":"), sort_keys=True)
