@@ -332,13 +332,20 @@ class ElastiCo(Policy):
         room = 100.0 - gs.sum(axis=1)
         open_ = (gj < 0).any(axis=1)
         room_cnt = {float(x): int(((room >= x - 1e-9) & open_).sum()) for x in sh}
+        # predictions are made on the GPUs with room for the smallest share only (under contention a
+        # handful of 512): same decisions, a fraction of the work
+        rows = np.flatnonzero((room >= float(sh.min()) - 1e-9) & open_)
+        try_order = np.argsort(-speed, axis=1, kind="stable")  # [J, S] shares by speed, once for all
+        min_ok = np.argmax(ok, axis=1)  # smallest feasible share of each candidate
         for c in np.flatnonzero(choice >= 0):
             if attempts >= self.max_attempts or free_slots == 0 or free_share < min(self.shares_pct):
                 break
-            j = int(cand[c])
             nj = int(n[c])
+            if room_cnt[float(sh[min_ok[c]])] < nj:
+                continue  # not even its smallest feasible share fits on enough GPUs
+            j = int(cand[c])
             t = int(jobs.type_idx[j])
-            tries = [int(choice[c])] + [s for s in np.argsort(-speed[c], kind="stable") if ok[c, s] and s != choice[c]]
+            tries = [int(choice[c])] + [int(s) for s in try_order[c] if ok[c, s] and s != choice[c]]
             for s in tries:
                 share = float(sh[s])
                 key = (t, nj, share)
@@ -347,19 +354,20 @@ class ElastiCo(Policy):
                     continue
                 attempts += 1
                 if state is None:
-                    state = TenantState(self.M, self.kappa, gj, gs, jobs, True)
+                    state = TenantState(self.M, self.kappa, gj[rows], gs[rows], jobs, True)
                 pred = state.join(t, float(jobs.solo_util[j]), share, self.train_floor, self.slo_factor)
                 feas = (pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok
                         & (pred.new_norm >= self.train_floor - 1e-9))
-                gain = wc[c] * pred.new_norm - weighted_loss(pred, gj, W)
+                gain = wc[c] * pred.new_norm - weighted_loss(pred, gj[rows], W)
                 feas &= gain > 0
                 # ties (e.g. many empty GPUs) go to the fullest GPU: keeps whole GPUs free for gangs
-                g = pick_gang(gain - 1e-6 * pred.share_free, feas, nj)
-                if g is None:
+                gl = pick_gang(gain - 1e-6 * pred.share_free, feas, nj)
+                if gl is None:
                     failed.add(key)
                     continue
+                g = rows[gl]
                 occupy(gj, gs, j, g, share)
-                state.refresh(g, gj, gs)
+                state.refresh(gl, gj[rows], gs[rows])
                 d.place.append((j, g, share))
                 free_share -= nj * share
                 free_slots -= nj
@@ -400,24 +408,33 @@ class ElastiCo(Policy):
         gpu_max = np.where(ten_ok.all(axis=1), wt.max(axis=1), np.inf)  # heaviest tenant (inf: not emptiable)
         gpu_cost = wt.sum(axis=1)
         order_q = waiting[np.argsort(-wq, kind="stable")][: 4 * self.max_preempt_jobs]
+        # waiting jobs come in decreasing weight, so a gang size that failed fails for every later job
+        fail_n = np.inf
         for c in order_q:
             if served >= self.max_preempt_jobs:
                 break
             c = int(c)
             n = int(jobs.num_gpus[c])
+            if n >= fail_n:
+                continue
             ok = gpu_max * self.preempt_ratio < W[c]
             if int(ok.sum()) < n:
+                fail_n = n
                 continue
             cost = np.where(ok, gpu_cost, np.inf)
             target = np.sort(np.argsort(cost, kind="stable")[:n])
             if (gpu_max[target] <= 0).all():
                 continue  # enough empty GPUs already: placement's concern, not preemption's
             if gpu_cost[target].max() * self.preempt_ratio >= W[c]:
+                fail_n = n
                 continue  # one GPU's victims alone already weigh too much
-            victims = sorted({int(t) for t in gj[target].ravel() if t >= 0}, key=lambda t: W[t])
+            vic = np.unique(gj[target])
+            vic = vic[vic >= 0]
             # the victims' weight together must also be clearly below the waiting job's
-            if W[victims].sum() * self.preempt_ratio >= W[c]:
+            if W[vic].sum() * self.preempt_ratio >= W[c]:
+                fail_n = n
                 continue
+            victims = sorted(vic.tolist(), key=lambda t: W[t])
             touched = set(target.tolist())
             for t in victims:
                 d.preempt.append(t)
