@@ -6,8 +6,8 @@ API plus its scheduler (leader, ElastiCo policy, pricing through the pricer serv
 load client (``--client``: SubmitJob over gRPC, 64 calls in flight) in its own process; and the 64 node
 agents played by one more process (``--agents``): 64 nodes x 8 simulated V100s are registered **directly
 with ``Store.put_node``** (heartbeats refreshed every 2 s), and every placement an agent is given (desired
-state polled every 0.1 s, the 64 polls batched into one MGET) is reported back as finished at once
-(``Store.report_workloads``), so capacity keeps turning over.
+state polled every 0.1 s; the 64 agents' polls and reports batched, see ``_fake_agents``) is reported back
+as finished at once, so capacity keeps turning over.
 ElastiCo runs with ``max_attempts=256`` placement attempts per round (``ELASTICO_POLICY_MAX_ATTEMPTS``;
 the policy's default of 16 bounds rounds for the simulator, where a round runs at every event instant).
 The interference estimate is the calibrated utilisation rule: the pair matrix is a per-type table the
@@ -41,10 +41,12 @@ from pathlib import Path
 
 import grpc
 
-from elastico.domain import GpuInfo, Job, JobKind, JobSpec, JobState, NodeInfo, StateReason, TrainingWork, Workload, placement_id
+from elastico.domain import (GpuInfo, Job, JobKind, JobSpec, JobState, NodeInfo, Placement, StateReason, TrainingWork,
+                             Workload, placement_id)
 from elastico.healthcheck import health_status
 from elastico.redis_embedded import EmbeddedRedis, free_port
 from elastico.rpc.server import ServiceBinding, create_server
+from elastico.state import codec
 from elastico.state.redis_store import RedisStore
 from elastico.v1 import allocator_pb2 as apb
 from elastico.v1 import allocator_pb2_grpc
@@ -74,22 +76,42 @@ async def _register(store: RedisStore, nodes: int) -> None:
 
 async def _fake_agents(store: RedisStore, node_ids: list[str], stop: asyncio.Event, period_s: float = 0.1) -> None:
     """Report every desired placement as finished (the bench plays 64 node agents): every ``period_s`` the
-    desired-state generations are polled, and a node whose generation changed is answered with a report, as
-    its agent would reconcile. One process plays all 64, so their polls share one MGET (harness overhead on
-    this machine's two cores; a real agent polls its own node from its own machine)."""
+    desired-state generations are polled, and each node whose generation changed gets a report, as its
+    agent would reconcile. One process plays all 64 on this machine's two cores, so their Redis traffic is
+    batched (harness overhead; a real agent polls and reports its own node from its own machine): one MGET
+    for the generations, one MULTI reading the changed nodes' desired states, one MULTI writing their reports
+    (each node's report replaces its whole table with its generation, as ``Store.report_workloads`` does)."""
+    k = store._k  # noqa: SLF001 - key names stay in elastico.state.keys
+    r = store._r  # noqa: SLF001
     reported: dict[str, int] = {}
-    gen_keys = [store._k.desired_gen(n) for n in node_ids]  # noqa: SLF001 - the harness batches 64 agents' polls
+    placements: dict[str, Placement] = {}  # decoded desired entries by their JSON (the harness's own memo)
     while not stop.is_set():
-        gens = await store._r.mget(gen_keys)  # noqa: SLF001
-        for n, g in zip(node_ids, gens, strict=True):
-            if reported.get(n) == int(g or 0):
-                continue
-            gen, desired = await store.get_desired(n)
-            await store.report_workloads(n, gen, [
-                Workload(j, (p.slices[0].gpu_index,), p.slices[0].compute_share_pct, p.slices[0].mem_mib, status="succeeded",
-                         reason=StateReason.COMPLETED, placement_id=placement_id(p), progress_steps=1000)
-                for j, p in desired.items() if any(s.node_id == n for s in p.slices)])
-            reported[n] = gen
+        gens = await r.mget([k.desired_gen(n) for n in node_ids])
+        changed = [n for n, g in zip(node_ids, gens, strict=True) if reported.get(n) != int(g or 0)]
+        if changed:
+            pipe = r.pipeline(transaction=True)
+            for n in changed:
+                pipe.get(k.desired_gen(n))
+                pipe.hgetall(k.desired(n))
+            rows = await pipe.execute()
+            pipe = r.pipeline(transaction=True)
+            for i, n in enumerate(changed):
+                gen, table = int(rows[2 * i] or 0), rows[2 * i + 1]
+                done = []
+                for j, data in table.items():
+                    p = placements.get(data) or placements.setdefault(data, codec.loads(Placement, data))
+                    s0 = next((s for s in p.slices if s.node_id == n), None)
+                    if s0 is not None:
+                        done.append(Workload(j, (s0.gpu_index,), s0.compute_share_pct, s0.mem_mib, status="succeeded",
+                                             reason=StateReason.COMPLETED, placement_id=placement_id(p), progress_steps=1000))
+                pipe.delete(k.workloads(n))
+                if done:
+                    pipe.hset(k.workloads(n), mapping={w.job_id: codec.dumps(w) for w in done})
+                pipe.set(k.workloads_gen(n), gen)
+                reported[n] = gen
+            await pipe.execute()
+            if len(placements) > 100_000:
+                placements.clear()
         await asyncio.sleep(period_s)
 
 
