@@ -31,6 +31,10 @@ log = get_logger(component="allocator")
 MAX_PAGE_SIZE = 1000
 CAS_RETRIES = 5
 MAX_SUBMIT_BATCH = 256  # SubmitJob calls written together in one Store.create_jobs at most
+# How long the first submission of a batch waits for others (a SubmitJob answers at most this much later).
+# Measured on bench.allocator: 2 ms vs one loop iteration: ~3x fewer Redis calls, allocator CPU 0.88-1.13 ->
+# 0.82-0.84 ms per submitted and placed job.
+SUBMIT_LINGER_S = 0.002
 
 
 def _require_job_id(job_id: str) -> str:
@@ -42,8 +46,8 @@ def _require_job_id(job_id: str) -> str:
 class SubmitBatcher:
     """Coalesces concurrent submissions into one ``Store.create_jobs`` call (one Redis round trip per batch).
 
-    No timer: the first write starts after one event-loop iteration (the calls already received join it);
-    submissions arriving while a write is in flight queue up and go together in the next one. Each job is still its own atomic,
+    The first write starts ``SUBMIT_LINGER_S`` after the first submission (the calls received meanwhile join
+    it); submissions arriving while a write is in flight queue up and go together in the next one. Each job is still its own atomic,
     idempotent-by-request-id transaction, so batching changes no outcome, only the number of round trips.
     """
 
@@ -63,7 +67,7 @@ class SubmitBatcher:
 
     async def _drain(self) -> None:
         try:
-            await asyncio.sleep(0)  # one loop iteration: submissions already received join this first write
+            await asyncio.sleep(SUBMIT_LINGER_S)  # submissions arriving meanwhile join this first write
             while self._queue:
                 batch, self._queue = self._queue[:self._max], self._queue[self._max:]
                 try:

@@ -130,6 +130,22 @@ async def test_submit_is_idempotent_and_cancel_works(suite):
     await expect_code(a.CancelJob(allocator_pb2.CancelJobRequest(job_id=first.job.job_id), timeout=5), grpc.StatusCode.FAILED_PRECONDITION)
 
 
+async def test_concurrent_submits_are_batched_yet_idempotent_each(suite):
+    """Concurrent SubmitJobs share Store writes (SubmitBatcher) but each request id yields exactly one job."""
+    a = suite["alloc"]
+    reqs = [allocator_pb2.SubmitJobRequest(request_id=f"burst-{i % 20}", spec=training_spec()) for i in range(60)]
+    answers = await asyncio.gather(*(a.SubmitJob(r, timeout=10) for r in reqs))
+    by_request: dict[str, set[str]] = {}
+    created: dict[str, int] = {}
+    for r, ans in zip(reqs, answers, strict=True):
+        by_request.setdefault(r.request_id, set()).add(ans.job.job_id)
+        created[r.request_id] = created.get(r.request_id, 0) + int(ans.created)
+    assert all(len(ids) == 1 for ids in by_request.values()) and set(created.values()) == {1}
+    listed = await a.ListJobs(allocator_pb2.ListJobsRequest(page_size=100), timeout=5)
+    assert sorted(j.job_id for j in listed.jobs if j.request_id.startswith("burst-")) == \
+        sorted(next(iter(ids)) for ids in by_request.values())
+
+
 async def test_watch_streams_events_and_resumes(suite):
     a = suite["alloc"]
     stream = a.WatchJobs(allocator_pb2.WatchJobsRequest(after_event_id="0"), timeout=10)
