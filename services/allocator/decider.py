@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +52,19 @@ class PolicySpec:
 
 # --- worker process side ------------------------------------------------------------------------------
 _WORKER: dict[str, Any] = {}
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Worker initializer: leave when the scheduler's process is gone (even SIGKILLed, which skips cleanup)."""
+    import os
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _warm_up() -> bool:
@@ -93,7 +107,8 @@ class ProcessDecider:
     def start(self) -> None:
         """Start the worker (spawn: a fresh interpreter, no forked gRPC or event-loop state) and warm it up."""
         if self._pool is None:
-            self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                                                initializer=_exit_with_parent, initargs=(os.getpid(),))
             self._pool.submit(_warm_up)
 
     async def decide(self, spec: PolicySpec, view, local: Callable[[], Any]) -> tuple[Any, tuple | None]:
