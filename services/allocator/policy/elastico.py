@@ -79,7 +79,13 @@ Tried, measured, not adopted (rule estimator, seed 0; avg JCT, this version in b
   GPUs when nobody waits and the time saved exceeds 4 restarts -- together with placing new inference
   services on the GPU that loses the least predicted training speed: 64 GPUs @ load 1: 235.7 h [235.5],
   @ load 2: 308.3 h [304.6]; 512 GPUs @ load 0.25, 1200 jobs: 89.4 h [89.4];
-* displacing a gang only for a gang at least as large: 64 GPUs @ load 1: 240.8 h [235.5].
+* displacing a gang only for a gang at least as large: 64 GPUs @ load 1: 240.8 h [235.5];
+* refusing a slowed start (predicted speed < 1) when waiting for whole GPUs (EASY's shadow time from the
+  same estimates) would finish sooner, plus moving a growing inference service to an idle GPU instead of
+  evicting training: 64 GPUs @ 1: 234.4 h [235.5], @ 2: 306.3 h [304.6]; 512 @ 0.25: 89.38 h [89.37];
+* a minimum wait before a job may displace others (30 min / 2 h): 512 @ 0.25: 89.37 / 89.41 h [89.37];
+  no preemption at all: 89.51 h (that cell is bound by run times: every scheduler's queueing delay there
+  is under 0.6 h of ~89 h).
 
 Not done (yet): multi-GPU shape changes, and inference forecasts tighter than the engine's one-hour peak.
 """
