@@ -557,7 +557,8 @@ def _argmax0(m: np.ndarray, mx: np.ndarray) -> np.ndarray:
     return b
 
 
-def _invalid_result(problem: PricingProblem, err: PricingInputError, t0: float) -> PricingResult:
+def invalid_result(problem: PricingProblem, err: PricingInputError, t0: float) -> PricingResult:
+    """The INFEASIBLE_INPUT result for ``err``: everyone waits, the field is named (shared with the MILP)."""
     try:
         J = int(np.shape(problem.utility)[0]) if np.ndim(problem.utility) >= 1 else 0
     except (ValueError, TypeError):
@@ -630,7 +631,7 @@ def solve(
             if wp.shape != (problem.num_pools,) or not np.all(np.isfinite(wp)) or (wp < 0).any():
                 raise PricingInputError("warm_prices", f"must be [R] finite and >= 0, got shape {wp.shape}")
     except PricingInputError as err:
-        return _invalid_result(problem, err, t0)
+        return invalid_result(problem, err, t0)
     deadline = t0 + opts.time_limit_s
     P = _Prepared(problem)
     inc = _Incumbent(P)

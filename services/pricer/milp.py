@@ -25,6 +25,7 @@ from services.pricer.core import (
     PricingResult,
     SolveStatus,
     allocation_value,
+    invalid_result,
     relative_gap,
 )
 
@@ -53,19 +54,7 @@ def solve_milp(problem: PricingProblem, time_limit_s: float = 60.0, mip_rel_gap:
         if not (time_limit_s > 0):
             raise PricingInputError("time_limit_s", "must be > 0")
     except PricingInputError as err:
-        return PricingResult(
-            choice=np.full(J, -1, dtype=np.int64),
-            prices=np.zeros(R),
-            primal_value=0.0,
-            dual_bound=float("nan"),
-            gap=float("nan"),
-            iterations=0,
-            wall_time_s=time.perf_counter() - t0,
-            status=SolveStatus.INFEASIBLE_INPUT,
-            never_fits=np.zeros(J, dtype=bool),
-            error_field=err.field,
-            message=str(err),
-        )
+        return invalid_result(problem, err, t0)
     u = np.asarray(problem.utility, dtype=np.float64)
     d = np.asarray(problem.demand, dtype=np.float64)
     c = np.asarray(problem.capacity, dtype=np.float64)
