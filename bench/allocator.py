@@ -2,7 +2,8 @@
 
 Setup (printed with the figures), one process per role as a deployment runs them: a private redis-server
 (embedded); the pricer (``python -m services.pricer``, real gRPC); in this process the allocator's gRPC job
-API plus its scheduler (leader, ElastiCo policy, pricing through the pricer service with a deadline); the
+API plus its scheduler (leader, ElastiCo policy, pricing through the pricer service with a deadline), with
+``policy.decide`` in the scheduler's worker process as ``services.allocator`` runs it by default; the
 load client (``--client``: SubmitJob over gRPC, 64 calls in flight) in its own process; and the 64 node
 agents played by one more process (``--agents``): 64 nodes x 8 simulated V100s are registered **directly
 with ``Store.put_node``** (heartbeats refreshed every 2 s), and every placement an agent is given (desired
@@ -270,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     jobs, rounds, pending = (400, 3, 300) if a.smoke else (3000, 9, 1000)
     print(f"bench.allocator: {NODES} nodes x {GPUS_PER_NODE} GPUs (registered with put_node; agents played by the bench), "
-          f"real redis-server, pricer process over gRPC, allocator API + scheduler in this process, load client and "
-          f"played agents in their own processes"
+          f"real redis-server, pricer process over gRPC, allocator API + scheduler in this process (decide() in its "
+          f"worker process), load client and played agents in their own processes"
           f"{' [SMOKE: reduced sizes, targets not judged]' if a.smoke else ''}", flush=True)
     r = asyncio.run(bench(jobs, rounds, pending, NODES))
     med = statistics.median(r["round_s"])
