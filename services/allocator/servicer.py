@@ -47,8 +47,9 @@ class SubmitBatcher:
     """Coalesces concurrent submissions into one ``Store.create_jobs`` call (one Redis round trip per batch).
 
     The first write starts ``SUBMIT_LINGER_S`` after the first submission (the calls received meanwhile join
-    it); submissions arriving while a write is in flight queue up and go together in the next one. Each job is still its own atomic,
-    idempotent-by-request-id transaction, so batching changes no outcome, only the number of round trips.
+    it); submissions arriving while a write is in flight queue up and go together in the next one. Each job
+    is still its own atomic, idempotent-by-request-id transaction, so batching changes no outcome, only the
+    number of round trips.
     """
 
     def __init__(self, store: Store, max_batch: int = MAX_SUBMIT_BATCH) -> None:
