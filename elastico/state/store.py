@@ -88,6 +88,20 @@ class Transaction:
     events: list[EventRecord] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class PreparedUpdates:
+    """``update_jobs`` changes encoded ahead of time (``Store.prepare_updates``), applied by ``apply_updates``.
+
+    Lets a caller do the encoding while it waits for something else (a round: while the policy decides).
+    """
+
+    items: tuple[tuple[Transaction, Job], ...]  # (its transaction, the job it stores) per change
+
+    def only(self, job_ids: set[str]) -> PreparedUpdates:
+        """The changes of ``job_ids`` only (in their original order)."""
+        return PreparedUpdates(tuple(it for it in self.items if it[1].job_id in job_ids))
+
+
 class DuplicateRequest(Exception):
     """Internal: the transaction's request id already maps to ``job_id``."""
 
@@ -115,6 +129,12 @@ class Store(Protocol):
     async def update_job(self, old: Job, new: Job, *, epoch: int | None = None) -> Job: ...
     async def update_jobs(self, changes: Sequence[tuple[Job, Job]], *, epoch: int | None = None) -> list[Job | Conflict]:
         """``update_job`` for each (old, new) on its own, in one round trip: the new job or its Conflict."""
+        ...
+    def prepare_updates(self, changes: Sequence[tuple[Job, Job]], *, epoch: int | None = None) -> PreparedUpdates:
+        """Encode ``update_jobs(changes)`` now (CPU only, no I/O) to apply later with ``apply_updates``."""
+        ...
+    async def apply_updates(self, prepared: PreparedUpdates) -> list[Job | Conflict]:
+        """Apply prepared changes exactly as ``update_jobs`` would (each checked on its own when applied)."""
         ...
     async def commit_placements(self, epoch: int, placements: Sequence[tuple[Job, Placement]]) -> list[Job]: ...
     async def release_job(
@@ -318,7 +338,16 @@ class StoreBase:
         Raises:
             StaleEpoch: ``epoch`` is stale (then no change was written).
         """
-        built = [_update_tx(old, new, epoch) for old, new in changes]
+        return await self.apply_updates(self.prepare_updates(changes, epoch=epoch))
+
+    def prepare_updates(self, changes: Sequence[tuple[Job, Job]], *, epoch: int | None = None) -> PreparedUpdates:
+        """``update_jobs(changes)`` encoded now, applied later by ``apply_updates`` (the versions are checked
+        then: a job that moved in between gets its Conflict, as with ``update_jobs``)."""
+        return PreparedUpdates(tuple(_update_tx(old, new, epoch) for old, new in changes))
+
+    async def apply_updates(self, prepared: PreparedUpdates) -> list[Job | Conflict]:
+        """Apply ``prepare_updates``' changes in one round trip; see ``update_jobs`` for the results."""
+        built = list(prepared.items)
         return self._each_result(built, await self._apply_each([tx for tx, _ in built]))
 
     async def commit_placements(self, epoch: int, placements: Sequence[tuple[Job, Placement]]) -> list[Job]:

@@ -41,7 +41,7 @@ import numpy as np
 from elastico.domain import Job, JobState, NodeInfo, Placement, StateReason, Workload
 from elastico.errors import Conflict, ElasticoError, StaleEpoch, Unavailable, WrongState
 from elastico.logging import get_logger
-from elastico.state.store import Store
+from elastico.state.store import PreparedUpdates, Store
 from services.allocator import metrics as m
 from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient, pool_names
 from services.allocator.decider import PolicySpec, ProcessDecider
@@ -325,7 +325,8 @@ class Scheduler:
         rep.pending = len(view.pending)
         m.QUEUE_LENGTH.set(len(view.pending))
         t1 = time.perf_counter()
-        decision = await self._decide(policy, view) if len(view.pending) else None
+        decision, prepared = await self._decide_and_prepare(policy, view, index, total_gpus, epoch) \
+            if len(view.pending) else (None, None)
         rep.decide_seconds = time.perf_counter() - t1
         m.DECIDE_SECONDS.observe(rep.decide_seconds)
 
@@ -359,7 +360,7 @@ class Scheduler:
             placing = {j.job_id for j, _ in batch}
             left = [index.jobs[int(r)] for r in view.pending if index.jobs[int(r)].job_id not in placing]
             for outcome in await asyncio.gather(self._commit(epoch, batch, rep, touched),
-                                                self._mark_unschedulable_now(epoch, left, total_gpus, rep),
+                                                self._mark_unschedulable_now(epoch, left, total_gpus, rep, prepared),
                                                 return_exceptions=True):
                 if isinstance(outcome, BaseException):  # StaleEpoch, Unavailable: after both have finished
                     raise outcome
@@ -467,15 +468,50 @@ class Scheduler:
                      gpus=[f"{s.node_id}:{s.gpu_index}" for s in j.placement.slices])
         return True
 
-    async def _mark_unschedulable_now(self, epoch: int, left: list[Job], total_gpus: int, rep: RoundReport) -> None:
+    @staticmethod
+    def _mark_candidates(pending: list[Job], total_gpus: int) -> list[Job]:
+        """Pending jobs that would get UNSCHEDULABLE_NOW if left queued: not marked yet, and able to fit at all."""
+        return [j for j in pending if j.reason is not StateReason.UNSCHEDULABLE_NOW
+                and not (total_gpus and spec_num_gpus(j.spec) > total_gpus)]
+
+    @staticmethod
+    def _marked(jobs: list[Job]) -> list[tuple[Job, Job]]:
+        return [(j, replace(j, reason=StateReason.UNSCHEDULABLE_NOW, message=UNSCHEDULABLE_NOW_MESSAGE)) for j in jobs]
+
+    async def _decide_and_prepare(self, policy, view, index, total_gpus: int, epoch: int):
+        """``(decision, prepared marks or None)``. While the worker *process* decides, the event loop is free: when
+        the policy's per-round cap means some candidates must stay queued, their UNSCHEDULABLE_NOW marks are
+        encoded meanwhile (the round drops those of jobs it places: at most ``cap`` encodings wasted)."""
+        cap = self.s.policy_max_attempts or int(getattr(policy, "max_attempts", 0) or 0)
+        task = asyncio.ensure_future(self._decide(policy, view))
+        prepared = None
+        try:
+            if self._spec is not None and cap:
+                candidates = self._mark_candidates([index.jobs[int(r)] for r in view.pending], total_gpus)
+                if len(candidates) > cap:
+                    await asyncio.sleep(0)  # the decide task hands the view to the worker first
+                    prepared = self.store.prepare_updates(self._marked(candidates), epoch=epoch)
+        except BaseException:
+            task.cancel()
+            raise
+        return await task, prepared
+
+    async def _mark_unschedulable_now(self, epoch: int, left: list[Job], total_gpus: int, rep: RoundReport,
+                                      prepared: PreparedUpdates | None = None) -> None:
         """Pending jobs this round leaves queued carry UNSCHEDULABLE_NOW: written once, on the transition (a job
         already marked, or one that can never fit, is left alone), in one batch; its event wakes no round."""
-        marks = [j for j in left if j.reason is not StateReason.UNSCHEDULABLE_NOW
-                 and not (total_gpus and spec_num_gpus(j.spec) > total_gpus)]
+        marks = self._mark_candidates(left, total_gpus)
         if not marks:
             return
-        results = await self.store.update_jobs(
-            [(j, replace(j, reason=StateReason.UNSCHEDULABLE_NOW, message=UNSCHEDULABLE_NOW_MESSAGE)) for j in marks], epoch=epoch)
+        if prepared is None:
+            prepared = self.store.prepare_updates(self._marked(marks), epoch=epoch)
+        else:  # encoded during decide: keep the jobs left queued, encode any it did not cover
+            prepared = prepared.only({j.job_id for j in marks})
+            covered = {job.job_id for _, job in prepared.items}
+            rest = [j for j in marks if j.job_id not in covered]
+            if rest:
+                prepared = PreparedUpdates(prepared.items + self.store.prepare_updates(self._marked(rest), epoch=epoch).items)
+        results = await self.store.apply_updates(prepared)
         rep.unschedulable = sum(1 for r in results if not isinstance(r, Conflict))
 
     @staticmethod

@@ -250,6 +250,25 @@ async def test_decide_worker_process_decides_as_a_thread_and_survives_its_death(
         _WORKER.clear()
 
 
+async def test_marks_encoded_during_a_worker_decide_are_written_for_the_jobs_left_only(store):
+    """decide_worker=process with a per-round cap below the queue: the UNSCHEDULABLE_NOW marks are encoded
+    while the worker decides; the round writes them for the jobs it left queued, none for those it placed."""
+    await heartbeat(store, "n1", "n2", gpus=4)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(decide_worker="process", policy_max_attempts=2), lease)
+    try:
+        jobs = [(await store.create_job(make_job(spec=make_spec(model_family="ResNet-18", batch_size=64))))[0]
+                for _ in range(6)]
+        rep = await sch.round(epoch)
+        assert 1 <= len(rep.placed) <= 2 and rep.unschedulable == 6 - len(rep.placed)
+        for j in jobs:
+            now = await store.get_job(j.job_id)
+            expected = StateReason.PLACED if j.job_id in rep.placed else StateReason.UNSCHEDULABLE_NOW
+            assert now.reason is expected and now.version == 2
+    finally:
+        await sch.close()
+
+
 @pytest.fixture
 async def services():
     """Pricer and predictor servicers in-process on port 0 (the predictor answers what its build serves)."""

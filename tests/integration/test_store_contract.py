@@ -347,3 +347,19 @@ def test_redis_transaction_payload_carries_every_field():
     assert set(payload["desired"][0]) == {f.name for f in fields(DesiredOp)} - {"data"} | {"data_arg"}
     assert set(payload["events"][0]) == {f.name for f in fields(EventRecord)}
     assert records == ["{}", "{}"] and payload["jobs"][0]["data_arg"] == 4 and payload["desired"][1]["data_arg"] is None
+
+
+async def test_prepared_updates_apply_like_update_jobs_and_check_versions_when_applied(store):
+    """prepare_updates encodes now; apply_updates checks each change's version only when applied."""
+    j1, _ = await store.create_job(make_job())
+    j2, _ = await store.create_job(make_job())
+    j3, _ = await store.create_job(make_job())
+    prepared = store.prepare_updates([(j, j.__class__(**{**j.__dict__, "reason": StateReason.UNSCHEDULABLE_NOW}))
+                                      for j in (j1, j2, j3)])
+    moved = await store.update_job(j2, j2.__class__(**{**j2.__dict__, "message": "moved meanwhile"}))
+    assert [j.job_id for _, j in prepared.only({j1.job_id, j2.job_id}).items] == [j1.job_id, j2.job_id]
+    r1, r2 = await store.apply_updates(prepared.only({j1.job_id, j2.job_id}))
+    assert r1.reason is StateReason.UNSCHEDULABLE_NOW and await store.get_job(j1.job_id) == r1
+    assert isinstance(r2, Conflict) and await store.get_job(j2.job_id) == moved
+    assert (await store.get_job(j3.job_id)).version == 1  # left out: not written
+    assert await store.apply_updates(prepared.only(set())) == []
