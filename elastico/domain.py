@@ -99,6 +99,7 @@ class JobSpec:
     inference: InferenceWork | None = None  # set iff kind is INFERENCE
     command: str = ""  # command line for the node agent; "" = built-in synthetic workload
     labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
+    allowed_nodes: tuple[str, ...] = ()  # node ids the job may be placed on; () = any (the Kubernetes extender pins a pod to its node)
 
 
 @dataclass(frozen=True)
@@ -303,5 +304,8 @@ def validate_job_spec(spec: JobSpec, path: str = "spec") -> None:
         raise InvalidSpec(f"{path}.kind", f"unknown kind {spec.kind!r}")
     for i, shape in enumerate(spec.shapes):
         validate_shape(shape, f"{path}.shapes[{i}]")
+    for i, node in enumerate(spec.allowed_nodes):
+        if not node.strip():
+            raise InvalidSpec(f"{path}.allowed_nodes[{i}]", "must be a non-empty node id")
     if not spec.shapes and not spec.model_family:
         raise InvalidSpec(f"{path}.model_family", "is required when no shapes are given (shapes are derived from it)")

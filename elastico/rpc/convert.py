@@ -69,6 +69,7 @@ def job_spec_from_pb(m: pb.JobSpec, path: str = "spec") -> d.JobSpec:
         kind=kind, name=m.name, tenant=m.tenant or "default", priority=m.priority, model_family=m.model_family,
         batch_size=m.batch_size, precision=m.precision or "fp32", shapes=tuple(shape_from_pb(s) for s in m.shapes),
         training=training, inference=inference, command=m.command, labels=tuple(sorted(m.labels.items())),
+        allowed_nodes=tuple(m.allowed_nodes),
     )
     d.validate_job_spec(spec, path)
     return spec
@@ -77,7 +78,8 @@ def job_spec_from_pb(m: pb.JobSpec, path: str = "spec") -> d.JobSpec:
 def job_spec_to_pb(s: d.JobSpec) -> pb.JobSpec:
     m = pb.JobSpec(name=s.name, tenant=s.tenant, priority=s.priority, kind=_KIND_TO_PB[s.kind],
                    model_family=s.model_family, batch_size=s.batch_size, precision=s.precision,
-                   shapes=[shape_to_pb(x) for x in s.shapes], command=s.command, labels=dict(s.labels))
+                   shapes=[shape_to_pb(x) for x in s.shapes], command=s.command, labels=dict(s.labels),
+                   allowed_nodes=list(s.allowed_nodes))
     if s.training is not None:
         m.training.CopyFrom(pb.TrainingWork(total_steps=s.training.total_steps, max_slowdown=s.training.max_slowdown))
     if s.inference is not None:

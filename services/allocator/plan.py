@@ -35,7 +35,9 @@ from elastico.domain import (
 from elastico.state.store import FULL_GPU_SHARE_UNITS, share_units
 from services.allocator.policy import INFERENCE, TRAINING, ClusterView, Decision, JobTable, TypeTable
 from services.allocator.policy.inference import slo_margin
+from services.allocator.policy.placement import TenantState, pick_gang
 from services.allocator.policy.shapes import SHARES_PCT, share_speed
+from services.allocator.policy.view import occupy, vacate
 
 # --------------------------------------------------------------------------------------------------
 # 1. Agent reports -> job transitions
@@ -122,6 +124,7 @@ class ViewIndex:
     gpu_type: list[str]  # [G]
     iso_rate: np.ndarray  # [N] isolated steps/s of each job row at its gang size (NaN unknown)
     free: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # (share units, MiB) left per known GPU
+    restricted: list[int] = field(default_factory=list)  # pending rows with allowed_nodes: placed by place_restricted, not the policy
 
 
 def spec_num_gpus(spec: JobSpec) -> int:
@@ -240,9 +243,75 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
                      attained_gpu_s=attained, share_pct=share, solo_util=solo, load_forecast=load, gpus=gpus,
                      restarts=np.array([j.restarts for j in rows], np.int64), queued_since_s=queued_since,
                      remaining_est_s=remaining, last_change_s=last_change)
+    # pending jobs pinned to nodes (allowed_nodes) stay rows of the table but are not the policy's to place: the
+    # policies choose among all GPUs, so :func:`place_restricted` places these after the policy has decided
+    restricted = [r for r in range(len(placed), N) if rows[r].spec.allowed_nodes]
+    free_rows = np.array([r for r in range(len(placed), N) if not rows[r].spec.allowed_nodes], np.int64)
     view = ClusterView(now_s=now_s * ts, gpu_job=gpu_job, gpu_share=gpu_share, jobs=table,
-                       pending=np.arange(len(placed), N, dtype=np.int64), running=running, types=types)
-    return view, ViewIndex(rows, gpu_keys, np.array(mem, np.int64), gtype, iso, free)
+                       pending=free_rows, running=running, types=types)
+    return view, ViewIndex(rows, gpu_keys, np.array(mem, np.int64), gtype, iso, free, restricted)
+
+
+def place_restricted(decision: Decision | None, view: ClusterView, index: ViewIndex, estimate: np.ndarray | None,
+                     kappa: float, train_floor: float, slo_factor: float = 10.0) -> Decision | None:
+    """Add placements for the pending jobs pinned to nodes (``JobSpec.allowed_nodes``) to the policy's decision.
+
+    Why a pass of its own: every policy places over all GPUs, and a pod that kube-scheduler bound to a node can
+    only use that node's GPUs. These jobs are placed in submission order on the capacity the policy's decision
+    leaves, in their explicit shapes' order (no shapes: one whole GPU per GPU of the gang), only on GPUs of their
+    allowed nodes with a free tenant slot, enough free share and memory, and, with an interference estimate, only
+    where every existing tenant keeps its floor (as the policies do); without an estimate (predictor degraded)
+    only on empty GPUs. Among feasible GPUs the candidate's predicted speed decides. The placements go through
+    :func:`translate` and the same atomic commit as the policy's, so nothing here can oversubscribe a GPU.
+
+    Returns:
+        ``decision`` with the pinned placements appended (a new one when it was None and some were placed).
+    """
+    if not index.restricted:
+        return decision
+    out = decision if decision is not None else Decision()
+    gpu_job, gpu_share = view.scratch()
+    for r in out.preempt:
+        vacate(gpu_job, gpu_share, int(r))
+    for r, sh in out.resize:
+        gpu_share[gpu_job == int(r)] = float(sh)
+    for r, g_rows, sh in out.place:
+        try:
+            occupy(gpu_job, gpu_share, int(r), np.atleast_1d(g_rows), float(sh))
+        except ValueError:
+            pass  # translate drops it too
+    mem_free = np.array([index.free.get(k, [0, 0])[1] for k in index.gpus], np.int64)
+    for r, g_rows, sh in out.place:
+        for g in np.atleast_1d(g_rows):
+            mem_free[int(g)] -= int(index.gpu_mem_mib[int(g)] * float(sh) // 100)
+    node_of = np.array([n for n, _ in index.gpus], dtype=object)
+    placed_any = False
+    for r in index.restricted:
+        job = index.jobs[r]
+        allowed = np.isin(node_of, list(job.spec.allowed_nodes)) if len(node_of) else np.zeros(0, bool)
+        options = [(s.num_gpus, s.compute_share_pct, s.mem_mib) for s in job.spec.shapes] or \
+                  [(spec_num_gpus(job.spec), 100.0, None)]
+        for n, share, mem in options:
+            need_mem = (index.gpu_mem_mib * share // 100).astype(np.int64) if mem is None else np.full(len(mem_free), mem)
+            ok = allowed & ((gpu_job < 0).any(axis=1)) & (100.0 - gpu_share.sum(axis=1) >= share - 1e-9) & (mem_free >= need_mem)
+            if estimate is None:
+                ok &= (gpu_job < 0).all(axis=1)
+                score = np.zeros(len(ok))
+            else:
+                pred = TenantState(estimate, kappa, gpu_job, gpu_share, view.jobs, True).join(
+                    int(view.jobs.type_idx[r]), float(view.jobs.solo_util[r]), share, train_floor, slo_factor)
+                ok &= pred.tenant_ok
+                score = pred.new_norm
+            g = pick_gang(score, ok, n)
+            if g is None:
+                continue
+            occupy(gpu_job, gpu_share, r, g, share)
+            mem_free[g] -= need_mem[g]
+            out.place.append((r, g, share))
+            placed_any = True
+            break
+    return out if (decision is not None or placed_any) else None
+
 
 
 # --------------------------------------------------------------------------------------------------
@@ -335,7 +404,7 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
         else:
             plan.dropped.append((job.job_id, f"resize to {sh}% does not fit"))
             gone.discard(r)
-    pending = set(int(r) for r in view.pending)
+    pending = set(int(r) for r in view.pending) | set(index.restricted)
     taken: set[int] = set()
     for r, g_rows, sh in decision.place:
         r = int(r)

@@ -47,7 +47,15 @@ from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient,
 from services.allocator.decider import PolicySpec, ProcessDecider
 from services.allocator.estimate import TypeResolver, default_kappa, default_types, exclusive_matrix, rule_matrix
 from services.allocator.leader import LeaderLease
-from services.allocator.plan import Transition, build_view, node_fresh, spec_num_gpus, transitions, translate
+from services.allocator.plan import (
+    Transition,
+    build_view,
+    node_fresh,
+    place_restricted,
+    spec_num_gpus,
+    transitions,
+    translate,
+)
 from services.allocator.policy import TypeTable, make_policy
 from services.allocator.policy.interference import compose_additive
 from services.allocator.policy.placement import pair_estimate
@@ -327,6 +335,7 @@ class Scheduler:
         t1 = time.perf_counter()
         decision, prepared = await self._decide_and_prepare(policy, view, index, total_gpus, epoch) \
             if len(view.pending) else (None, None)
+        decision = place_restricted(decision, view, index, matrix, self.kappa, self.s.train_floor)
         rep.decide_seconds = time.perf_counter() - t1
         m.DECIDE_SECONDS.observe(rep.decide_seconds)
 
@@ -358,7 +367,7 @@ class Scheduler:
             # the commit and the UNSCHEDULABLE_NOW marks of the jobs left queued touch disjoint jobs: both in flight
             # together (one encodes while Redis runs the other)
             placing = {j.job_id for j, _ in batch}
-            left = [index.jobs[int(r)] for r in view.pending if index.jobs[int(r)].job_id not in placing]
+            left = [index.jobs[int(r)] for r in [*view.pending, *index.restricted] if index.jobs[int(r)].job_id not in placing]
             for outcome in await asyncio.gather(self._commit(epoch, batch, rep, touched),
                                                 self._mark_unschedulable_now(epoch, left, total_gpus, rep, prepared),
                                                 return_exceptions=True):

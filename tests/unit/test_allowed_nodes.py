@@ -1,0 +1,115 @@
+"""JobSpec.allowed_nodes: validation, wire conversion, and the allocator's pinned placement pass (plan.place_restricted)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from elastico.domain import GpuSlice, JobState, Placement, Shape, StateReason, validate_job_spec
+from elastico.errors import InvalidSpec
+from elastico.rpc.convert import job_spec_from_pb, job_spec_to_pb
+from elastico.state import codec
+from services.allocator.estimate import TypeResolver, default_kappa, default_types, rule_matrix
+from services.allocator.plan import build_view, place_restricted, translate
+from services.allocator.policy import Decision
+from tests.conftest import make_job, make_node, make_spec
+
+NOW = 1_000_000.0
+TYPES = default_types()
+RESOLVE = TypeResolver(TYPES)
+KAPPA = default_kappa(TYPES.gpu_type)
+MATRIX = rule_matrix(TYPES, KAPPA)
+HALF = Shape(num_gpus=1, compute_share_pct=50.0, mem_mib=8192)
+
+
+def node(node_id: str, gpus: int = 2, used_share: dict[int, float] | None = None):
+    n = replace(make_node(node_id, gpus=gpus), last_heartbeat_s=NOW)
+    used = used_share or {}
+    return replace(n, gpus=tuple(replace(g, allocated_share_pct=used.get(g.index, 0.0),
+                                         allocated_mem_mib=int(16384 * used.get(g.index, 0.0) // 100)) for g in n.gpus))
+
+
+def pinned(*nodes: str, shapes=(HALF,), **kw):
+    return make_job(spec=make_spec(shapes=tuple(shapes), allowed_nodes=tuple(nodes), **kw))
+
+
+def running_on(node_id: str, gpu: int, share: float):
+    job = make_job(spec=make_spec(model_family="ResNet-18", batch_size=64))
+    p = Placement(job.job_id, 0, Shape(1, share, int(16384 * share // 100)),
+                  (GpuSlice(node_id, gpu, share, int(16384 * share // 100)),), epoch=1, committed_at_s=NOW - 5)
+    return replace(job, state=JobState.RUNNING, reason=StateReason.STARTED, placement=p)
+
+
+@pytest.mark.parametrize(("nodes", "field"), [
+    (("n1", ""), "spec.allowed_nodes[1]"),
+    (("  ",), "spec.allowed_nodes[0]"),
+], ids=["empty", "blank"])
+def test_blank_node_ids_are_invalid_and_named(nodes, field):
+    with pytest.raises(InvalidSpec) as exc:
+        validate_job_spec(make_spec(allowed_nodes=nodes))
+    assert exc.value.field == field
+
+
+def test_allowed_nodes_survive_the_wire_and_the_store_codec():
+    spec = make_spec(allowed_nodes=("gpu-node-7", "unknown-node"))
+    assert job_spec_from_pb(job_spec_to_pb(spec)) == spec
+    assert codec.loads(type(spec), codec.dumps(spec)) == spec
+    assert make_spec().allowed_nodes == ()
+
+
+def test_pinned_jobs_are_not_offered_to_the_policy():
+    free, pin = make_job(), pinned("n2")
+    view, idx = build_view([free, pin], [node("n1"), node("n2")], TYPES, RESOLVE, NOW, 15)
+    assert [idx.jobs[int(r)].job_id for r in view.pending] == [free.job_id]
+    assert [idx.jobs[r].job_id for r in idx.restricted] == [pin.job_id]
+
+
+def test_pinned_job_lands_on_its_node_only_and_translates_to_a_committable_placement():
+    pin = pinned("n2")
+    view, idx = build_view([pin], [node("n1"), node("n2")], TYPES, RESOLVE, NOW, 15)
+    decision = place_restricted(None, view, idx, MATRIX, KAPPA, train_floor=0.5)
+    plan = translate(decision, view, idx)
+    assert [j.job_id for j, _ in plan.place] == [pin.job_id] and not plan.dropped
+    (slice_,) = plan.place[0][1].slices
+    assert (slice_.node_id, slice_.compute_share_pct, slice_.mem_mib) == ("n2", 50.0, 8192)
+
+
+@pytest.mark.parametrize(("nodes", "used"), [
+    (("no-such-node",), {}),
+    (("n2",), {0: 70.0, 1: 70.0}),
+], ids=["unknown-node", "node-full"])
+def test_pinned_job_stays_pending_when_its_nodes_cannot_take_it(nodes, used):
+    pin = pinned(*nodes)
+    view, idx = build_view([pin], [node("n1"), node("n2", used_share=used)], TYPES, RESOLVE, NOW, 15)
+    assert place_restricted(None, view, idx, MATRIX, KAPPA, train_floor=0.5) is None
+
+
+def test_pinned_job_uses_capacity_left_by_the_policys_decision_and_shares_with_existing_tenants():
+    tenant = running_on("n1", 0, 50.0)
+    other, pin = make_job(spec=make_spec(shapes=(HALF,))), pinned("n1")
+    view, idx = build_view([tenant, other, pin], [node("n1", gpus=2, used_share={0: 50.0})], TYPES, RESOLVE, NOW, 15)
+    other_row = next(int(r) for r in view.pending)
+    decision = Decision(place=[(other_row, np.array([1]), 50.0)])  # the policy fills half of GPU 1
+    out = place_restricted(decision, view, idx, MATRIX, KAPPA, train_floor=0.1)
+    plan = translate(out, view, idx)
+    assert not plan.dropped
+    where = {j.job_id: {(s.node_id, s.gpu_index) for s in p.slices} for j, p in plan.place}
+    assert where[other.job_id] == {("n1", 1)} and len(where[pin.job_id]) == 1
+
+
+def test_without_an_estimate_pinned_jobs_only_take_empty_gpus():
+    tenant = running_on("n1", 0, 50.0)
+    pin = pinned("n1")
+    view, idx = build_view([tenant, pin], [node("n1", gpus=2, used_share={0: 50.0})], TYPES, RESOLVE, NOW, 15)
+    plan = translate(place_restricted(None, view, idx, None, KAPPA, train_floor=0.5), view, idx)
+    assert [(s.node_id, s.gpu_index) for s in plan.place[0][1].slices] == [("n1", 1)]
+
+
+def test_pinned_gang_without_shapes_takes_whole_gpus_of_its_node():
+    pin = make_job(spec=make_spec(allowed_nodes=("n2",)))
+    view, idx = build_view([pin], [node("n1"), node("n2")], TYPES, RESOLVE, NOW, 15)
+    plan = translate(place_restricted(None, view, idx, MATRIX, KAPPA, train_floor=0.5), view, idx)
+    (p,) = [p for _, p in plan.place]
+    assert {s.node_id for s in p.slices} == {"n2"} and p.slices[0].compute_share_pct == 100.0
