@@ -1,0 +1,67 @@
+"""``python -m services.kube``: the scheduler extender and/or the admission webhook (``ELASTICO_ROLE``)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import grpc
+from prometheus_client import start_http_server
+
+from elastico.config import ConfigError
+from elastico.logging import configure_logging
+from elastico.v1 import allocator_pb2_grpc, predictor_pb2_grpc
+from services.kube import app
+from services.kube.extender import Extender
+from services.kube.settings import KubeSettings
+
+
+async def serve(settings: KubeSettings) -> None:
+    log = configure_logging(settings.service_name, settings.log_level, settings.log_format)
+    extender = channels = None
+    reaper = None
+    if settings.role in ("extender", "both"):
+        from services.kube.kubeapi import KubeApi
+
+        channels = [grpc.aio.insecure_channel(settings.allocator_address)]
+        predictor = None
+        if settings.predictor_address:
+            channels.append(grpc.aio.insecure_channel(settings.predictor_address))
+            predictor = predictor_pb2_grpc.PredictorStub(channels[-1])
+        extender = Extender(settings, allocator_pb2_grpc.AllocatorStub(channels[0]), predictor, KubeApi(settings))
+        if settings.reap_interval_s > 0:
+            reaper = asyncio.create_task(extender.reap_forever())
+    if settings.metrics_port >= 0:
+        start_http_server(settings.metrics_port, addr=settings.host)
+    runner, port = await app.start(settings, extender)
+    if settings.port_file:
+        with open(settings.port_file, "w") as f:
+            f.write(str(port))
+    log.info("serving", role=settings.role, port=port, tls=bool(settings.tls_cert_file))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("stopping", grace_s=settings.shutdown_grace_s)
+    if reaper is not None:
+        reaper.cancel()
+    await runner.shutdown()
+    await runner.cleanup()
+    for ch in channels or ():
+        await ch.close(grace=settings.shutdown_grace_s)
+
+
+def main() -> int:
+    try:
+        settings = KubeSettings.from_env()
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""Scheduler extender (``k8s.io/kube-scheduler/extender/v1``): filter, prioritize and bind over HTTP JSON.
+
+The extender's Go structs have no JSON tags, so the keys are the Go field names: ``ExtenderArgs`` {``Pod``,
+``Nodes``, ``NodeNames``}, ``ExtenderFilterResult`` {``Nodes``, ``NodeNames``, ``FailedNodes``,
+``FailedAndUnresolvableNodes``, ``Error``}, ``HostPriorityList`` [{``Host``, ``Score``}],
+``ExtenderBindingArgs`` {``PodName``, ``PodNamespace``, ``PodUID``, ``Node``}, ``ExtenderBindingResult`` {``Error``}.
+
+Design (README "Kubernetes"): kube-scheduler picks the node, the allocator picks the GPU slice on it.
+
+* **filter** keeps the candidate nodes whose ElastiCo agent is ready and has the pod's gang of GPUs with the share
+  and memory free (``Allocator.GetClusterState``);
+* **prioritize** scores them with the predictor (``Predictor.PredictInterference`` of the pod against each GPU's
+  tenants, from ``Allocator.ListJobs``) and packing;
+* **bind** submits the pod as an allocator job pinned to the chosen node (``JobSpec.allowed_nodes``, request id
+  from the pod UID and the node: a retried bind finds the same job), waits up to ``ELASTICO_BIND_TIMEOUT_S`` for
+  a scheduling round to commit its slice through the allocator's atomic Redis path, records the slice on the pod
+  (annotations, *before* the Binding so the kubelet sees them at container start), then creates the Binding.
+
+Safe answers: a pod that did not opt in is passed through (filter keeps every node, prioritize scores 0, bind
+only binds). For an opted-in pod, an unreachable or slow allocator makes filter answer ``Error`` (fail closed:
+kube-scheduler retries the pod later; it is never placed without a slice); malformed annotations make every node
+"failed and unresolvable" with the annotation named; prioritize without the predictor scores by packing only;
+a bind whose slice is not committed in time cancels the job (no slice leaks) and answers ``Error``, so
+kube-scheduler retries. A reaper cancels the jobs of pods that were deleted, finished, or never bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import grpc
+
+from elastico.domain import GpuCounters, GpuInfo, GpuSlice, NodeInfo, Placement, Shape
+from elastico.errors import InvalidSpec
+from elastico.logging import get_logger
+from elastico.rpc.convert import job_spec_to_pb
+from elastico.v1 import allocator_pb2, predictor_pb2, types_pb2
+from services.kube import annotations as a
+from services.kube import slices
+from services.kube.settings import KubeSettings
+
+log = get_logger(component="extender")
+
+_ACTIVE = (types_pb2.JOB_STATE_PENDING, types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_RUNNING)
+_HOLDING = (types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_RUNNING)
+_TERMINAL = (types_pb2.JOB_STATE_SUCCEEDED, types_pb2.JOB_STATE_FAILED, types_pb2.JOB_STATE_CANCELLED)
+
+
+class BindFailed(Exception):
+    """Bind could not obtain or record a slice; the message is the ``Error`` kube-scheduler logs."""
+
+
+def node_from_pb(m: types_pb2.NodeInfo) -> NodeInfo:
+    return NodeInfo(node_id=m.node_id, address=m.address, gpu_backend=m.gpu_backend, ready=m.ready,
+                    gpus=tuple(GpuInfo(index=g.index, uuid=g.uuid, gpu_type=g.gpu_type, mem_total_mib=g.mem_total_mib,
+                                       allocated_share_pct=g.allocated_share_pct, allocated_mem_mib=g.allocated_mem_mib,
+                                       counters=GpuCounters(), healthy=g.healthy) for g in m.gpus))
+
+
+def placement_from_pb(m: types_pb2.Placement) -> Placement:
+    return Placement(job_id=m.job_id, shape_index=m.shape_index,
+                     shape=Shape(m.shape.num_gpus, m.shape.compute_share_pct, m.shape.mem_mib),
+                     slices=tuple(GpuSlice(s.node_id, s.gpu_index, s.compute_share_pct, s.mem_mib) for s in m.slices),
+                     epoch=m.epoch)
+
+
+def candidate_names(args: Mapping[str, Any]) -> list[str]:
+    """Node names of ExtenderArgs: ``NodeNames`` (nodeCacheCapable extenders) or ``Nodes.items[].metadata.name``."""
+    if args.get("NodeNames") is not None:
+        return [str(n) for n in args["NodeNames"]]
+    return [str((n.get("metadata") or {}).get("name", "")) for n in ((args.get("Nodes") or {}).get("items") or [])]
+
+
+def filter_result(args: Mapping[str, Any], keep: list[str], failed: Mapping[str, str] | None = None,
+                  unresolvable: Mapping[str, str] | None = None, error: str = "") -> dict:
+    """An ExtenderFilterResult in the same form as the request (names, or full Node objects)."""
+    out: dict[str, Any] = {"FailedNodes": dict(failed or {}), "FailedAndUnresolvableNodes": dict(unresolvable or {}),
+                           "Error": error}
+    if args.get("NodeNames") is not None:
+        out["NodeNames"] = keep
+        out["Nodes"] = None
+    else:
+        wanted = set(keep)
+        items = [n for n in ((args.get("Nodes") or {}).get("items") or []) if (n.get("metadata") or {}).get("name") in wanted]
+        out["Nodes"] = {**{k: v for k, v in (args.get("Nodes") or {}).items() if k != "items"}, "items": items}
+        out["NodeNames"] = None
+    return out
+
+
+class Extender:
+    """The three verbs and the reaper, over the allocator/predictor stubs and the Kubernetes API."""
+
+    def __init__(self, settings: KubeSettings, allocator, predictor=None, kube=None) -> None:
+        self.s = settings
+        self.allocator = allocator  # elastico.v1 AllocatorStub (grpc.aio)
+        self.predictor = predictor  # PredictorStub or None
+        self.kube = kube  # services.kube.kubeapi.KubeApi (or a test double with the same methods)
+
+    # ------------------------------------------------------------------------------------------- filter
+    async def filter(self, args: Mapping[str, Any]) -> dict:
+        pod = args.get("Pod") or {}
+        names = candidate_names(args)
+        if not a.opted_in(pod):
+            return filter_result(args, names)
+        try:
+            req = a.pod_request(pod)
+        except InvalidSpec as exc:
+            return filter_result(args, [], unresolvable={n: f"elastico: {exc.message}" for n in names})
+        try:
+            state = await self.allocator.GetClusterState(allocator_pb2.GetClusterStateRequest(),
+                                                         timeout=self.s.allocator_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("filter: allocator unavailable, failing closed", pod=req.spec.name, code=exc.code().name)
+            return filter_result(args, [], error=f"elastico: allocator unavailable ({exc.code().name}: {exc.details()}); "
+                                                 f"pods with {a.OPT_IN_LABEL}=true wait until it answers")
+        nodes = {n.node_id: node_from_pb(n) for n in state.nodes}
+        ok, failed = slices.feasible(nodes, req.shape, names)
+        return filter_result(args, [n for n in names if n in ok], failed)
+
+    # --------------------------------------------------------------------------------------- prioritize
+    async def prioritize(self, args: Mapping[str, Any]) -> list[dict]:
+        pod = args.get("Pod") or {}
+        names = candidate_names(args)
+        zero = [{"Host": n, "Score": 0} for n in names]
+        if not a.opted_in(pod):
+            return zero
+        try:
+            req = a.pod_request(pod)
+            state, tenants = await asyncio.gather(
+                self.allocator.GetClusterState(allocator_pb2.GetClusterStateRequest(), timeout=self.s.allocator_timeout_s),
+                self._tenants())
+        except (InvalidSpec, grpc.aio.AioRpcError) as exc:
+            log.warning("prioritize: neutral scores", error=str(exc))
+            return zero
+        nodes = {n.node_id: node_from_pb(n) for n in state.nodes}
+        ok, _ = slices.feasible(nodes, req.shape, names)
+        pairs: list[tuple[tuple[str, int], slices.Tenant, str]] = []
+        for node, gpus in ok.items():
+            for g in gpus:
+                for t in tenants.get((node, g.index), ()):
+                    pairs.append(((node, g.index), t, g.gpu_type))
+        norms = await self._predict(req, pairs)  # (node, gpu) -> (pod's worst, tenants' worst)
+        out = []
+        for n in names:
+            if n not in ok:
+                out.append({"Host": n, "Score": 0})
+                continue
+            scores = [slices.gpu_score(*norms.get((n, g.index), (1.0, 1.0)), g.allocated_share_pct, req.shape) for g in ok[n]]
+            out.append({"Host": n, "Score": slices.node_score(scores, req.shape.num_gpus)})
+        return out
+
+    async def _tenants(self) -> dict[tuple[str, int], list[slices.Tenant]]:
+        out: dict[tuple[str, int], list[slices.Tenant]] = {}
+        token = ""
+        while True:
+            resp = await self.allocator.ListJobs(allocator_pb2.ListJobsRequest(states=list(_HOLDING), page_size=1000,
+                                                                               page_token=token),
+                                                 timeout=self.s.allocator_timeout_s)
+            for j in resp.jobs:
+                for s in j.placement.slices:
+                    out.setdefault((s.node_id, s.gpu_index), []).append(
+                        slices.Tenant(j.spec.model_family, j.spec.batch_size, j.spec.kind, s.compute_share_pct))
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    async def _predict(self, req: a.PodRequest, pairs) -> dict[tuple[str, int], tuple[float, float]]:
+        """Worst predicted normalised throughput of the pod and of the tenants per GPU; {} without the predictor."""
+        if not pairs or self.predictor is None:
+            return {}
+        spec = req.spec
+        kind = types_pb2.JOB_KIND_TRAINING if spec.kind.value == "training" else types_pb2.JOB_KIND_INFERENCE
+        queries = [predictor_pb2.PairQuery(
+            a=predictor_pb2.TaskProfile(model_family=spec.model_family, batch_size=spec.batch_size, precision=spec.precision,
+                                        kind=kind, gpu_type=gtype, mps_share_pct=req.shape.compute_share_pct),
+            b=predictor_pb2.TaskProfile(model_family=t.model_family, batch_size=t.batch_size, kind=t.kind, gpu_type=gtype,
+                                        mps_share_pct=t.share_pct)) for _, t, gtype in pairs]
+        try:
+            resp = await self.predictor.PredictInterference(predictor_pb2.PredictInterferenceRequest(pairs=queries),
+                                                            timeout=self.s.predictor_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("prioritize: predictor unavailable, scoring by packing only", code=exc.code().name)
+            return {}
+        out: dict[tuple[str, int], tuple[float, float]] = {}
+        for (key, _, _), p in zip(pairs, resp.predictions, strict=True):
+            pod_w, ten_w = out.get(key, (1.0, 1.0))
+            out[key] = (min(pod_w, p.norm_tput_a), min(ten_w, p.norm_tput_b))
+        return out
+
+    # --------------------------------------------------------------------------------------------- bind
+    async def bind(self, args: Mapping[str, Any]) -> dict:
+        ns, name, uid, node = (str(args.get(k, "")) for k in ("PodNamespace", "PodName", "PodUID", "Node"))
+        if not (ns and name and uid and node):
+            return {"Error": "elastico: ExtenderBindingArgs needs PodName, PodNamespace, PodUID and Node"}
+        try:
+            pod = await self.kube.get_pod(ns, name)
+            if pod is None or (pod.get("metadata") or {}).get("uid") != uid:
+                return {"Error": f"elastico: pod {ns}/{name} with uid {uid} no longer exists"}
+            if not a.opted_in(pod):
+                await self.kube.bind(ns, name, uid, node)
+                return {"Error": ""}
+            req = a.pod_request(pod)
+            placement = await self._place(req, node)
+            try:
+                await self.kube.annotate(ns, name, a.slice_annotations(placement))
+                await self.kube.bind(ns, name, uid, node)
+            except Exception as exc:
+                await self._cancel(placement.job_id, f"binding {ns}/{name} to {node} failed")
+                raise BindFailed(f"elastico: binding {ns}/{name} to {node} failed ({exc}); its slice was released") from exc
+            log.info("pod bound", pod=f"{ns}/{name}", node=node, job_id=placement.job_id,
+                     gpus=[s.gpu_index for s in placement.slices], share_pct=placement.slices[0].compute_share_pct)
+            return {"Error": ""}
+        except InvalidSpec as exc:
+            return {"Error": f"elastico: {exc.message}"}
+        except BindFailed as exc:
+            log.warning("bind failed", pod=f"{ns}/{name}", node=node, error=str(exc))
+            return {"Error": str(exc)}
+        except grpc.aio.AioRpcError as exc:
+            return {"Error": f"elastico: allocator unavailable ({exc.code().name}: {exc.details()})"}
+        except Exception as exc:  # the Kubernetes API (get/bind of a pass-through pod), network
+            log.warning("bind failed", pod=f"{ns}/{name}", node=node, error=repr(exc))
+            return {"Error": f"elastico: bind of {ns}/{name} to {node} failed: {exc}"}
+
+    async def _place(self, req: a.PodRequest, node: str) -> Placement:
+        """Submit the pod's job pinned to ``node`` and wait for its committed slice; cancel it on timeout."""
+        spec = replace(req.spec, allowed_nodes=(node,), command=self.s.pod_command)
+        rid = f"{req.uid}.{node}"[:128]
+        resp = await self.allocator.SubmitJob(allocator_pb2.SubmitJobRequest(request_id=rid, spec=job_spec_to_pb(spec)),
+                                              timeout=self.s.allocator_timeout_s)
+        job = resp.job
+        if job.state in _TERMINAL:  # an earlier attempt on this node was cancelled: a new job, a new key
+            rid = f"{req.uid}.{node}.{time.time_ns()}"[:128]
+            job = (await self.allocator.SubmitJob(allocator_pb2.SubmitJobRequest(request_id=rid, spec=job_spec_to_pb(spec)),
+                                                  timeout=self.s.allocator_timeout_s)).job
+        deadline = time.monotonic() + self.s.bind_timeout_s
+        while True:
+            if job.state in _HOLDING:
+                p = placement_from_pb(job.placement)
+                if {s.node_id for s in p.slices} != {node}:  # cannot happen while the allocator honours allowed_nodes
+                    await self._cancel(job.job_id, "placed off the bound node")
+                    raise BindFailed(f"elastico: job {job.job_id} was placed off node {node}; cancelled")
+                return p
+            if job.state in _TERMINAL:
+                raise BindFailed(f"elastico: job {job.job_id} ended ({types_pb2.JobState.Name(job.state)}: {job.message})")
+            if time.monotonic() >= deadline:
+                await self._cancel(job.job_id, "bind timeout")
+                why = types_pb2.StateReason.Name(job.reason).removeprefix("STATE_REASON_").lower()
+                raise BindFailed(f"elastico: no GPU slice on node {node} within {self.s.bind_timeout_s:g}s "
+                                 f"(job {job.job_id} {why}{': ' + job.message if job.message else ''}); job cancelled, "
+                                 f"kube-scheduler will retry")
+            await asyncio.sleep(self.s.bind_poll_s)
+            job = (await self.allocator.GetJob(allocator_pb2.GetJobRequest(job_id=job.job_id),
+                                               timeout=self.s.allocator_timeout_s)).job
+
+    async def _cancel(self, job_id: str, why: str) -> None:
+        try:
+            await self.allocator.CancelJob(allocator_pb2.CancelJobRequest(job_id=job_id), timeout=self.s.allocator_timeout_s)
+            log.info("pod job cancelled", job_id=job_id, why=why)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:  # already finished: nothing held
+                log.warning("cancel failed; the reaper retries", job_id=job_id, why=why, code=exc.code().name)
+
+    # ------------------------------------------------------------------------------------------- reaper
+    async def reap_once(self) -> list[str]:
+        """Cancel active pod jobs whose pod is gone, finished, or (placed but) still unbound after twice the bind timeout.
+
+        Returns:
+            the cancelled job ids.
+        """
+        cancelled: list[str] = []
+        token = ""
+        now = time.time()
+        while True:
+            resp = await self.allocator.ListJobs(allocator_pb2.ListJobsRequest(states=list(_ACTIVE), page_size=1000,
+                                                                               page_token=token),
+                                                 timeout=self.s.allocator_timeout_s)
+            for j in resp.jobs:
+                uid, ref = j.spec.labels.get("elastico.io/pod-uid"), j.spec.labels.get("elastico.io/pod")
+                if not uid or not ref or "/" not in ref:
+                    continue
+                ns, name = ref.split("/", 1)
+                pod = await self.kube.get_pod(ns, name)
+                why = ""
+                if pod is None or (pod.get("metadata") or {}).get("uid") != uid:
+                    why = "pod deleted"
+                elif (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                    why = f"pod {pod['status']['phase'].lower()}"
+                elif not (pod.get("spec") or {}).get("nodeName") and now - j.submitted_at.ToSeconds() > 2 * self.s.bind_timeout_s:
+                    why = "pod never bound"
+                if why:
+                    await self._cancel(j.job_id, why)
+                    cancelled.append(j.job_id)
+            token = resp.next_page_token
+            if not token:
+                return cancelled
+
+    async def reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.s.reap_interval_s)
+            try:
+                await self.reap_once()
+            except Exception as exc:  # allocator or API server down: try again next period
+                log.warning("reaper pass failed", error=repr(exc))
