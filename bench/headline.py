@@ -4,8 +4,11 @@
 ElastiCo's ratios against exclusive FIFO (the paper's reference: static isolated allocation) and against
 the best other baseline, with PASS/FAIL against the targets of issue 5:
 
-* at offered load >= 1: avg JCT >= 2.94x lower and throughput (normalised work/h) >= 2.02x higher than
-  exclusive FIFO; effective utilisation >= 46 %; inference SLO attainment >= 99 %;
+* at offered load >= 1: avg JCT >= 2.94x lower and throughput >= 2.02x higher than exclusive FIFO;
+  effective utilisation >= 46 %; inference SLO attainment >= 99 %. Throughput is judged in two readings,
+  each with its own PASS/FAIL (:mod:`simulator.metrics`): jobs completed per hour of the loaded period,
+  and normalised work (isolated GPU-hours) per hour of it -- the second cannot be moved by finishing
+  short jobs first, only by doing more work with the same GPUs;
 * at every load: ElastiCo's avg JCT below every other baseline's (a tie within 0.5 % is shown as TIE and
   counts as FAIL).
 
@@ -56,13 +59,17 @@ def evaluate(sums: list[dict], load: float) -> tuple[list[str], bool]:
     best = min(others, key=lambda s: s["avg_jct_h"])
     jct_x = f["avg_jct_h"] / e["avg_jct_h"]
     tput_x = e["work_gpu_h_per_h"] / f["work_gpu_h_per_h"]
+    jobs_x = e["jobs_per_h_loaded"] / max(f["jobs_per_h_loaded"], 1e-12)
     jct_best = best["avg_jct_h"] / e["avg_jct_h"]
     lines, ok = [], True
     sat = load >= 1.0
-    lines.append(f"  vs exclusive-fifo: JCT {jct_x:.2f}x lower, throughput {tput_x:.2f}x, effective util "
+    lines.append(f"  vs exclusive-fifo: JCT {jct_x:.2f}x lower, throughput {jobs_x:.2f}x jobs/h (loaded period), "
+                 f"{tput_x:.2f}x normalised work/h, effective util "
                  f"{f['eff_util']:.1%} -> {e['eff_util']:.1%}, SLO {e['slo_attainment']:.4f} (fifo {f['slo_attainment']:.4f})")
     if sat:
-        checks = [(f"JCT >= {TARGET_JCT}x", jct_x >= TARGET_JCT), (f"throughput >= {TARGET_TPUT}x", tput_x >= TARGET_TPUT),
+        checks = [(f"JCT >= {TARGET_JCT}x", jct_x >= TARGET_JCT),
+                  (f"throughput >= {TARGET_TPUT}x (jobs/h, loaded period)", jobs_x >= TARGET_TPUT),
+                  (f"throughput >= {TARGET_TPUT}x (normalised work/h)", tput_x >= TARGET_TPUT),
                   (f"effective util >= {TARGET_EFF:.0%}", e["eff_util"] >= TARGET_EFF)]
     else:
         checks = []

@@ -28,7 +28,7 @@ from services.allocator.policy.baselines import Policy
 from services.allocator.policy.inference import slo_margin
 from services.allocator.policy.interference import compose_additive, utilisation_rule
 from services.allocator.policy.profiles import TypeTable
-from services.allocator.policy.shapes import share_speed
+from services.allocator.policy.shapes import allowed_counts, count_speed, relative_tput, share_speed
 from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, JobTable
 from simulator.groundtruth import GroundTruth
 from simulator.traces import BIN_S, InferenceServices, TrainingJobs
@@ -113,6 +113,16 @@ class Engine:
                 ext = np.concatenate([p[-(W - 1):], p]) if W > 1 else p
                 self.rollmax.append(np.array([ext[b:b + W].max() for b in range(P)]))
         self.util = util
+        # GPU-count shapes: a training job may run on a halving of its requested gang (``count_options``);
+        # its speed is then ``count_speed`` (measured scaling curve) and each of its GPUs is busy
+        # ``util x T(n)/n`` (per-GPU scaling efficiency, capped at 1) -- a 1-GPU profile's utilisation
+        # diluted by the communication a larger gang waits on.
+        self.scale = (types.scale_tput[self.type_idx] if types.scale_tput is not None
+                      else np.tile(np.array([1.0, 2.0, 4.0, 8.0]), (N, 1)))
+        self.measured = types.scale_measured[self.type_idx] if types.scale_measured is not None else [None] * N
+        self.ngpu_run = np.zeros(N, np.int64)  # GPUs held while running (0 otherwise)
+        self.cspeed = np.ones(N)  # speed factor of the running GPU count vs the requested one
+        self.peff = np.ones(N)  # per-GPU scaling efficiency at the running count, <= 1
         self.work = np.nan_to_num(self.duration)  # isolated seconds of work (progress is in the same unit)
         self.progress = np.zeros(N)
         self.rate = np.zeros(N)  # progress seconds per wall second (= ground-truth normalised speed)
@@ -158,6 +168,10 @@ class Engine:
                                   self.share, self.util, self.forecast, self.gpus, self.restarts,
                                   self.queued_since, np.full(N, np.nan), self.last_change)
         self.margin = slo_margin(cfg.slo_factor)
+
+    def scale_at_req(self, j: int) -> float:
+        """Relative isolated throughput ``T(n_req)`` of training job ``j`` at its requested gang size."""
+        return float(relative_tput(self.scale[j], float(self.num_gpus[j])))
 
     # ---- event plumbing -----------------------------------------------------------------------------
     def push(self, t: float, kind: int, j: int = -1, ver: int = 0) -> None:
@@ -243,7 +257,7 @@ class Engine:
             nrm = min(per_gpu[int(g)][j] for g in self.gpus[j])
             if self.kind[j] == TRAINING:
                 self._advance(j, t)
-                self.norm[j] = nrm
+                self.norm[j] = nrm * self.cspeed[j]
                 self._schedule_completion(j, t)
             else:
                 if self.inf is not None:
@@ -257,7 +271,8 @@ class Engine:
             if len(js) == 0:
                 self.gpu_eff[g] = 0.0
                 continue
-            contrib = np.where(self.kind[js] == TRAINING, self.util[js] * self.norm[js],
+            contrib = np.where(self.kind[js] == TRAINING,
+                               self.util[js] * self.norm[js] / self.cspeed[js] * self.peff[js],
                                np.minimum(self.util[js], self.slo_cap[js] if len(js) else 0))
             self.gpu_eff[g] = min(1.0, float(contrib.sum()))
 
@@ -284,12 +299,13 @@ class Engine:
             self._advance(j, t)
         elif self.inf is not None:
             self._slo_close(j, t)
-        self.attained[j] += self.num_gpus[j] * max(0.0, t - self.att_t[j])
+        self.attained[j] += self.ngpu_run[j] * max(0.0, t - self.att_t[j])
         for g in gs:
             row = self.gpu_job[g] == j
             self.gpu_job[g, row] = -1
             self.gpu_share[g, row] = 0.0
         self.gpus[j] = None
+        self.ngpu_run[j] = 0
         self.share[j] = 0.0
         self.norm[j] = 0.0
         self.slo_cap[j] = 0.0
@@ -302,8 +318,9 @@ class Engine:
         gpus = np.asarray(gpus, np.int64)
         if self.state[j] != PENDING:
             raise OversubscribedError(f"job {j} placed while not pending (state {self.state[j]})")
-        if len(gpus) != self.num_gpus[j] or len(set(gpus.tolist())) != len(gpus):
-            raise OversubscribedError(f"job {j} needs {self.num_gpus[j]} distinct GPUs, got {gpus.tolist()}")
+        counts = allowed_counts(int(self.num_gpus[j]), self.measured[j]) if self.kind[j] == TRAINING else (1,)
+        if len(gpus) not in counts or len(set(gpus.tolist())) != len(gpus):
+            raise OversubscribedError(f"job {j} needs {' or '.join(map(str, counts))} distinct GPUs, got {gpus.tolist()}")
         for g in gpus:
             slots = np.flatnonzero(self.gpu_job[g] < 0)
             if len(slots) == 0 or self.gpu_share[g].sum() + share > 100.0 + 1e-6:
@@ -315,6 +332,10 @@ class Engine:
         self.running.add(j)
         self.state[j] = RUNNING
         self.gpus[j] = gpus
+        self.ngpu_run[j] = n = len(gpus)
+        if self.kind[j] == TRAINING:
+            self.cspeed[j] = float(count_speed(self.scale[j], n, int(self.num_gpus[j])))
+            self.peff[j] = min(1.0, float(self.cspeed[j] * self.scale_at_req(j)) / n)
         self.share[j] = share
         self.last_change[j] = t
         self.att_t[j] = t
@@ -371,7 +392,7 @@ class Engine:
         run = np.fromiter(self.running, np.int64, len(self.running))
         run.sort()
         if len(run):
-            self.attained[run] += self.num_gpus[run] * np.maximum(0.0, t - self.att_t[run])
+            self.attained[run] += self.ngpu_run[run] * np.maximum(0.0, t - self.att_t[run])
             self.att_t[run] = t
         pend = np.fromiter(self.pending, np.int64, len(self.pending))
         if len(pend):

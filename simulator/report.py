@@ -9,6 +9,7 @@ import numpy as np
 
 COLUMNS = [("policy", "policy", "{:<18}"), ("avg_jct_h", "avgJCT h", "{:>9.2f}"), ("p95_jct_h", "p95JCT h", "{:>9.1f}"),
            ("makespan_h", "mkspan h", "{:>9.0f}"), ("jobs_per_h", "jobs/h", "{:>7.2f}"),
+           ("jobs_per_h_loaded", "jobs/hL", "{:>7.2f}"),
            ("work_gpu_h_per_h", "work/h", "{:>7.1f}"), ("avg_queue_h", "queue h", "{:>8.2f}"),
            ("slo_attainment", "SLO", "{:>7.4f}"), ("restarts", "restarts", "{:>8d}"),
            ("alloc_util", "alloc", "{:>6.1%}"), ("eff_util", "effect", "{:>6.1%}"),

@@ -37,6 +37,10 @@ class AllocatorSettings(Settings):
     estimate_refresh_s: float = 300.0  # how often the pair matrix is re-fetched from the predictor, s
     max_tenants: int = 4  # MPS tenants per GPU at most
     train_floor: float = 0.5  # training co-location floor, fraction of isolated speed (policy default)
+    # ElastiCo GPU-count shapes: run a training job on more GPUs than it asked for while whole GPUs idle
+    # (measured scaling curves), giving them back when jobs wait. Off by default live: the workload must be
+    # able to restart from its checkpoint on a different data-parallel size.
+    elastic_gpus: bool = False
     policy_max_attempts: int = 0  # ElastiCo: placement attempts per round at most (bounds a round's cost); 0 = the policy's default
     time_scale: float = 1.0  # policy clock = wall clock x this (demo replays: matches the node agents' scale)
     decide_worker: str = "process"  # where policy.decide runs: "process" (own core, loop keeps serving) or "thread"

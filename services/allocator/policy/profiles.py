@@ -18,6 +18,13 @@ Assumptions (each one replaceable by a measurement):
   bounded least squares (``scipy.optimize.lsq_linear``, bounds [0.05, 1]). Failed pairs (OOM) are
   skipped. Types absent from every pair get the median. The result is a *contention footprint*, not an
   NVML counter: e.g. ResNet-50 fits ~1.0 (it slows everything), ResNet-18 batch 16 ~0.35.
+* **Throughput versus GPU count** (for shapes that run a data-parallel job on fewer GPUs than it asked
+  for): Gavel's measured isolated throughputs at 1/2/4/8 V100s (``scale_factor``), relative to one GPU,
+  made monotone (``T(n) = max(T(m), m <= n)``: a measurement where more GPUs ran slower than fewer is read
+  as "no faster"), linear where a count is unmeasured (types measured at one GPU only scale linearly:
+  shrinking them saves nothing) and linear beyond 8 GPUs (``T(n) = T(8) n / 8``). Growing a gang beyond
+  its request is offered only between measured counts (at most 8 GPUs, Gavel's largest). See
+  :func:`services.allocator.policy.shapes.count_speed` for how a shrunk job's speed is read from it.
 * **Inference services** have no fitted type: their utilisation is their current demand (requests/s
   divided by the rate one whole GPU serves), see :mod:`services.allocator.policy.inference`.
 
@@ -35,6 +42,9 @@ import numpy as np
 #: Project data folder (``data/`` at the repository root).
 DATA_DIR = Path(__file__).resolve().parents[3] / "data"
 
+#: GPU counts with measured isolated throughput in Gavel's profiles (columns of ``TypeTable.scale_tput``).
+SCALE_COUNTS: tuple[int, ...] = (1, 2, 4, 8)
+
 #: Name of the pseudo job type that stands for every inference service.
 INFERENCE_TYPE = "inference"
 
@@ -51,6 +61,10 @@ class TypeTable:
     solo_util: np.ndarray  # [T] float, fraction of one GPU a job of this type uses alone (0, 1]
     iso_tput_steps_s: np.ndarray  # [T] float, isolated 1-GPU throughput, steps/s (NaN unknown; inference NaN)
     fitted: np.ndarray  # [T] bool, True when solo_util came from measured pairs (else the median default)
+    #: [T, 4] isolated throughput at SCALE_COUNTS GPUs relative to one GPU (monotone; linear where unmeasured)
+    scale_tput: np.ndarray | None = None
+    #: [T, 4] bool, True where ``scale_tput`` is a measurement (growing a gang is offered only between these)
+    scale_measured: np.ndarray | None = None
 
     def index(self, name: str) -> int:
         """Index of a job type; unknown training types map to the closest family member or raise KeyError."""
@@ -119,9 +133,12 @@ def load_type_table(data_dir: Path | str = DATA_DIR, gpu_type: str = "v100",
     """
     data_dir = Path(data_dir)
     iso: dict[str, float] = {}
+    multi: dict[tuple[str, int], float] = {}
     for r in _read(data_dir / "gavel_isolated_throughputs.csv"):
-        if r["worker_type"] == gpu_type and int(r["scale_factor"]) == 1 and float(r["isolated_tput"]) > 0:
-            iso[r["job_type"]] = float(r["isolated_tput"])
+        if r["worker_type"] == gpu_type and float(r["isolated_tput"]) > 0:
+            if int(r["scale_factor"]) == 1:
+                iso[r["job_type"]] = float(r["isolated_tput"])
+            multi[(r["job_type"], int(r["scale_factor"]))] = float(r["isolated_tput"])
     pairs = []
     for r in _read(data_dir / pairs_file):
         if r["gpu_type"] == gpu_type and r["coloc_failed"] == "0":
@@ -136,4 +153,24 @@ def load_type_table(data_dir: Path | str = DATA_DIR, gpu_type: str = "v100",
         solo_util=np.append(util, np.nan),
         iso_tput_steps_s=np.array([iso[n] for n in names] + [np.nan]),
         fitted=np.append(fitted, False),
+        scale_tput=np.vstack([scaling_curve({n: multi[(t, n)] for n in SCALE_COUNTS if (t, n) in multi})
+                              for t in names] + [scaling_curve({})]),
+        scale_measured=np.array([[(t, n) in multi and (t, 1) in multi for n in SCALE_COUNTS] for t in names]
+                                + [[False] * len(SCALE_COUNTS)]),
     )
+
+
+def scaling_curve(tput_by_count: dict[int, float]) -> np.ndarray:
+    """Relative throughput at :data:`SCALE_COUNTS` GPUs from measured ``{count: throughput}`` (module docstring).
+
+    Unmeasured counts (or a type without a 1-GPU measurement) scale linearly from the last measured one;
+    the result is made monotone non-decreasing.
+    """
+    base = tput_by_count.get(1)
+    out = np.asarray(SCALE_COUNTS, float)
+    if not base:
+        return out
+    for k, n in enumerate(SCALE_COUNTS):
+        v = tput_by_count.get(n)
+        out[k] = v / base if v else out[k - 1] * n / SCALE_COUNTS[k - 1] if k else 1.0
+    return np.maximum.accumulate(out)

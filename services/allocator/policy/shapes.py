@@ -88,3 +88,81 @@ def shape_speed_table(solo_util: np.ndarray, min_speed: float,
     speed = share_speed(sh, np.asarray(solo_util, float)[:, None])
     ok = (speed + 1e-9 >= min_speed) | (sh >= 100.0)
     return speed, ok
+
+
+def relative_tput(scale_row: np.ndarray, n) -> np.ndarray:
+    """Relative isolated throughput at ``n`` GPUs from ``TypeTable.scale_tput`` rows.
+
+    ``scale_row`` is one row ``[4]`` (``n`` any shape) or rows ``[J, 4]`` with ``n`` of shape ``[J]`` or
+    ``[J, C]``. Piecewise-linear between the measured counts 1/2/4/8, linear beyond 8 (``T(8) n / 8``).
+    """
+    from services.allocator.policy.profiles import SCALE_COUNTS
+
+    xs = np.asarray(SCALE_COUNTS, float)
+    row = np.asarray(scale_row, float)
+    n = np.asarray(n, float)
+    k = np.clip(np.searchsorted(xs, n, side="right") - 1, 0, len(xs) - 2)
+    if row.ndim == 1:
+        y0, y1, last = row[k], row[k + 1], row[-1]
+    else:
+        squeeze = n.ndim == 1
+        k2 = k[:, None] if squeeze else k
+        y0 = np.take_along_axis(row, k2, -1)
+        y1 = np.take_along_axis(row, k2 + 1, -1)
+        last = row[:, -1:]
+        if squeeze:
+            y0, y1, last = y0[:, 0], y1[:, 0], last[:, 0]
+    x0 = xs[k]
+    inside = y0 + (y1 - y0) * (np.minimum(n, xs[-1]) - x0) / (xs[k + 1] - x0)
+    return np.where(n > xs[-1], last * n / xs[-1], inside)
+
+
+def count_speed(scale_row: np.ndarray, n_run, n_req) -> np.ndarray:
+    """Fraction of its isolated speed (at ``n_req`` GPUs) a data-parallel job reaches on ``n_run`` GPUs.
+
+    ``T(n_run) / T(n_req)`` with ``T`` the job type's measured throughput curve (:mod:`profiles`, samples
+    per second at a fixed per-GPU batch), read pessimistically: shrinking (``n_run < n_req``) is never
+    faster than the request nor slower than linear scaling, ``clip(ratio, n_run / n_req, 1)``; growing is
+    never slower than the request nor faster than linear, ``clip(ratio, 1, n_run / n_req)`` (a curve that
+    looks super-linear is capped). The job processes the same samples to completion whatever its count
+    (elastic data parallelism keeps the global batch by gradient accumulation, or re-scales it as
+    elastic trainers do), so its progress rate is this ratio. Shrinking pays off where the curve is
+    sub-linear: Gavel's ResNet-50 (batch 16) runs 2.44x faster on 8 V100s than on one, so on one GPU it
+    keeps 0.41 of its 8-GPU speed with an eighth of the GPUs.
+    """
+    n_run = np.asarray(n_run, float)
+    n_req = np.asarray(n_req, float)
+    ratio = relative_tput(scale_row, n_run) / np.maximum(relative_tput(scale_row, n_req), 1e-12)
+    lin = n_run / np.maximum(n_req, 1.0)
+    return np.where(n_run <= n_req, np.clip(ratio, lin, 1.0), np.clip(ratio, 1.0, lin))
+
+
+def min_count(n_req: np.ndarray) -> np.ndarray:
+    """Smallest entry of :func:`count_options` for each requested gang size (vectorised)."""
+    n = np.asarray(n_req, np.int64)
+    return n // np.minimum(n & -n, 8)
+
+
+def count_options(n_req: int, max_halvings: int = 3) -> tuple[int, ...]:
+    """GPU counts a job asking for ``n_req`` may shrink to: itself and its halvings (at most ``max_halvings``)."""
+    out = [int(n_req)]
+    n = int(n_req)
+    while len(out) <= max_halvings and n % 2 == 0 and n > 1:
+        n //= 2
+        out.append(n)
+    return tuple(out)
+
+
+def grow_options(n_req: int, measured_row: np.ndarray | None) -> tuple[int, ...]:
+    """GPU counts above ``n_req`` a job may grow to: measured counts of its type (ascending), none if the
+    request itself is not a measured count (no extrapolation of a scaling curve upwards)."""
+    from services.allocator.policy.profiles import SCALE_COUNTS
+
+    if measured_row is None or int(n_req) not in SCALE_COUNTS or not measured_row[SCALE_COUNTS.index(int(n_req))]:
+        return ()
+    return tuple(c for c, m in zip(SCALE_COUNTS, measured_row) if c > n_req and m)
+
+
+def allowed_counts(n_req: int, measured_row: np.ndarray | None) -> tuple[int, ...]:
+    """Every GPU count a training job may run at (:func:`count_options` and :func:`grow_options`)."""
+    return count_options(n_req) + grow_options(n_req, measured_row)

@@ -1,0 +1,146 @@
+"""GPU-count shapes: measured scaling curves, their pessimistic reading, the engine's checks, and ElastiCo
+growing gangs onto idle GPUs and giving them back when jobs wait."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from services.allocator.policy import load_type_table, make_policy
+from services.allocator.policy.profiles import scaling_curve
+from services.allocator.policy.shapes import allowed_counts, count_options, count_speed, grow_options, min_count
+from services.allocator.policy.view import Decision
+from simulator.engine import Engine, OversubscribedError, SimConfig
+from simulator.groundtruth import GroundTruth
+from simulator.traces import TrainingJobs
+from tests.unit._policy_builders import rule_matrix, types, view
+
+H = 3600.0
+# measured curve of a sub-linear type (Gavel v100 ResNet-50 batch 16: 1 / 1.22 / 2.04 / 2.44)
+SUBLINEAR = np.array([1.0, 1.22, 2.04, 2.44])
+
+
+@pytest.mark.parametrize("measured, expected", [
+    ({1: 1.0, 2: 1.22, 4: 2.04, 8: 2.44}, [1.0, 1.22, 2.04, 2.44]),
+    ({1: 2.0, 2: 4.0, 4: 2.98, 8: 15.06}, [1.0, 2.0, 2.0, 7.53]),  # slower with more GPUs reads as no faster
+    ({1: 3.0}, [1.0, 2.0, 4.0, 8.0]),  # measured on one GPU only: linear (shrinking saves nothing)
+    ({}, [1.0, 2.0, 4.0, 8.0]),
+], ids=["sublinear", "non-monotone", "one-gpu-only", "unknown"])
+def test_scaling_curve_is_monotone_and_linear_where_unmeasured(measured, expected):
+    np.testing.assert_allclose(scaling_curve(measured), expected)
+
+
+@pytest.mark.parametrize("n_run, n_req, expected", [
+    (8, 8, 1.0),
+    (1, 8, 1.0 / 2.44),  # measured: 0.41 of its 8-GPU speed on an eighth of the GPUs
+    (8, 1, 2.44),  # grows by the measured curve
+    (16, 8, 2.0),  # beyond the measured counts: linear, never better
+], ids=["same", "shrink", "grow", "beyond-8"])
+def test_count_speed_follows_the_measured_curve(n_run, n_req, expected):
+    assert float(count_speed(SUBLINEAR, n_run, n_req)) == pytest.approx(expected)
+
+
+def test_count_speed_is_never_better_than_linear_nor_worse_than_the_request():
+    superlinear = np.array([1.0, 3.1, 3.83, 11.83])  # Gavel ResNet-18 batch 16: anomalous, super-linear
+    for n_run in (1, 2, 4, 8):
+        for n_req in (1, 2, 4, 8):
+            sp = float(count_speed(superlinear, n_run, n_req))
+            lo, hi = sorted((1.0, n_run / n_req))
+            assert lo - 1e-12 <= sp <= hi + 1e-12, (n_run, n_req, sp)
+
+
+def test_count_options():
+    assert count_options(8) == (8, 4, 2, 1)
+    assert count_options(32) == (32, 16, 8, 4)
+    assert count_options(12) == (12, 6, 3)
+    assert count_options(7) == (7,)
+    np.testing.assert_array_equal(min_count(np.array([1, 7, 8, 12, 32])), [1, 7, 1, 3, 4])
+    measured = np.array([True, True, False, True])
+    assert grow_options(1, measured) == (2, 8)
+    assert grow_options(4, measured) == ()  # the request itself is unmeasured: no extrapolation upwards
+    assert grow_options(2, None) == ()
+    assert allowed_counts(2, measured) == (2, 1, 8)
+
+
+def test_shipped_profiles_carry_measured_curves():
+    t = load_type_table()
+    r50 = t.names.index("ResNet-50 (batch size 16)")
+    np.testing.assert_allclose(t.scale_tput[r50], SUBLINEAR, atol=0.01)
+    assert t.scale_measured[r50].all()
+    assert not t.scale_measured[t.names.index("A3C")][1:].any()  # measured on one GPU only
+    assert np.all(np.diff(t.scale_tput, axis=1) >= 0)
+
+
+# ---- engine ---------------------------------------------------------------------------------------------------
+def _one_job_engine(policy, n_req: int, gpus: int = 8):
+    t = load_type_table()
+    typ = t.names.index("ResNet-50 (batch size 16)")
+    train = TrainingJobs(arrival_s=np.array([0.0]), type_idx=np.array([typ]), num_gpus=np.array([n_req]),
+                         duration_s=np.array([10 * H]), native_offered_load=1.0, offered_load=1.0,
+                         unknown_types=0)
+    return Engine(policy, t, GroundTruth(t), train, None, SimConfig(gpus=gpus, restart_s=0.0))
+
+
+class _Place:
+    """Places job 0 on the first ``n`` GPUs, whole-GPU share."""
+
+    name, mps_limits, needs_periodic_rounds = "place-n", True, False
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def decide(self, view):
+        d = Decision()
+        if len(view.pending):
+            d.place.append((0, np.arange(self.n), 100.0))
+        return d
+
+
+def test_engine_runs_a_grown_gang_at_the_measured_speed():
+    e = _one_job_engine(_Place(8), n_req=1)
+    r = e.run()
+    assert r.completion_s[0] == pytest.approx(10 * H / e.scale[0][3], rel=1e-9)  # T(8) / T(1), measured
+    assert e.scale[0][3] == pytest.approx(2.44, abs=0.01)
+
+
+def test_engine_refuses_a_count_the_job_cannot_run_at():
+    with pytest.raises(OversubscribedError):
+        _one_job_engine(_Place(3), n_req=4).run()
+
+
+# ---- ElastiCo ------------------------------------------------------------------------------------------------
+def _scalable_types():
+    t = types()
+    T = len(t.names)
+    return replace(t, scale_tput=np.tile(SUBLINEAR, (T, 1)), scale_measured=np.ones((T, 4), bool))
+
+
+def _elastico(**kw):
+    return make_policy("elastico", rule_matrix(1.0), 1.0, min_run_s=0.0, **kw)
+
+
+def test_grows_a_running_gang_onto_idle_gpus_when_nobody_waits():
+    v = view([{"type": 2, "n": 1, "remaining": 100 * H}], gpus=8, placed={0: ([0], 100.0)}, now=10 * H)
+    v = replace(v, types=_scalable_types())
+    d = _elastico().decide(v)
+    assert d.preempt == [0]
+    (j, g, share), = d.place
+    assert j == 0 and len(g) == 8 and 0 in g.tolist() and share == 100.0
+    assert _elastico(elastic_gpus=False).decide(v).place == []
+
+
+def test_does_not_grow_when_the_saving_is_below_the_restart_cost():
+    v = view([{"type": 2, "n": 1, "remaining": 60.0}], gpus=8, placed={0: ([0], 100.0)}, now=10 * H)
+    assert _elastico().decide(replace(v, types=_scalable_types())).place == []
+
+
+def test_gives_a_grown_gang_back_as_soon_as_a_job_waits():
+    jobs = [{"type": 2, "n": 1, "remaining": 100 * H}, {"type": 2, "n": 1, "arrival": 10 * H - 60, "remaining": H}]
+    v = view(jobs, gpus=2, placed={0: ([0, 1], 100.0)}, now=10 * H)
+    d = _elastico().decide(replace(v, types=_scalable_types()))
+    assert 0 in d.preempt
+    placed = {j: g.tolist() for j, g, _ in d.place}
+    assert placed[0] == [0]  # back to its requested single GPU
+    assert placed[1] == [1]  # the waiting job gets the GPU it gave back
