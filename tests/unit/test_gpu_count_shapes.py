@@ -144,3 +144,11 @@ def test_gives_a_grown_gang_back_as_soon_as_a_job_waits():
     placed = {j: g.tolist() for j, g, _ in d.place}
     assert placed[0] == [0]  # back to its requested single GPU
     assert placed[1] == [1]  # the waiting job gets the GPU it gave back
+
+
+def test_a_short_grown_job_keeps_its_gpus_while_a_long_one_waits():
+    jobs = [{"type": 2, "n": 1, "remaining": H}, {"type": 2, "n": 1, "arrival": 10 * H - 60, "remaining": 100 * H}]
+    v = view(jobs, gpus=2, placed={0: ([0, 1], 100.0)}, now=10 * H)
+    d = _elastico().decide(replace(v, types=_scalable_types()))
+    assert d.preempt == [] and d.place == []
+    assert 0 in _elastico(keep_heavy_growth=False).decide(replace(v, types=_scalable_types())).preempt

@@ -11,9 +11,10 @@ SMs a client may occupy, so a kernel stream that keeps only ``u`` of the SMs bus
 above ``u`` and becomes SM-bound below it (the NVIDIA MPS documentation's "active thread percentage"
 semantics); the linear part is an assumption, replaceable by measured share sweeps.
 
-Shapes: shares from :data:`SHARES_PCT` (25/50/75/100 %), the job's requested GPU count (Philly jobs
-are data-parallel gangs whose batch size and step count assume that count, so the count is kept; the
-shape family is a per-GPU share family), memory limit proportional to the share (Gavel has no memory
+Shapes: shares from :data:`SHARES_PCT` (25/50/75/100 %) at the job's requested GPU count, plus
+GPU-count shapes -- the same job on halvings of its gang or grown up to its type's largest measured count
+-- whose speed comes from measured scaling curves (:func:`count_speed`, :func:`allowed_counts`; the
+policy decides when to use them), memory limit proportional to the share (Gavel has no memory
 profile; the pinned-memory limit is ``share x GPU memory``). A training shape is feasible only if its
 speed stays at or above the slowdown floor ``1 / max_slowdown``. Inference shapes are sized from
 demand (:mod:`services.allocator.policy.inference`).
