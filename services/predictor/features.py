@@ -236,17 +236,33 @@ class JobProfile:
             if math.isinf(value) or value < 0.0:
                 raise ValueError(f"{name}: {value!r} must be finite and >= 0, or NaN")
 
+    def _fields_key(self) -> tuple:
+        key = self.__dict__.get("_key")
+        if key is None:
+            key = tuple(getattr(self, f.name) for f in fields(self))
+            object.__setattr__(self, "_key", key)
+        return key
+
     def __hash__(self) -> int:
-        # Profiles key the model's memos; hashing 18 fields on every lookup is measurable, so cache it.
+        # Profiles key the model's memos; hashing 19 fields on every lookup is measurable, so cache it.
         h = self.__dict__.get("_hash")
         if h is None:
-            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            h = hash(self._fields_key())
             object.__setattr__(self, "_hash", h)
         return h
 
+    def __eq__(self, other: object) -> bool:
+        # Same meaning as the generated field-by-field comparison (NaN fields share one object, so they
+        # compare equal), but one comparison of cached tuples: dict lookups of equal profiles are hot.
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields_key() == other._fields_key()
+
     def __getstate__(self) -> dict:
-        # the cached hash is process-specific (string hashing is salted): never pickle it
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+        # the cached hash is process-specific (string hashing is salted): never pickle it (nor the key)
+        return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_key")}
 
     def __setstate__(self, state: dict) -> None:
         for k, v in state.items():

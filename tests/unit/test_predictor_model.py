@@ -258,3 +258,38 @@ def test_environments_are_kept_apart_and_unknown_env_uses_the_reference(catalog:
                              JobProfile(r.b.model_family, "p100", r.b.batch_size))])
     assert not np.array_equal(as_measured, as_oracle)
     np.testing.assert_array_equal(live, as_measured)  # "" (this cluster, no rows yet) -> reference env
+
+
+def test_job_prior_leaves_the_pair_out_at_prediction_as_in_training(rows: list[Observation],
+                                                                     catalog: ProfileCatalog) -> None:
+    """The boosters' base margin of a pair equals the margin of a model that never saw the pair: training
+    rows were fitted with leave-own-pair-out priors, so an in-training pair must get the same one."""
+    from services.predictor.model import ordered_examples
+
+    held = rows[1].group
+    full = train_model(rows, seed=0, catalog=catalog)
+    without = train_model([r for r in rows if r.group != held], seed=0, catalog=catalog)
+    pair = (rows[1].a, rows[1].b)
+    margins = []
+    for m in (full, without):
+        ids = m._table.ids_of(list(pair))
+        margins.append(m._margin(ids[:1], ids[1:]))
+    np.testing.assert_allclose(margins[0], margins[1], rtol=1e-9)
+    pairs, y, _ = ordered_examples(rows)
+    assert np.all((margins[0] >= 0.0) & (margins[0] <= 1.0)) and len(pairs) == len(y)
+
+
+def test_version_1_artifact_without_prior_still_loads(model: InterferenceModel, profiles: list[JobProfile],
+                                                      tmp_path: Path) -> None:
+    art = model.to_json_dict()
+    art["format"] = "elastico-interference-model/1"
+    art.pop("job_prior")
+    for k in ("prior_margin", "prior_n", "objective"):
+        art["params"].pop(k)
+    (tmp_path / "v1.json").write_text(json.dumps(art))
+    old = load_model(tmp_path / "v1.json")  # boosters predict without a margin, as /1 trained them
+    assert np.all(np.isfinite(old.predict_pairs([(profiles[0], profiles[1])])))
+    art["format"] = "elastico-interference-model/0"
+    (tmp_path / "v0.json").write_text(json.dumps(art))
+    with pytest.raises(ArtifactError, match="retrain"):
+        load_model(tmp_path / "v0.json")
