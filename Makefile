@@ -9,8 +9,10 @@ STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 GEN    := elastico/v1/.generated
 PROTOS := $(wildcard protos/elastico/v1/*.proto)
 NODES  ?= 2
-# The interference model artifact: trained from the shipped data when absent (seconds, fixed seed).
+# The interference model artifact: trained from the shipped data when absent or older than the code or
+# data it is built from (seconds, fixed seed).
 MODEL  := models/interference.json
+MODEL_SRC := services/predictor/features.py services/predictor/model.py services/predictor/train.py $(wildcard data/*.csv)
 
 .PHONY: all venv protos model test demo up down ps logs status bench clean distclean
 
@@ -31,7 +33,7 @@ $(GEN): $(PROTOS) $(STAMP)
 
 protos: $(GEN)
 
-$(MODEL): | $(GEN)
+$(MODEL): $(MODEL_SRC) | $(GEN)
 	$(PY) -m services.predictor.train --out $(MODEL)
 
 model: $(MODEL)

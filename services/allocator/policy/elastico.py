@@ -170,6 +170,7 @@ class ElastiCo(Policy):
         self.shrink_gpus = shrink_gpus  # also offer queued jobs shapes on halvings of their gang (needs elastic_gpus)
         self.min_count_speed = min_count_speed  # a shrunk gang must keep at least this of its isolated speed
         self.keep_heavy_growth = keep_heavy_growth  # give back only grown gangs lighter than a waiting job
+        self._counts_cache: dict = {}  # (type table, type, requested GPUs) -> (allowed counts, speeds)
         self._prices: np.ndarray | None = None
         self._priced_at_s = -np.inf  # when the posted prices were last solved, s
         self._preempt_checked_s = -np.inf  # when the preemption pass last ran, s
@@ -565,10 +566,22 @@ class ElastiCo(Policy):
             d.info["preempted_for"] = served
         return any_done
 
-    def _ngpu(self, view: ClusterView, idx: np.ndarray) -> np.ndarray:
+    @staticmethod
+    def _ngpu(view: ClusterView, idx: np.ndarray) -> np.ndarray:
         """GPUs each job of ``idx`` holds now (0 when not running)."""
-        g = view.jobs.gpus
-        return np.array([len(g[j]) if g[j] is not None else 0 for j in idx], np.int64)
+        held = view.gpu_job[view.gpu_job >= 0]
+        return np.bincount(held, minlength=len(view.jobs.kind))[idx] if len(held) else np.zeros(len(idx), np.int64)
+
+    def _count_table(self, view: ClusterView, type_idx: int, req: int) -> tuple[tuple[int, ...], dict[int, float]]:
+        """(allowed counts, count -> speed) of a job type at a requested gang size, cached per type table."""
+        key = (id(view.types), type_idx, req)
+        hit = self._counts_cache.get(key)
+        if hit is None:
+            measured = view.types.scale_measured
+            counts = count_options(req) + grow_options(req, measured[type_idx] if measured is not None else None)
+            sp = count_speed(view.types.scale_tput[type_idx], np.asarray(counts, float), req)
+            hit = self._counts_cache[key] = (counts, dict(zip(counts, sp.tolist())))
+        return hit
 
     def _regrow(self, view: ClusterView, gj, gs, d: Decision, run: np.ndarray) -> None:
         """Give gangs more GPUs while whole GPUs idle and nobody waits (module docstring, 6).
@@ -585,20 +598,17 @@ class ElastiCo(Policy):
             return
         gone = set(d.preempt) | {int(j) for j, _ in d.resize}
         ngpu = self._ngpu(view, run)
-        measured = view.types.scale_measured
         offers = []  # (best saving per added GPU, job, current count, [(count, saving)] ascending)
         for j, cur in zip(run.tolist(), ngpu.tolist()):
             req = int(jobs.num_gpus[j])
             rem = float(jobs.remaining_est_s[j])
             if cur == 0 or j in gone or not np.isfinite(rem):
                 continue
-            row_m = measured[jobs.type_idx[j]] if measured is not None else None
-            bigger = sorted(c for c in (count_options(req) + grow_options(req, row_m)) if cur < c <= cur + len(empty))
-            if not bigger:
+            counts, speed = self._count_table(view, int(jobs.type_idx[j]), req)
+            bigger = sorted(c for c in counts if cur < c <= cur + len(empty))
+            if not bigger or cur not in speed:
                 continue
-            sp = count_speed(view.types.scale_tput[jobs.type_idx[j]], np.array([cur] + bigger, float), req)
-            saved = rem / sp[0] - rem / sp[1:] - self.expand_gain * self.restart_s
-            good = [(c, float(v)) for c, v in zip(bigger, saved) if v > 0]
+            good = [(c, v) for c in bigger if (v := rem / speed[cur] - rem / speed[c] - self.expand_gain * self.restart_s) > 0]
             if good:
                 offers.append((-max(v / (c - cur) for c, v in good), j, cur, good))
         offers.sort()
