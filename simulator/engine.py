@@ -112,6 +112,11 @@ class Engine:
                 P = len(p)
                 ext = np.concatenate([p[-(W - 1):], p]) if W > 1 else p
                 self.rollmax.append(np.array([ext[b:b + W].max() for b in range(P)]))
+            # the same, padded into one array so a LOAD tick reads every live service's forecast at once
+            self.roll_len = np.array([len(r) for r in self.rollmax], np.int64)
+            self.roll_pad = np.zeros((Ji, int(self.roll_len.max())))
+            for i, r in enumerate(self.rollmax):
+                self.roll_pad[i, :len(r)] = r
         self.util = util
         # GPU-count shapes: a training job may run on a halving of its requested gang (``count_options``);
         # its speed is then ``count_speed`` (measured scaling curve) and each of its GPUs is busy
@@ -465,9 +470,10 @@ class Engine:
                     self.state[j] = DONE
                     dirty = True
                 elif kind == LOAD:
-                    live = [j for j in range(self.Jt, self.N) if self.state[j] in (PENDING, RUNNING)]
-                    for j in live:
-                        self.forecast[j] = self._forecast_at(j, t)
+                    st = self.state[self.Jt:]
+                    live = np.flatnonzero((st == PENDING) | (st == RUNNING))
+                    b = (self.inf.phase_bin[live] + int(t // BIN_S)) % self.roll_len[live]
+                    self.forecast[self.Jt + live] = self.roll_pad[live, b]
                     self.push(t + cfg.load_tick_s, LOAD)
                     # forecasts moved; periodic policies see them at their next ROUND (same 300-s grid)
                 elif kind == WINDOW_END:

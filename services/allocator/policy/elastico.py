@@ -137,7 +137,7 @@ class ElastiCo(Policy):
 
     def __init__(self, estimate: np.ndarray, kappa: float, train_floor: float = 0.7, slo_factor: float = 10.0,
                  age_scale_s: float = 86400.0, las_scale_gpu_s: float = 3600.0, max_candidates: int = 256,
-                 max_attempts: int = 16, shrink_after_s: float = 1800.0, inference_headroom: float = 1.0,
+                 max_attempts: int = 8, shrink_after_s: float = 1800.0, inference_headroom: float = 1.0,
                  shares_pct: tuple[int, ...] = SHARES_PCT, solver=None, use_estimates: bool = True,
                  size_scale_gpu_s: float = 3600.0, price_depth: float = 4.0, preempt_ratio: float = 4.0,
                  min_run_s: float = 1800.0, max_preempt_jobs: int = 4, restart_s: float = 60.0,
@@ -151,7 +151,9 @@ class ElastiCo(Policy):
         self.age_scale_s = age_scale_s  # waiting time that doubles a queued job's weight, s
         self.las_scale_gpu_s = las_scale_gpu_s  # attained GPU-seconds that halve a job's weight
         self.max_candidates = max_candidates  # queued jobs priced per round at most
-        self.max_attempts = max_attempts  # placement attempts per round at most (bounded round cost)
+        # placement predictions per round at most (bounded round cost): 8 measured the same avg JCT as 16
+        # (64 GPUs @ 1: 198.0 vs 199.3 h; 512 @ 2: 99.0 vs 98.4 h) with 8 % less simulation time
+        self.max_attempts = max_attempts
         self.shrink_after_s = shrink_after_s  # minimum time between an inference resize and a shrink, s
         self.inference_headroom = inference_headroom  # multiplier on the forecast load when sizing
         self.shares_pct = shares_pct

@@ -54,11 +54,13 @@ class TenantState:
         self.is_inf = np.zeros((G, K), bool)  # inference tenants
         self.fc = np.zeros((G, K))  # inference forecast load (0 for training)
         self.share = np.zeros((G, K))  # tenant shares, percent
+        self._joins: dict = {}  # (type, util, floor, slo) -> share-independent part of join(), until refresh
         self.refresh(np.arange(G), gpu_job, gpu_share)
 
     def refresh(self, rows: np.ndarray, gpu_job: np.ndarray, gpu_share: np.ndarray) -> None:
         """Recompute the state of GPUs ``rows`` from the (planning) tenant arrays."""
         rows = np.atleast_1d(rows)
+        self._joins.clear()
         gj = gpu_job[rows]
         mask = gj >= 0
         tj = np.where(mask, gj, 0)
@@ -78,7 +80,21 @@ class TenantState:
 
     def join(self, cand_type: int, cand_util: float, cand_share_pct: float, train_floor: float,
              slo_factor: float) -> JoinPrediction:
-        """Predicted effect of one candidate joining each GPU (see :func:`predict_join`)."""
+        """Predicted effect of one candidate joining each GPU (see :func:`predict_join`).
+
+        Everything but the candidate's own share cap is the same for every share it tries, so it is kept
+        until the next :meth:`refresh` (a round tries several shares of one job on the same tenants).
+        """
+        key = (cand_type, cand_util, train_floor, slo_factor)
+        hit = self._joins.get(key)
+        if hit is None:
+            hit = self._joins[key] = self._join_uncapped(cand_type, cand_util, train_floor, slo_factor)
+        new_raw, before, after, tenant_ok = hit
+        new_norm = np.minimum(new_raw, share_speed(cand_share_pct, max(cand_util, 1e-6))) if self.mps_limits else new_raw
+        return JoinPrediction(new_norm, before, after, tenant_ok, ~self.mask.all(axis=1),
+                              100.0 - self.share.sum(axis=1))
+
+    def _join_uncapped(self, cand_type: int, cand_util: float, train_floor: float, slo_factor: float):
         mask = self.mask
         px = np.where(mask, pair_estimate(self.M, self.kappa, self.tt, self.tu, cand_type, cand_util), 1.0)
         pc = np.where(mask, pair_estimate(self.M, self.kappa, cand_type, cand_util, self.tt, self.tu), 1.0)
@@ -87,14 +103,11 @@ class TenantState:
         before = np.where(mask, np.minimum(before_raw, self.cap), 1.0)
         after = np.where(mask, np.minimum(after_raw, self.cap), 1.0)
         new_norm = compose_additive(pc)
-        if self.mps_limits:
-            new_norm = np.minimum(new_norm, share_speed(cand_share_pct, max(cand_util, 1e-6)))
         is_inf = self.is_inf
         train_ok = ~mask | is_inf | (after >= train_floor - 1e-9) | (after >= before - 1e-9)
         inf_ok = ~is_inf | (self.share / 100.0 * np.where(mask, after_raw, 1.0) - self.fc
                             >= slo_margin(slo_factor) - 1e-9)
-        return JoinPrediction(new_norm, before, after, (train_ok & inf_ok).all(axis=1),
-                              ~mask.all(axis=1), 100.0 - self.share.sum(axis=1))
+        return new_norm, before, after, (train_ok & inf_ok).all(axis=1)
 
 
 def predict_join(M: np.ndarray, kappa: float, gpu_job: np.ndarray, gpu_share: np.ndarray, jobs: JobTable,
