@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -86,6 +87,23 @@ def evaluate(sums: list[dict], load: float) -> tuple[list[str], bool]:
     return lines, ok
 
 
+def full_trace_speed(trace: str, inf: list[str] | None, seed: int, estimator: str) -> dict:
+    """Simulate ElastiCo on the whole trace at 512 GPUs in a fresh interpreter (so the dozens of runs before
+    it -- their heaps, plots -- do not weigh on the timing) and return its wall/CPU seconds."""
+    code = (
+        "import json, sys\n"
+        "from simulator.engine import SimConfig\n"
+        "from simulator.run import build_workload, run_policies\n"
+        "a = json.loads(sys.argv[1])\n"
+        "w = build_workload(a['trace'], 512, a['inf'], a['seed'], None, None, None, estimator=a['estimator'])\n"
+        "(r,), _ = run_policies(w, ['elastico'], SimConfig(gpus=512, progress=True))\n"
+        "print(json.dumps({'wall_s': r.wall_s, 'cpu_s': r.cpu_s, 'rounds': r.rounds, 'jobs': len(w.train.arrival_s),"
+        " 'load': w.train.offered_load, 'unfinished': int(__import__('numpy').isnan(r.completion_s).sum())}))\n")
+    args = json.dumps({"trace": trace, "inf": inf, "seed": seed, "estimator": estimator})
+    out = subprocess.run([sys.executable, "-c", code, args], check=True, stdout=subprocess.PIPE, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.headline", description=__doc__)
     ap.add_argument("--trace", default=str(DATA / "gavel_philly_vc_traces_seed0.csv"))
@@ -126,14 +144,13 @@ def main(argv: list[str] | None = None) -> int:
                           {"gpus": G, "load": load, "offered_load": w.train.offered_load})
             report[f"{G}@{load}"] = {"summaries": sums, "ok": ok, "lines": lines}
     if not (a.smoke or a.skip_speed):
-        w = build_workload(a.trace, 512, inf, a.seed, None, None, None, estimator=a.estimator)
-        (r,), (s,) = run_policies(w, ["elastico"], SimConfig(gpus=512, progress=True))
-        ok = r.wall_s <= TARGET_FULL_TRACE_S
+        speed = full_trace_speed(a.trace, inf, a.seed, a.estimator)
+        ok = speed["wall_s"] <= TARGET_FULL_TRACE_S
         all_ok &= ok
-        print(f"\n== speed: elastico, whole trace ({len(w.train.arrival_s)} training jobs, native load "
-              f"{w.train.offered_load:.2f}), 512 GPUs: {r.wall_s:.1f} s wall, {r.cpu_s:.1f} s CPU, {r.rounds} rounds\n"
+        print(f"\n== speed: elastico, whole trace ({speed['jobs']} training jobs, native load {speed['load']:.2f}), "
+              f"512 GPUs, fresh process: {speed['wall_s']:.1f} s wall, {speed['cpu_s']:.1f} s CPU, {speed['rounds']} rounds\n"
               f"  {verdict(ok):<8} whole trace at 512 GPUs <= {TARGET_FULL_TRACE_S:.0f} s", flush=True)
-        report["speed"] = {"wall_s": r.wall_s, "cpu_s": r.cpu_s, "jobs": len(w.train.arrival_s), "ok": ok, "summary": s}
+        report["speed"] = {**speed, "ok": ok}
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "headline.json").write_text(json.dumps(report, indent=2, default=float))
     print(f"\nOVERALL: {'PASS' if all_ok else 'FAIL (see the FAIL lines above; figures are as measured)'}  "

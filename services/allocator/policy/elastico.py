@@ -176,7 +176,7 @@ class ElastiCo(Policy):
         self._prices: np.ndarray | None = None
         self._priced_at_s = -np.inf  # when the posted prices were last solved, s
         self._preempt_checked_s = -np.inf  # when the preemption pass last ran, s
-        self._idle_sig: tuple | None = None  # state of the last round whose training pass placed nothing
+        self._idle_sig: tuple | None = None  # (raw, filtered) state of the last round whose training pass placed nothing
         self._inf_key: tuple | None = None  # state of the last round whose inference pass changed nothing
         self._inf_recheck_s = np.inf  # when a deferred inference shrink becomes due, s
 
@@ -332,6 +332,11 @@ class ElastiCo(Policy):
         pend = self._waiting_training(view, d)
         if len(pend) == 0:
             return
+        # nothing changed since a round that could place nobody (same tenants, same queue): skip even the
+        # filters below -- most rounds of a busy cluster are such repeats
+        early = (gj.tobytes(), gs.tobytes(), pend.tobytes())
+        if self._idle_sig is not None and early == self._idle_sig[0]:
+            return
         gfree = np.clip(100.0 - gs.sum(axis=1), 0, None)
         open_gpu = (gfree >= min(self.shares_pct) - 1e-9) & (gj < 0).any(axis=1)
         free_share = float(gfree[open_gpu].sum())
@@ -355,7 +360,7 @@ class ElastiCo(Policy):
             return
         # nothing changed since a round that could place nobody: the same attempt would fail again
         sig = (gj.tobytes(), gs.tobytes(), pend.tobytes())
-        if sig == self._idle_sig:
+        if self._idle_sig is not None and sig == self._idle_sig[1]:
             return
         placed_before = len(d.place)
         w = W[pend]
@@ -446,7 +451,7 @@ class ElastiCo(Policy):
                 open_[g] = (gj[g] < 0).any(axis=1)
                 room_cnt = {float(x): int(((room >= x - 1e-9) & open_).sum()) for x in self.shares_pct}
                 break
-        self._idle_sig = sig if len(d.place) == placed_before else None
+        self._idle_sig = (early, sig) if len(d.place) == placed_before else None
 
     def _min_gpus(self, view: ClusterView, idx: np.ndarray) -> np.ndarray:
         """Fewest GPUs each job of ``idx`` may start on (its requested gang unless GPU-count shapes are on)."""
