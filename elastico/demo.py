@@ -120,7 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         _, s = run_live(p, jobs, a.nodes, a.gpus_per_node, a.time_scale, a.timeout_s, run_root)
         live.append(s)
     print("\n== simulator: same jobs, same policies, same estimate (in-process)")
-    _, sims = run_policies(w, policies, SimConfig(gpus=gpus, round_interval_s=300.0))
+    from services.allocator.settings import AllocatorSettings
+
+    # the live allocator's policy options (its settings' defaults), so both rows run the same policy
+    live_opts = {"train_floor": AllocatorSettings.train_floor, "elastic_gpus": AllocatorSettings.elastic_gpus}
+    _, sims = run_policies(w, policies, SimConfig(gpus=gpus, round_interval_s=300.0), live_opts)
     for s in sims:
         s["policy"] = f"{s['policy']} (sim)"
     rows = [r for pair in zip(sims, live, strict=True) for r in pair]
