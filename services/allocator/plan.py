@@ -127,6 +127,11 @@ class ViewIndex:
     restricted: list[int] = field(default_factory=list)  # pending rows with allowed_nodes: placed by place_restricted, not the policy
 
 
+def allowed_gang_sizes(spec: JobSpec) -> set[int]:
+    """GPU counts a live job may run at: its explicit shapes' counts, else 1."""
+    return {s.num_gpus for s in spec.shapes} or {1}
+
+
 def spec_num_gpus(spec: JobSpec) -> int:
     """Gang size: the explicit shapes' GPU count (the largest), else 1."""
     return max((s.num_gpus for s in spec.shapes), default=1)
@@ -359,8 +364,17 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
     (MPS limits are fixed at launch); placements are kept only if every slice fits what is left of its
     GPU's committed share and memory (the store checks again atomically, all or nothing: a decision that
     cannot fit is dropped here so that it cannot veto the rest of the round).
+
+    A placement on a GPU count the job did not declare (its explicit shapes' counts; 1 without shapes) is
+    dropped together with the preemption that would have resized it: a live job runs only at gang sizes it
+    allows (the policy's GPU-count shapes assume an elastic workload, see ``ELASTICO_ELASTIC_GPUS``).
     """
     plan = Plan()
+    bad = {int(r) for r, g, _ in decision.place if len(np.atleast_1d(g)) not in allowed_gang_sizes(index.jobs[int(r)].spec)}
+    if bad:
+        plan.dropped.extend((index.jobs[r].job_id, "gang size not among the job's shapes") for r in sorted(bad))
+        decision = Decision(preempt=[r for r in decision.preempt if int(r) not in bad], resize=decision.resize,
+                            place=[p for p in decision.place if int(p[0]) not in bad], info=decision.info)
     free = {k: list(v) for k, v in index.free.items()}
     running = set(int(r) for r in view.running)
 

@@ -39,7 +39,8 @@ class AllocatorSettings(Settings):
     train_floor: float = 0.5  # training co-location floor, fraction of isolated speed (policy default)
     # ElastiCo GPU-count shapes: run a training job on more GPUs than it asked for while whole GPUs idle
     # (measured scaling curves), giving them back when jobs wait. Off by default live: the workload must be
-    # able to restart from its checkpoint on a different data-parallel size.
+    # able to restart from its checkpoint on a different data-parallel size; even on, a job only runs at the
+    # gang sizes its explicit shapes declare (plan.allowed_gang_sizes).
     elastic_gpus: bool = False
     policy_max_attempts: int = 0  # ElastiCo: placement attempts per round at most (bounds a round's cost); 0 = the policy's default
     time_scale: float = 1.0  # policy clock = wall clock x this (demo replays: matches the node agents' scale)

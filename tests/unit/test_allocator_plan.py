@@ -148,3 +148,20 @@ def test_pricer_down_falls_back_to_last_good_prices_within_capacity():
     assert solver.degraded.startswith("pricer unavailable")
     load = sum(d[j, c] for j, c in enumerate(res.choice) if c >= 0)
     assert (np.asarray(load) <= prob.capacity).all() and (res.choice >= 0).any()
+
+
+def test_translate_keeps_jobs_at_gang_sizes_they_declare():
+    """A grow (preempt + place on more GPUs) of a job without such a shape is dropped whole: it keeps running."""
+    job = placed(make_job(), gpus=(0,), share=100.0)
+    elastic = placed(make_job(spec=make_spec(shapes=(Shape(1, 100.0, 16384), Shape(2, 100.0, 16384)))),
+                     gpus=(1,), share=100.0)
+    n1 = node(gpus=4)
+    n1 = replace(n1, gpus=tuple(replace(g, allocated_share_pct=100.0, allocated_mem_mib=16384) if g.index < 2 else g
+                                for g in n1.gpus))
+    view, idx = build_view([job, elastic], [n1], TYPES, RESOLVE, NOW, 15)
+    rows = {j.job_id: r for r, j in enumerate(idx.jobs)}
+    a, b = rows[job.job_id], rows[elastic.job_id]
+    plan = translate(Decision(preempt=[a, b], place=[(a, np.array([0, 2]), 100.0), (b, np.array([1, 3]), 100.0)]), view, idx)
+    assert plan.preempt == [] and [j.job_id for j, _ in plan.resize] == [elastic.job_id]
+    assert len(plan.resize[0][1].slices) == 2
+    assert plan.dropped == [(job.job_id, "gang size not among the job's shapes")]
