@@ -119,16 +119,21 @@ async def serve(
         Path(settings.port_file).write_text(f"{port}\n")
     log.info("serving", address=f"{settings.host}:{port}", metrics_port=server.metrics_port, services=list(server.service_names))
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     log.info("shutting down", grace_s=settings.shutdown_grace_s)
     await server.stop(settings.shutdown_grace_s)
     if cleanup is not None:
         await cleanup()
     log.info("stopped")
+
+
+async def wait_for_stop_signal() -> None:
+    """Return on the first SIGTERM or SIGINT (the graceful-stop trigger of every ElastiCo process)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
 
 
 def run_main(settings_factory: Callable[[], Settings], build_factory: Callable[[Settings], Callable[[], Awaitable[Any]]]) -> int:

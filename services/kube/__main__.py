@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 
 import grpc
@@ -11,6 +10,7 @@ from prometheus_client import start_http_server
 
 from elastico.config import ConfigError
 from elastico.logging import configure_logging
+from elastico.rpc.server import wait_for_stop_signal
 from elastico.v1 import allocator_pb2_grpc, predictor_pb2_grpc
 from services.kube import app
 from services.kube.extender import Extender
@@ -39,11 +39,7 @@ async def serve(settings: KubeSettings) -> None:
         with open(settings.port_file, "w") as f:
             f.write(str(port))
     log.info("serving", role=settings.role, port=port, tls=bool(settings.tls_cert_file))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     log.info("stopping", grace_s=settings.shutdown_grace_s)
     if reaper is not None:
         reaper.cancel()
