@@ -27,7 +27,7 @@ import numpy as np
 from services.allocator.policy.baselines import Policy
 from services.allocator.policy.inference import slo_margin
 from services.allocator.policy.interference import compose_additive, utilisation_rule
-from services.allocator.policy.profiles import TypeTable
+from services.allocator.policy.profiles import TypeTable, scaling_curve
 from services.allocator.policy.shapes import allowed_counts, count_speed, relative_tput, share_speed
 from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, JobTable
 from simulator.groundtruth import GroundTruth
@@ -107,23 +107,20 @@ class Engine:
             mean_load = np.array([p.mean() for p in self.prof_scaled])
             util[Jt:] = mean_load
             W = max(1, int(round(cfg.forecast_window_s / BIN_S)))
-            self.rollmax = []
-            for p in self.prof_scaled:  # circular max over the last W bins, per bin
-                P = len(p)
-                ext = np.concatenate([p[-(W - 1):], p]) if W > 1 else p
-                self.rollmax.append(np.array([ext[b:b + W].max() for b in range(P)]))
-            # the same, padded into one array so a LOAD tick reads every live service's forecast at once
-            self.roll_len = np.array([len(r) for r in self.rollmax], np.int64)
+            # circular max over the last W bins, per bin, padded into one array [Ji, longest profile] so a
+            # LOAD tick reads every live service's forecast at once
+            self.roll_len = np.array([len(p) for p in self.prof_scaled], np.int64)
             self.roll_pad = np.zeros((Ji, int(self.roll_len.max())))
-            for i, r in enumerate(self.rollmax):
-                self.roll_pad[i, :len(r)] = r
+            for i, p in enumerate(self.prof_scaled):
+                ext = np.concatenate([p[-(W - 1):], p]) if W > 1 else p
+                self.roll_pad[i, :len(p)] = [ext[b:b + W].max() for b in range(len(p))]
         self.util = util
-        # GPU-count shapes: a training job may run on a halving of its requested gang (``count_options``);
-        # its speed is then ``count_speed`` (measured scaling curve) and each of its GPUs is busy
+        # GPU-count shapes: a training job may run on another gang size (``allowed_counts``: halvings, or
+        # growth between measured counts); its speed is then ``count_speed`` and each of its GPUs is busy
         # ``util x T(n)/n`` (per-GPU scaling efficiency, capped at 1) -- a 1-GPU profile's utilisation
         # diluted by the communication a larger gang waits on.
         self.scale = (types.scale_tput[self.type_idx] if types.scale_tput is not None
-                      else np.tile(np.array([1.0, 2.0, 4.0, 8.0]), (N, 1)))
+                      else np.tile(scaling_curve({}), (N, 1)))
         self.measured = types.scale_measured[self.type_idx] if types.scale_measured is not None else [None] * N
         self.ngpu_run = np.zeros(N, np.int64)  # GPUs held while running (0 otherwise)
         self.cspeed = np.ones(N)  # speed factor of the running GPU count vs the requested one
@@ -174,10 +171,6 @@ class Engine:
                                   self.queued_since, np.full(N, np.nan), self.last_change)
         self.margin = slo_margin(cfg.slo_factor)
 
-    def scale_at_req(self, j: int) -> float:
-        """Relative isolated throughput ``T(n_req)`` of training job ``j`` at its requested gang size."""
-        return float(relative_tput(self.scale[j], float(self.num_gpus[j])))
-
     # ---- event plumbing -----------------------------------------------------------------------------
     def push(self, t: float, kind: int, j: int = -1, ver: int = 0) -> None:
         self.seq += 1
@@ -193,15 +186,9 @@ class Engine:
             self.int_t = t
 
     # ---- inference demand and SLO accounting -------------------------------------------------------
-    def _load_at(self, j: int, t: float) -> float:
-        i = j - self.Jt
-        p = self.prof_scaled[i]
-        return float(p[(self.inf.phase_bin[i] + int(t // BIN_S)) % len(p)])
-
-    def _forecast_at(self, j: int, t: float) -> float:
-        i = j - self.Jt
-        r = self.rollmax[i]
-        return float(r[(self.inf.phase_bin[i] + int(t // BIN_S)) % len(r)])
+    def _forecast_at(self, i, t: float):
+        """Forecast load of inference service(s) ``i`` (index among the services, int or array) at ``t``."""
+        return self.roll_pad[i, (self.inf.phase_bin[i] + int(t // BIN_S)) % self.roll_len[i]]
 
     def _slo_close(self, j: int, t: float) -> None:
         """Account [segment start, t) of service j at its segment capacity, and start a new segment."""
@@ -340,7 +327,7 @@ class Engine:
         self.ngpu_run[j] = n = len(gpus)
         if self.kind[j] == TRAINING:
             self.cspeed[j] = float(count_speed(self.scale[j], n, int(self.num_gpus[j])))
-            self.peff[j] = min(1.0, float(self.cspeed[j] * self.scale_at_req(j)) / n)
+            self.peff[j] = min(1.0, self.cspeed[j] * float(relative_tput(self.scale[j], self.num_gpus[j])) / n)
         self.share[j] = share
         self.last_change[j] = t
         self.att_t[j] = t
@@ -449,7 +436,7 @@ class Engine:
                     if self.kind[j] == INFERENCE:
                         self.slo_seg_t[j] = t
                         self.slo_cap[j] = 0.0
-                        self.forecast[j] = self._forecast_at(j, t)
+                        self.forecast[j] = self._forecast_at(j - self.Jt, t)
                     dirty = True
                 elif kind == COMPLETE:
                     if ver != self.version[j] or self.state[j] != RUNNING:
@@ -472,8 +459,7 @@ class Engine:
                 elif kind == LOAD:
                     st = self.state[self.Jt:]
                     live = np.flatnonzero((st == PENDING) | (st == RUNNING))
-                    b = (self.inf.phase_bin[live] + int(t // BIN_S)) % self.roll_len[live]
-                    self.forecast[self.Jt + live] = self.roll_pad[live, b]
+                    self.forecast[self.Jt + live] = self._forecast_at(live, t)
                     self.push(t + cfg.load_tick_s, LOAD)
                     # forecasts moved; periodic policies see them at their next ROUND (same 300-s grid)
                 elif kind == WINDOW_END:

@@ -334,7 +334,8 @@ class ElastiCo(Policy):
             return
         # nothing changed since a round that could place nobody (same tenants, same queue): skip even the
         # filters below -- most rounds of a busy cluster are such repeats
-        early = (gj.tobytes(), gs.tobytes(), pend.tobytes())
+        tenants = (gj.tobytes(), gs.tobytes())
+        early = (*tenants, pend.tobytes())
         if self._idle_sig is not None and early == self._idle_sig[0]:
             return
         gfree = np.clip(100.0 - gs.sum(axis=1), 0, None)
@@ -359,7 +360,7 @@ class ElastiCo(Policy):
         if len(pend) == 0:
             return
         # nothing changed since a round that could place nobody: the same attempt would fail again
-        sig = (gj.tobytes(), gs.tobytes(), pend.tobytes())
+        sig = (*tenants, pend.tobytes())
         if self._idle_sig is not None and sig == self._idle_sig[1]:
             return
         placed_before = len(d.place)
@@ -373,7 +374,7 @@ class ElastiCo(Policy):
         top = top[: max(1, int(np.searchsorted(need, self.price_depth * free_share)) + 1)]
         cand = pend[top]
         wc = w[top]
-        n, sh, speed, ok, share_sp = self._shape_family(view, cand)  # [J, S'] over (GPU count, share)
+        n, sh, speed, ok, cnt_sp = self._shape_family(view, cand)  # [J, S'] over (GPU count, share)
         utility = wc[:, None] * speed
         demand = np.stack([n * sh[None, :], n], axis=2)
         cap = np.array([free_share, float(free_slots)])
@@ -391,7 +392,7 @@ class ElastiCo(Policy):
             choice = np.where(pos, pick, best)
             order = np.concatenate([np.flatnonzero(pos), np.flatnonzero(~pos)])
             cand, wc, n, speed, ok, choice = cand[order], wc[order], n[order], speed[order], ok[order], choice[order]
-            share_sp = share_sp[order]
+            cnt_sp = cnt_sp[order]
             d.info["pricing"] = {"status": "posted_prices", "age_s": view.now_s - self._priced_at_s}
         else:
             choice, prices, info = choose_shapes(utility, demand, ok, cap, warm_prices=self._prices,
@@ -423,7 +424,6 @@ class ElastiCo(Policy):
             for s in tries:
                 share = float(sh[s])
                 nj = int(n[c, s])
-                cs = float(speed[c, s] / max(share_sp[c, s], 1e-12))  # GPU-count speed factor of the shape
                 key = (t, nj, share)
                 # capacity precheck (no prediction needed): enough GPUs with a free slot and this share?
                 if key in failed or nj * share > free_share + 1e-9 or room_cnt[share] < nj:
@@ -434,7 +434,7 @@ class ElastiCo(Policy):
                 pred = state.join(t, float(jobs.solo_util[j]), share, self.train_floor, self.slo_factor)
                 feas = (pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok
                         & (pred.new_norm >= self.train_floor - 1e-9))
-                gain = wc[c] * pred.new_norm * cs - weighted_loss(pred, gj[rows], W)
+                gain = wc[c] * pred.new_norm * cnt_sp[c, s] - weighted_loss(pred, gj[rows], W)
                 feas &= gain > 0
                 # ties (e.g. many empty GPUs) go to the fullest GPU: keeps whole GPUs free for gangs
                 gl = pick_gang(gain - 1e-6 * pred.share_free, feas, nj)
@@ -466,7 +466,7 @@ class ElastiCo(Policy):
         halvings), shares ascending within a count, so ties prefer the full gang and the smaller share.
 
         Returns:
-            (gpus [J, S'], share pct [S'], speed [J, S'], feasible [J, S'], share-only speed [J, S']) with
+            (gpus [J, S'], share pct [S'], speed [J, S'], feasible [J, S'], GPU-count speed [J, S']) with
             speed = share speed x GPU-count speed (:func:`shapes.count_speed`); a shrunk shape is feasible
             when its share is and its count keeps at least ``min_count_speed``.
         """
@@ -492,7 +492,7 @@ class ElastiCo(Policy):
         ok = (valid[:, :, None] & okp[:, None, :]).reshape(len(cand), C * S)
         gpus = np.repeat(cnt, S, axis=1).astype(float)
         share = np.tile(np.asarray(self.shares_pct, float), C)
-        return gpus, share, speed, ok, np.tile(sp, (1, C))
+        return gpus, share, speed, ok, np.repeat(cspeed, S, axis=1)
 
     # ------------------------------------------------------------------------------------------------
     def _preempt(self, view: ClusterView, gj, gs, W, d: Decision, waiting: np.ndarray) -> bool:
@@ -638,12 +638,17 @@ class ElastiCo(Policy):
                 continue
             empty = np.flatnonzero((gj < 0).all(axis=1))
             own = np.asarray(jobs.gpus[j])
-            share = float(jobs.share_pct[j])
-            vacate(gj, gs, j, own)
-            target = np.sort(np.concatenate([own, empty[: plan[j] - cur]]))
-            occupy(gj, gs, j, target, share)
-            d.preempt.append(j)
-            d.place.append((j, target, share))
+            self._relaunch(view, gj, gs, d, j, np.sort(np.concatenate([own, empty[: plan[j] - cur]])))
+
+    @staticmethod
+    def _relaunch(view: ClusterView, gj, gs, d: Decision, j: int, target: np.ndarray) -> None:
+        """Restart running job ``j`` on GPUs ``target`` at its share: a preemption and a placement in one
+        round, which the engine and the live allocator apply as a resize (one restart)."""
+        share = float(view.jobs.share_pct[j])
+        vacate(gj, gs, j, view.jobs.gpus[j])
+        occupy(gj, gs, j, target, share)
+        d.preempt.append(j)
+        d.place.append((j, target, share))
 
     def _give_back(self, view: ClusterView, gj, gs, W, d: Decision, waiting: np.ndarray) -> bool:
         """Jobs are waiting: shrink gangs grown beyond their request back to it (their first GPUs) -- those
@@ -660,13 +665,7 @@ class ElastiCo(Policy):
         for j in grown.tolist():
             if j in gone:
                 continue
-            own = np.asarray(jobs.gpus[j])
-            share = float(jobs.share_pct[j])
-            vacate(gj, gs, j, own)
-            keep = own[: int(jobs.num_gpus[j])]
-            occupy(gj, gs, j, keep, share)
-            d.preempt.append(j)
-            d.place.append((j, keep, share))
+            self._relaunch(view, gj, gs, d, j, np.asarray(jobs.gpus[j])[: int(jobs.num_gpus[j])])
             done = True
         return done
 

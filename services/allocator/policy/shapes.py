@@ -94,8 +94,8 @@ def shape_speed_table(solo_util: np.ndarray, min_speed: float,
 def relative_tput(scale_row: np.ndarray, n) -> np.ndarray:
     """Relative isolated throughput at ``n`` GPUs from ``TypeTable.scale_tput`` rows.
 
-    ``scale_row`` is one row ``[4]`` (``n`` any shape) or rows ``[J, 4]`` with ``n`` of shape ``[J]`` or
-    ``[J, C]``. Piecewise-linear between the measured counts 1/2/4/8, linear beyond 8 (``T(8) n / 8``).
+    ``scale_row`` is one row ``[4]`` (``n`` any shape) or rows ``[J, 4]`` with ``n`` of shape ``[J, C]``.
+    Piecewise-linear between the measured counts 1/2/4/8, linear beyond 8 (``T(8) n / 8``).
     """
     from services.allocator.policy.profiles import SCALE_COUNTS
 
@@ -106,13 +106,7 @@ def relative_tput(scale_row: np.ndarray, n) -> np.ndarray:
     if row.ndim == 1:
         y0, y1, last = row[k], row[k + 1], row[-1]
     else:
-        squeeze = n.ndim == 1
-        k2 = k[:, None] if squeeze else k
-        y0 = np.take_along_axis(row, k2, -1)
-        y1 = np.take_along_axis(row, k2 + 1, -1)
-        last = row[:, -1:]
-        if squeeze:
-            y0, y1, last = y0[:, 0], y1[:, 0], last[:, 0]
+        y0, y1, last = np.take_along_axis(row, k, -1), np.take_along_axis(row, k + 1, -1), row[:, -1:]
     x0 = xs[k]
     inside = y0 + (y1 - y0) * (np.minimum(n, xs[-1]) - x0) / (xs[k + 1] - x0)
     return np.where(n > xs[-1], last * n / xs[-1], inside)
