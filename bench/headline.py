@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import multiprocessing
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+import numpy as np
 
 from services.allocator.policy import POLICY_NAMES
 from simulator.engine import SimConfig
@@ -87,21 +90,18 @@ def evaluate(sums: list[dict], load: float) -> tuple[list[str], bool]:
     return lines, ok
 
 
+def _speed_run(trace: str, inf: list[str] | None, seed: int, estimator: str) -> dict:
+    w = build_workload(trace, 512, inf, seed, None, None, None, estimator=estimator)
+    (r,), _ = run_policies(w, ["elastico"], SimConfig(gpus=512, progress=True))
+    return {"wall_s": r.wall_s, "cpu_s": r.cpu_s, "rounds": r.rounds, "jobs": len(w.train.arrival_s),
+            "load": w.train.offered_load, "unfinished": int(np.isnan(r.completion_s).sum())}
+
+
 def full_trace_speed(trace: str, inf: list[str] | None, seed: int, estimator: str) -> dict:
-    """Simulate ElastiCo on the whole trace at 512 GPUs in a fresh interpreter (so the dozens of runs before
-    it -- their heaps, plots -- do not weigh on the timing) and return its wall/CPU seconds."""
-    code = (
-        "import json, sys\n"
-        "from simulator.engine import SimConfig\n"
-        "from simulator.run import build_workload, run_policies\n"
-        "a = json.loads(sys.argv[1])\n"
-        "w = build_workload(a['trace'], 512, a['inf'], a['seed'], None, None, None, estimator=a['estimator'])\n"
-        "(r,), _ = run_policies(w, ['elastico'], SimConfig(gpus=512, progress=True))\n"
-        "print(json.dumps({'wall_s': r.wall_s, 'cpu_s': r.cpu_s, 'rounds': r.rounds, 'jobs': len(w.train.arrival_s),"
-        " 'load': w.train.offered_load, 'unfinished': int(__import__('numpy').isnan(r.completion_s).sum())}))\n")
-    args = json.dumps({"trace": trace, "inf": inf, "seed": seed, "estimator": estimator})
-    out = subprocess.run([sys.executable, "-c", code, args], check=True, stdout=subprocess.PIPE, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """Simulate ElastiCo on the whole trace at 512 GPUs in a fresh (spawned) interpreter, so the dozens of
+    runs before it -- their heaps, plots -- do not weigh on the timing; returns its wall/CPU seconds."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_speed_run, trace, inf, seed, estimator).result()
 
 
 def main(argv: list[str] | None = None) -> int:
