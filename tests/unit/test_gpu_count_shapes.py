@@ -152,3 +152,13 @@ def test_a_short_grown_job_keeps_its_gpus_while_a_long_one_waits():
     d = _elastico().decide(replace(v, types=_scalable_types()))
     assert d.preempt == [] and d.place == []
     assert 0 in _elastico(keep_heavy_growth=False).decide(replace(v, types=_scalable_types())).preempt
+
+
+def test_an_idle_gpu_goes_to_the_job_it_speeds_up_most_not_the_longest():
+    t = _scalable_types()
+    t = replace(t, scale_tput=np.vstack([[1.0, 2.0, 4.0, 8.0], SUBLINEAR, SUBLINEAR, SUBLINEAR]))
+    jobs = [{"type": 2, "n": 1, "remaining": 1000 * H},  # long, sub-linear: 1.22x on 2 GPUs
+            {"type": 0, "n": 1, "remaining": 10 * H}]  # short, linear: 2x on 2 GPUs
+    v = replace(view(jobs, gpus=3, placed={0: ([0], 100.0), 1: ([1], 100.0)}, now=10 * H), types=t)
+    d = _elastico().decide(v)
+    assert [(j, g.tolist()) for j, g, _ in d.place] == [(1, [1, 2])]

@@ -12,6 +12,7 @@ import pytest
 from services.allocator.policy import POLICY_NAMES, make_policy
 from services.allocator.policy.view import Decision
 from simulator.engine import ARRIVAL, COMPLETE, ROUND, Engine, OversubscribedError, SimConfig
+from simulator.metrics import summarise, throughput_ceiling
 from simulator.run import build_workload, run_policies
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +69,9 @@ def test_conservation_and_capacity(workload, policy):
     assert (jct >= r.duration_s * (1 - 1e-9)).all()  # nobody beats isolated speed
     assert (r.timeline[:, 1] <= 1 + 1e-9).all() and (r.timeline[:, 2] <= 1 + 1e-9).all()
     assert 0.0 <= r.slo_ok_s <= r.slo_total_s
+    s, cap = summarise(r), throughput_ceiling(workload.train, workload.types, r.window_end_s)
+    assert s["jobs_per_h_loaded"] <= cap["jobs_per_h_loaded"] + 1e-9  # no policy beats the ceiling
+    assert s["work_gpu_h_per_h"] <= cap["work_gpu_h_per_h"] * (1 + 1e-9)
 
 
 def test_unschedulable_jobs_are_reported_unfinished(small_trace):
