@@ -23,6 +23,16 @@
   per-job features learns only indirectly. It contributes (weight ``mf_weight``) only when both job types
   were seen on that GPU type. Blending it in cut grouped-CV MAE on Gavel from 0.037 to 0.033.
 
+* **Cap classifiers** (MAE is minimised by the conditional *median*, and the two learners above fit
+  something close to the mean): where a domain has a mass of values at exactly 1 (the job kept all its
+  isolated throughput: 12% of Gavel's measured V100 values, mostly ResNet-18 as the measured job; 19% of
+  the second campaign's P100 values; Lucid's values at or above 1), a logistic XGBoost per domain on the
+  same features estimates P(value = 1), and where it is at least 1/2 the answer is 1.0, the median of such
+  a value. Threshold and classifier settings were fixed in advance, not tuned. Grouped-CV, Gavel measured
+  V100 MAE over split seeds 0/1/2 (eta 0.2): 0.0510/0.0512/0.0548 -> 0.0495/0.0514/0.0552, so the V100
+  gain is not uniform; with eta 0.13, seed 0: Gavel's second campaign P100 0.0325 -> 0.0304 (seeds 1 and 2
+  alike), Lucid 0.0402 -> 0.0399.
+
 Symmetry: every learner models the *ordered* row (A next to B); training uses both orderings of every
 measured pair and a pair is predicted as ``[f(A|B), f(B|A)]``, so ``predict(B, A)`` is exactly
 ``predict(A, B)`` with its two outputs swapped.
@@ -49,8 +59,9 @@ so the trained model cannot yet tell 30% from 100%; observations with limits fix
 
 Speed: request profiles get integer ids in a per-model table (solo vector completed from the catalogue,
 factorisation indices, job-type prior), so a batch is assembled with numpy gathers; encodings are looked
-up once per distinct family pair, each distinct ordered pair is predicted once, and results are memoised
-per ordered pair of ids (the model is immutable; a refresh builds a new one). A 256-pair batch costs
+up once per distinct family pair, each distinct ordered pair is predicted once (by the cap classifiers only
+where its domain has one), and results are memoised per ordered pair of ids (the model is immutable; a
+refresh builds a new one). A 256-pair batch costs
 about 3-4 ms of CPU cold (most of it the boosters' ``inplace_predict``) and well under 1 ms when the pairs
 were asked before.
 
@@ -77,16 +88,22 @@ import xgboost as xgb
 from services.predictor import features as F
 from services.predictor.features import JobProfile, Observation, ProfileCatalog
 
-#: Format tag of the saved artifact. /2 added the job-type prior (``job_prior``, the boosters' base margin);
-#: /1 artifacts (boosters trained without a margin) still load and predict as they were trained.
-ARTIFACT_FORMAT = "elastico-interference-model/2"
-_READABLE_FORMATS = ("elastico-interference-model/1", ARTIFACT_FORMAT)
+#: Format tag of the saved artifact. /3 added the cap classifiers (``cap_boosters``); /2 added the job-type
+#: prior (``job_prior``, the boosters' base margin). /1 and /2 artifacts still load and predict as they were
+#: trained (no margin for /1, no cap classifiers for /1 and /2).
+ARTIFACT_FORMAT = "elastico-interference-model/3"
+_READABLE_FORMATS = ("elastico-interference-model/1", "elastico-interference-model/2", ARTIFACT_FORMAT)
 
 #: Default artifact path (relative to the repository root); the service's ``ELASTICO_MODEL_PATH`` default.
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parents[2] / "models" / "interference.json"
 
 #: Name of the booster set trained on every environment (used for environments without a set of their own).
 GENERAL_SET = "*"
+
+#: A training value at or above this level counts as "kept all of its isolated throughput" for the cap
+#: classifiers (Gavel writes exactly 1.0 where the co-located throughput equals the isolated one; Lucid's
+#: noise above 1 counts too, since outputs are clipped to 1 anyway).
+_CAP_LEVEL = 0.999
 
 #: Smallest per-pair normalised throughput used when composing k-way slowdowns (avoids 1/0).
 _MIN_NORM = 1e-3
@@ -114,7 +131,7 @@ class TrainParams:
     rounds: int = 150  # boosting rounds per booster (prediction cost grows with n_bags * rounds)
     max_depth: int = 6  # tree depth
     min_child_weight: float = 3.0  # minimum hessian per leaf
-    eta: float = 0.13  # learning rate
+    eta: float = 0.2  # learning rate (0.13 before the margin; re-measured with it, see the log below)
     subsample: float = 0.8  # row subsampling per tree
     colsample_bytree: float = 0.8  # column subsampling per tree
     # pseudo-Huber transition, in normalised-throughput units. 0.4 (nearly squared error on this [0, 1]
@@ -142,6 +159,36 @@ class TrainParams:
     #     0.0310/0.0313/0.0319, MAPE 5.93/5.88/5.90/5.97/6.11%: 0.3 kept; per-GPU-type stacking weights (fit
     #     on one split seed, scored on the others) gained ~0.001 MAE before the margin: not adopted
     #   the general booster set (all environments) instead of the environment's own: v100 0.059-0.062
+    # Variants measured with the margin (same CV; MAE / MAPE / k80 / p100 / v100 on seed 0 unless noted;
+    # reference seed 0: 0.0306 / 5.85% / 0.0181 / 0.0209 / 0.0523, seeds 1/2 v100 0.0526/0.0549):
+    #   huber_slope 0.1: 0.0299 / 5.69% / 0.0173 / 0.0201 / 0.0519 (seeds 1/2: 0.0304/5.77%/v100 0.0518,
+    #     0.0311/5.93%/0.0544); 0.05: 0.0306 / 5.83% / v100 0.0526; 0.2: 0.0305 / 5.81% / 0.0518
+    #   per-domain pseudo-Huber slope (custom objective, slope = c * the domain's median |y - prior| on the
+    #     training rows; V100 0.10, K80 0.034 for c = 1): c = 1/2/4: v100 0.0521/0.0521/0.0524 (flat)
+    #   reg:absoluteerror with the margin: 0.0329 / 6.38% / v100 0.0584
+    #   prior_n 1/5/10: v100 0.0532/0.0514/0.0516 (MAE 0.0309/0.0302/0.0303); 5 or 10 with huber 0.1 or
+    #     eta 0.2: v100 0.0512-0.0523; the prior alone (row + column - mean) has V100 MAE 0.116 (log- or
+    #     logit-additive priors: 0.122 / 0.115, measured offline on the same folds)
+    #   mf_lambda 1.0: 0.0339 / 6.57% / v100 0.0596; 0.03: v100 0.0526; mf_rank 8: v100 0.0524
+    #   max_depth 4: 0.0324 / v100 0.0559; 8: v100 0.0524; min_child_weight 6: v100 0.0522;
+    #     colsample_bytree 0.5: v100 0.0527
+    #   eta 0.08: v100 0.0533; eta 0.3: 0.0307 / 5.92% / v100 0.0521; eta 0.2 with 250 rounds: 0.0300 /
+    #     5.73% / v100 0.0507 (and 1.7x the boosters' prediction cost)
+    #   ADOPTED eta 0.2: 0.0301 / 5.74% / 0.0183 / 0.0207 / 0.0510 (seeds 1/2: 0.0306/5.80%/v100 0.0512,
+    #     0.0312/5.93%/0.0548)
+    #   booster set per domain (GPU type + environment) instead of per environment: v100 0.0534 for V100
+    #     alone or every domain (V100 gains from the trees shared with K80/P100)
+    #   the Gavel set also trained on gavel-oracle rows (weight 1.0 / 0.3): v100 0.0542 / 0.0531
+    #   sample weight of Gavel V100 rows 0.5 / 2.0: v100 0.0532 / 0.0530
+    #   stacking or calibration offline on the CV predictions (fitted on the scored rows themselves, i.e. an
+    #     optimistic bound): best linear a + b * prediction gives v100 0.0521, best xgb/mf stack 0.0520;
+    #     snapping predictions above t to 1 at best 0.0516 (t = 0.93): the cap classifier below does better
+    #   ADOPTED cap classifiers (``cap_model``), with eta 0.2: 0.0297 / 5.70% / 0.0183 / 0.0207 / 0.0495
+    #     (seeds 1/2: 0.0307/5.84%/v100 0.0514, 0.0313/5.97%/0.0552; mean v100 0.0520 against 0.0523 for eta
+    #     0.2 alone and 0.0533 for the reference). Without eta 0.2 (0.13): v100 0.0510/0.0527/0.0552. The
+    #     gain on V100 is not uniform over split seeds (about 31 values flipped to 1 per seed, 2/3 of them
+    #     really at 1); on the second campaign's P100 it is (0.0325 -> 0.0304, seeds 1/2 similar).
+    #     cap + eta 0.2 + huber_slope 0.1: 0.0300 / 5.83% / v100 0.0505 (not adopted)
     objective: str = "reg:pseudohubererror"  # XGBoost objective (reg:absoluteerror measured worse, above)
     env_min_examples: int = 200  # an environment with this many examples gets boosters of its own
     mf_rank: int = 4  # matrix-factorisation embedding size
@@ -151,6 +198,17 @@ class TrainParams:
     mf_weight: float = 0.3  # blend weight of the factorisation where it applies
     prior_margin: bool = True  # boosters fit the residual from the job-type additive prior (``_JobPrior``)
     prior_n: float = 2.0  # shrinkage of the prior's job-type means towards the domain mean, in rows
+    # Cap classifiers (``_fit_cap_classifiers``): where a domain has a mass of values at exactly 1 (the job
+    # kept all its isolated throughput), predict 1 when P(1) >= cap_threshold. 0.5 is the median rule (MAE
+    # is minimised by the conditional median, and a value that is 1 with probability >= 1/2 has median 1),
+    # not a tuned number; the classifier's hyper-parameters below were fixed before measuring.
+    cap_model: bool = True
+    cap_threshold: float = 0.5
+    cap_min_frac: float = 0.05  # share of a domain's training values at 1 for it to get a classifier
+    cap_min_rows: int = 20  # and at least this many
+    cap_rounds: int = 100
+    cap_max_depth: int = 4
+    cap_eta: float = 0.1
     nthread: int = 1  # CPU threads; more than one is slower on a busy machine (OpenMP spin-waits)
 
 
@@ -518,7 +576,7 @@ class _ProfileTable:
 
     def __init__(self, catalog: ProfileCatalog, factors: list[_MatrixFactors], families: frozenset[str],
                  gpus: frozenset[str], envs: frozenset[str], reference_env: str, booster_set_of_env,
-                 prior: _JobPrior | None = None) -> None:
+                 prior: _JobPrior | None = None, cap_of_domain=None) -> None:
         self._catalog = catalog
         self._factors = factors
         self._prior = prior
@@ -527,6 +585,7 @@ class _ProfileTable:
         self._envs = envs
         self._reference_env = reference_env
         self._set_of_env = booster_set_of_env
+        self._cap_of_domain = cap_of_domain or (lambda domain: -1)
         self.hard_reset()
 
     def hard_reset(self) -> None:
@@ -552,6 +611,7 @@ class _ProfileTable:
         self.gpu = np.empty(cap, dtype=np.int64)
         self.low = np.empty(cap, dtype=bool)
         self.bset = np.empty(cap, dtype=np.int64)
+        self.cap = np.empty(cap, dtype=np.int64)  # index of the domain's cap classifier, -1 = none
         self.strings: list[tuple[str, str, str, str]] = []  # id -> (domain, env, family, arch): encoder keys
         self.jks: list[str] = []  # id -> job key string (job-type prior keys)
         # Ordered-pair results keyed by ``id_a << 32 | id_b``: the allocator asks about the same candidate
@@ -571,7 +631,7 @@ class _ProfileTable:
 
         Returns (catalogued solo vector or None, completed job key, factorisation indices, family id,
         arch id, job-key id, domain id, GPU vector, low confidence, (domain, env, family, arch), booster-set
-        index, job prior).
+        index, job key string, cap-classifier index).
         """
         tkey = p.job_key + (p.gpu_type, env)
         got = self._types.get(tkey)
@@ -588,7 +648,8 @@ class _ProfileTable:
         got = (vec, job_key, mf, self._intern(("f", p.model_family)),
                self._intern(("a", arch)) if arch != self._UNKNOWN_ARCH else -1, self._intern(("k", job_key)),
                self._intern(("g", domain)), np.asarray(F.gpu_vector(p.gpu_type, env), float),
-               low, (domain, env, p.model_family, arch), self._set_of_env(env), _jk(job_key))
+               low, (domain, env, p.model_family, arch), self._set_of_env(env), _jk(job_key),
+               self._cap_of_domain(domain))
         if len(self._types) < _CACHE_MAX:
             self._types[tkey] = got
         return got
@@ -597,7 +658,7 @@ class _ProfileTable:
         cap = self.solo.shape[0]
         while cap < need:
             cap *= 2
-        for name in ("solo", "gpu_vec", "mf", "fam", "arch", "key", "gpu", "low", "bset"):
+        for name in ("solo", "gpu_vec", "mf", "fam", "arch", "key", "gpu", "low", "bset", "cap"):
             arr = getattr(self, name)
             new = np.empty((cap,) + arr.shape[1:], dtype=arr.dtype)
             new[: self.n] = arr[: self.n]
@@ -627,7 +688,7 @@ class _ProfileTable:
             for j, p in enumerate(fresh):
                 # an environment the model has no rows of is answered as the reference environment
                 env = p.env if p.env in self._envs else self._reference_env
-                vec, _jkey, mf, fam, arch, key, gpu, gvec, low, strings, bset, jks = self._type_parts(p, env)
+                vec, _jkey, mf, fam, arch, key, gpu, gvec, low, strings, bset, jks, capi = self._type_parts(p, env)
                 i = base + j
                 if vec is not None:
                     row = solo[j]
@@ -638,6 +699,7 @@ class _ProfileTable:
                 self.gpu_vec[i] = gvec
                 self.low[i] = low
                 self.bset[i] = bset
+                self.cap[i] = capi
                 self.strings.append(strings)
                 self.jks.append(jks)
                 ids[p] = i
@@ -652,7 +714,7 @@ class InterferenceModel:
 
     def __init__(self, booster_sets: dict[str, list[xgb.Booster]], encoder: _Encoder,
                  factors: list[_MatrixFactors], catalog: ProfileCatalog, meta: dict, params: TrainParams,
-                 prior: _JobPrior | None = None) -> None:
+                 prior: _JobPrior | None = None, cap_boosters: dict[str, xgb.Booster] | None = None) -> None:
         if GENERAL_SET not in booster_sets:
             raise ValueError(f"booster_sets: the general set {GENERAL_SET!r} is required")
         self._booster_sets = booster_sets
@@ -661,6 +723,9 @@ class InterferenceModel:
         self._encoder = encoder
         self._factors = factors
         self._prior = prior
+        self._cap_boosters = dict(cap_boosters or {})  # domain -> classifier of P(value kept at 1)
+        self._cap_names = sorted(self._cap_boosters)
+        self._cap_list = [self._cap_boosters[k] for k in self._cap_names]
         self._catalog = catalog
         self._params = params
         self.meta = dict(meta)
@@ -669,10 +734,12 @@ class InterferenceModel:
         self._envs = frozenset(meta["envs_seen"])
         general = self._set_names.index(GENERAL_SET)
         index = {name: i for i, name in enumerate(self._set_names)}
+        cap_index = {name: i for i, name in enumerate(self._cap_names)}
         self._table = _ProfileTable(catalog, factors, self._families, self._gpus, self._envs,
-                                    meta["reference_env"], lambda env: index.get(env, general), prior)
+                                    meta["reference_env"], lambda env: index.get(env, general), prior,
+                                    lambda domain: cap_index.get(domain, -1))
         self._lock = threading.Lock()
-        for boosters in self._set_list:
+        for boosters in self._set_list + [self._cap_list]:
             for b in boosters:
                 b.set_param({"nthread": params.nthread})
         # Identity-link objectives predict ``margin + trees``; passing base_margin to inplace_predict costs
@@ -715,7 +782,7 @@ class InterferenceModel:
         meta = dict(self.meta)
         meta["metrics"] = {**self.meta.get("metrics", {}), **{k: float(v) for k, v in metrics.items()}}
         return InterferenceModel(self._booster_sets, self._encoder, self._factors, self._catalog, meta, self._params,
-                                 self._prior)
+                                 self._prior, self._cap_boosters)
 
     # ---- prediction -------------------------------------------------------------------------------
 
@@ -793,14 +860,34 @@ class InterferenceModel:
             pm += f.predict_idx(T.mf[ia, k], T.mf[ib, k])
         return pm / len(self._factors)
 
+    def _capped(self, X: np.ndarray, ia: np.ndarray) -> np.ndarray | None:
+        """Rows whose domain's cap classifier gives P(value kept at 1) >= ``cap_threshold``; None when no
+        row has a classifier."""
+        if not self._cap_list:
+            return None
+        ci = self._table.cap[ia]
+        out = None
+        for k in np.unique(ci[ci >= 0]).tolist():
+            m = np.flatnonzero(ci == k)
+            hit = self._cap_list[k].inplace_predict(X[m]) >= self._params.cap_threshold
+            if hit.any():
+                if out is None:
+                    out = np.zeros(len(ia), dtype=bool)
+                out[m[hit]] = True
+        return out
+
     def _predict_ids(self, ia: np.ndarray, ib: np.ndarray) -> np.ndarray:
         """Normalised throughput of the first job of each ordered pair, from profile-table ids."""
-        px = self._xgb(self._pair_x(ia, ib), self._table.bset[ia], self._margin(ia, ib))
+        X = self._pair_x(ia, ib)
+        px = self._xgb(X, self._table.bset[ia], self._margin(ia, ib))
         w = self._params.mf_weight
         if w > 0 and self._factors:
             pm = self._mf(ia, ib)
             ok = np.isfinite(pm)
             px[ok] = (1.0 - w) * px[ok] + w * np.clip(pm[ok], 0.0, 1.0)
+        capped = self._capped(X, ia)
+        if capped is not None:
+            px[capped] = 1.0  # the median of a value that is 1 with probability >= 1/2
         return np.clip(px, 0.0, 1.0)
 
     def _predict_ordered(self, pairs: Sequence[tuple[JobProfile, JobProfile]]) -> np.ndarray:
@@ -898,6 +985,7 @@ class InterferenceModel:
             "encoder": self._encoder.to_json(),
             "factors": [f.to_json() for f in self._factors],
             "job_prior": self._prior.to_json() if self._prior is not None else None,
+            "cap_boosters": {name: json.loads(bytes(b.save_raw("json"))) for name, b in self._cap_boosters.items()},
             "catalog": [_profile_to_json(p) for p in self._catalog],
         }
 
@@ -916,20 +1004,21 @@ class InterferenceModel:
             raise ArtifactError("feature_names differ from this build's schema: retrain")
         try:
             params = TrainParams(**d["params"])
-            boosters: dict[str, list[xgb.Booster]] = {}
-            for name, items in d["boosters"].items():
-                boosters[name] = []
-                for bj in items:
-                    b = xgb.Booster()
-                    b.load_model(bytearray(json.dumps(bj).encode()))
-                    boosters[name].append(b)
+            def booster(bj: dict) -> xgb.Booster:
+                b = xgb.Booster()
+                b.load_model(bytearray(json.dumps(bj).encode()))
+                return b
+
+            boosters = {name: [booster(bj) for bj in items] for name, items in d["boosters"].items()}
+            cap_boosters = {name: booster(bj) for name, bj in (d.get("cap_boosters") or {}).items()}
             meta_keys = ("version", "schema_version", "created_at", "created_at_unix_s", "training_data_sha256",
                          "training_rows", "metrics", "seed", "families_seen", "gpus_seen", "envs_seen", "reference_env")
             meta = {k: d[k] for k in meta_keys}
             return cls(boosters, _Encoder.from_json(d["encoder"]),
                        [_MatrixFactors.from_json(f) for f in d["factors"]],
                        ProfileCatalog(_profile_from_json(p) for p in d["catalog"]), meta, params,
-                       _JobPrior.from_json(d["job_prior"]) if d.get("job_prior") is not None else None)
+                       _JobPrior.from_json(d["job_prior"]) if d.get("job_prior") is not None else None,
+                       cap_boosters)
         except (KeyError, TypeError, ValueError, xgb.core.XGBoostError) as exc:
             raise ArtifactError(f"malformed model artifact: {exc}") from exc
 
@@ -1038,6 +1127,28 @@ def _reference_env(env: np.ndarray) -> str:
     return max(present, key=lambda e: (present[e], e))
 
 
+def _fit_cap_classifiers(X: np.ndarray, y: np.ndarray, domain: np.ndarray, p: TrainParams,
+                         seed: int) -> dict[str, xgb.Booster]:
+    """One classifier of P(value >= ``_CAP_LEVEL``) per domain where enough training values sit at 1.
+
+    A domain qualifies with at least ``cap_min_frac`` of its values and ``cap_min_rows`` values at the cap
+    (Gavel's measured V100 campaign: 12%, mostly ResNet-18 as the measured job; Gavel's second P100
+    campaign: 19%; Lucid: values at or above 1 are noise around 1). Same features as the boosters
+    (leave-own-pair-out encodings included), logistic loss, hyper-parameters fixed in advance.
+    """
+    out: dict[str, xgb.Booster] = {}
+    xparams = {"objective": "binary:logistic", "max_depth": p.cap_max_depth, "eta": p.cap_eta,
+               "min_child_weight": 1.0, "subsample": 0.8, "colsample_bytree": 0.8, "tree_method": "hist",
+               "nthread": p.nthread, "verbosity": 0, "seed": seed}
+    for name in sorted(set(domain.tolist())):
+        m = domain == name
+        label = (y[m] >= _CAP_LEVEL).astype(float)
+        if label.sum() >= p.cap_min_rows and label.mean() >= p.cap_min_frac:
+            d = xgb.DMatrix(X[m], label=label, feature_names=list(F.PAIR_FEATURES), nthread=p.nthread)
+            out[name] = xgb.train(xparams, d, p.cap_rounds)
+    return out
+
+
 def train_model(rows: Sequence[Observation], seed: int = 0, params: TrainParams | None = None,
                 catalog: ProfileCatalog | None = None) -> InterferenceModel:
     """Train an :class:`InterferenceModel` on co-location observations.
@@ -1104,6 +1215,7 @@ def train_model(rows: Sequence[Observation], seed: int = 0, params: TrainParams 
                 booster_sets[e] = fit_set(env == e)
     factors = ([_MatrixFactors.fit(pairs, y, p, su, sv, seed + 17 * (k + 1)) for k, (su, sv) in enumerate(_MF_VARIANTS)]
                if p.mf_weight > 0 else [])
+    cap_boosters = _fit_cap_classifiers(X, y, np.array([a.domain for a, _ in pairs]), p, seed) if p.cap_model else {}
     now = _dt.datetime.now(_dt.timezone.utc)
     digest = data_digest(rows)
     meta = {
@@ -1120,7 +1232,7 @@ def train_model(rows: Sequence[Observation], seed: int = 0, params: TrainParams 
         "envs_seen": sorted(set(env.tolist())),
         "reference_env": _reference_env(env),
     }
-    model = InterferenceModel(booster_sets, encoder, factors, catalog, meta, p, prior)
+    model = InterferenceModel(booster_sets, encoder, factors, catalog, meta, p, prior, cap_boosters)
     fit_pred = model._predict_ordered(pairs)
     err = np.abs(fit_pred - y)
     return model.with_metrics({"train_mae": float(err.mean()),

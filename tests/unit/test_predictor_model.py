@@ -293,3 +293,49 @@ def test_version_1_artifact_without_prior_still_loads(model: InterferenceModel, 
     (tmp_path / "v0.json").write_text(json.dumps(art))
     with pytest.raises(ArtifactError, match="retrain"):
         load_model(tmp_path / "v0.json")
+
+
+def _kept_full_pair(rows: list[Observation]) -> Observation:
+    """Gavel's measured V100 row (ResNet-18 bs 16 next to A3C): ResNet-18 kept all its throughput (1.0),
+    as it did next to almost every co-tenant on that campaign's V100."""
+    return next(r for r in rows if r.a.gpu_type == "v100" and r.a.model_family == "resnet18" and r.a.batch_size == 16
+                and r.b.model_family == "a3c" and not r.failed)
+
+
+def test_cap_classifier_predicts_exactly_one_for_a_pair_never_seen(rows: list[Observation],
+                                                                   catalog: ProfileCatalog) -> None:
+    """A domain with a mass of values at 1 gets a classifier; where it says P(1) >= 1/2 the answer is the
+    median, 1.0, instead of the regression's average of 1s and lower values."""
+    r = _kept_full_pair(rows)
+    assert r.norm_tput_a == 1.0
+    train = [x for x in rows if x.group != r.group]  # the pair is unseen on every GPU type
+    on = train_model(train, seed=0, catalog=catalog)
+    off = train_model(train, seed=0, catalog=catalog, params=TrainParams(cap_model=False))
+    assert sorted(on.to_json_dict()["cap_boosters"]) == ["v100@gavel"]  # K80/P100 have no value at 1
+    assert off.to_json_dict()["cap_boosters"] == {}
+    got_on, got_off = on.predict_pairs([(r.a, r.b)])[0], off.predict_pairs([(r.a, r.b)])[0]
+    assert got_on[0] == 1.0 and got_off[0] < 0.99, (got_on, got_off)
+    assert got_on[1] == got_off[1]  # A3C's value is not capped: the regression's answer stays
+    # symmetric like every other part of the model
+    np.testing.assert_array_equal(on.predict_pairs([(r.b, r.a)])[0], got_on[::-1])
+    # other GPU types have no classifier: identical answers with and without
+    k80 = next(x for x in rows if x.a.gpu_type == "k80" and not x.failed)
+    np.testing.assert_array_equal(on.predict_pairs([(k80.a, k80.b)]), off.predict_pairs([(k80.a, k80.b)]))
+
+
+def test_version_2_artifact_without_cap_classifiers_still_loads(rows: list[Observation], catalog: ProfileCatalog,
+                                                                 tmp_path: Path) -> None:
+    r = _kept_full_pair(rows)
+    m = train_model([x for x in rows if x.group != r.group], seed=0, catalog=catalog)
+    art = m.to_json_dict()
+    assert art["format"] == "elastico-interference-model/3" and art["cap_boosters"]
+    art["format"] = "elastico-interference-model/2"
+    art.pop("cap_boosters")
+    for k in [k for k in art["params"] if k.startswith("cap_")]:
+        art["params"].pop(k)
+    (tmp_path / "v2.json").write_text(json.dumps(art))
+    old = load_model(tmp_path / "v2.json")  # no classifier: the regression's answer, as /2 gave it
+    off = train_model([x for x in rows if x.group != r.group], seed=0, catalog=catalog,
+                      params=TrainParams(cap_model=False))
+    np.testing.assert_array_equal(old.predict_pairs([(r.a, r.b)]), off.predict_pairs([(r.a, r.b)]))
+    assert m.predict_pairs([(r.a, r.b)])[0, 0] == 1.0
