@@ -71,6 +71,22 @@ def test_batched_equals_single_and_memo(model: InterferenceModel, profiles: list
     np.testing.assert_array_equal(batch[1], single[0][::-1])
 
 
+def test_two_thread_prediction_equals_one_thread(model: InterferenceModel, profiles: list[JobProfile],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Boosters run on a second thread for large batches: the same numbers, in the same rows."""
+    import services.predictor.model as M
+
+    rng = np.random.default_rng(3)
+    pairs = [(profiles[i], profiles[j]) for i, j in rng.integers(0, len(profiles), (300, 2))]
+    pairs += [(replace(a, env="gavel-oracle"), replace(b, env="gavel-oracle")) for a, b in pairs[:50]]
+    monkeypatch.setattr(M, "_PARALLEL_MIN_ROWS", 10**9)
+    model.clear_cache()
+    serial = model.predict_pairs(pairs)
+    monkeypatch.setattr(M, "_PARALLEL_MIN_ROWS", 1)
+    model.clear_cache()
+    np.testing.assert_array_equal(model.predict_pairs(pairs), serial)
+
+
 def test_outputs_in_unit_interval_and_finite(model: InterferenceModel, profiles: list[JobProfile]) -> None:
     pairs = [(a, b) for a in profiles[::5] for b in profiles[::7]]
     pred = model.predict_pairs(pairs)
