@@ -29,7 +29,7 @@ from services.allocator.policy.inference import slo_margin
 from services.allocator.policy.interference import compose_additive, utilisation_rule
 from services.allocator.policy.profiles import TypeTable, scaling_curve
 from services.allocator.policy.shapes import allowed_counts, count_speed, relative_tput, share_speed
-from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, JobTable
+from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, JobTable, slot_sum
 from simulator.groundtruth import GroundTruth
 from simulator.traces import BIN_S, InferenceServices, TrainingJobs
 
@@ -170,6 +170,8 @@ class Engine:
                                   self.share, self.util, self.forecast, self.gpus, self.restarts,
                                   self.queued_since, np.full(N, np.nan), self.last_change)
         self.margin = slo_margin(cfg.slo_factor)
+        self._counts_memo: dict = {}  # (type, requested GPUs) -> allowed counts
+        self._factors_memo: dict = {}  # (type, requested GPUs, count) -> (count speed, per-GPU efficiency)
 
     # ---- event plumbing -----------------------------------------------------------------------------
     def push(self, t: float, kind: int, j: int = -1, ver: int = 0) -> None:
@@ -181,7 +183,7 @@ class Engine:
             hi = min(t, self.window_end)
             if hi > self.int_t:
                 dtw = hi - self.int_t
-                self.alloc_int += np.minimum(self.gpu_share.sum(axis=1), 100.0).sum() / 100.0 * dtw
+                self.alloc_int += np.minimum(slot_sum(self.gpu_share), 100.0).sum() / 100.0 * dtw
                 self.eff_int += self.gpu_eff.sum() * dtw
             self.int_t = t
 
@@ -310,7 +312,7 @@ class Engine:
         gpus = np.asarray(gpus, np.int64)
         if self.state[j] != PENDING:
             raise OversubscribedError(f"job {j} placed while not pending (state {self.state[j]})")
-        counts = allowed_counts(int(self.num_gpus[j]), self.measured[j]) if self.kind[j] == TRAINING else (1,)
+        counts = self._allowed_counts(j) if self.kind[j] == TRAINING else (1,)
         if len(gpus) not in counts or len(set(gpus.tolist())) != len(gpus):
             raise OversubscribedError(f"job {j} needs {' or '.join(map(str, counts))} distinct GPUs, got {gpus.tolist()}")
         for g in gpus:
@@ -326,8 +328,7 @@ class Engine:
         self.gpus[j] = gpus
         self.ngpu_run[j] = n = len(gpus)
         if self.kind[j] == TRAINING:
-            self.cspeed[j] = float(count_speed(self.scale[j], n, int(self.num_gpus[j])))
-            self.peff[j] = min(1.0, self.cspeed[j] * float(relative_tput(self.scale[j], self.num_gpus[j])) / n)
+            self.cspeed[j], self.peff[j] = self._count_factors(j, n)
         self.share[j] = share
         self.last_change[j] = t
         self.att_t[j] = t
@@ -340,6 +341,25 @@ class Engine:
         if self.kind[j] == INFERENCE and self.inf is not None:
             self._slo_close(j, t)  # the pending segment (capacity 0) ends here
         return set(gpus.tolist())
+
+    def _allowed_counts(self, j: int) -> tuple[int, ...]:
+        """GPU counts training job ``j`` may run at (:func:`allowed_counts`), memoised per job type and
+        request (they depend on nothing else)."""
+        key = (int(self.type_idx[j]), int(self.num_gpus[j]))
+        hit = self._counts_memo.get(key)
+        if hit is None:
+            hit = self._counts_memo[key] = allowed_counts(key[1], self.measured[j])
+        return hit
+
+    def _count_factors(self, j: int, n: int) -> tuple[float, float]:
+        """(speed factor vs the requested count, per-GPU scaling efficiency) of training job ``j`` on ``n``
+        GPUs, memoised per job type, request and count (the scaling curve is the type's)."""
+        key = (int(self.type_idx[j]), int(self.num_gpus[j]), n)
+        hit = self._factors_memo.get(key)
+        if hit is None:
+            cs = float(count_speed(self.scale[j], n, int(self.num_gpus[j])))
+            hit = self._factors_memo[key] = (cs, min(1.0, cs * float(relative_tput(self.scale[j], self.num_gpus[j])) / n))
+        return hit
 
     def _apply(self, d, t: float) -> None:
         touched: set[int] = set()
@@ -400,7 +420,7 @@ class Engine:
         self._apply(d, t)
         if not self.timeline or t - self.timeline[-1][0] > 0:
             G = self.cfg.gpus
-            self.timeline.append((t, float(np.minimum(self.gpu_share.sum(axis=1), 100).sum() / 100 / G),
+            self.timeline.append((t, float(np.minimum(slot_sum(self.gpu_share), 100).sum() / 100 / G),
                                   float(self.gpu_eff.sum() / G)))
 
     def run(self) -> SimResult:

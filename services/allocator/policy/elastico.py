@@ -128,11 +128,13 @@ waits and some job could grow averages 6.6 GPU-equivalents, about 1 % of the clu
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from services.allocator.policy.baselines import Policy
 from services.allocator.policy.inference import required_share_pct, slo_margin
-from services.allocator.policy.placement import TenantState, pick_gang, predict_join, weighted_loss
+from services.allocator.policy.placement import TenantState, pick_gang, predict_join, tenant_weights, weighted_loss
 from services.allocator.policy.pricing import choose_shapes
 from services.allocator.policy.shapes import (
     SHARES_PCT,
@@ -143,7 +145,17 @@ from services.allocator.policy.shapes import (
     shape_speed_table,
     share_speed,
 )
-from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, Decision, occupy, vacate
+from services.allocator.policy.view import (
+    INFERENCE,
+    TRAINING,
+    ClusterView,
+    Decision,
+    occupy,
+    slot_all,
+    slot_any,
+    slot_sum,
+    vacate,
+)
 
 
 class ElastiCo(Policy):
@@ -208,7 +220,7 @@ class ElastiCo(Policy):
             rem = j.remaining_est_s[idx]
             known = np.isfinite(rem)
             if known.any():
-                srpt = 1.0 / (1.0 + j.num_gpus[idx] * np.maximum(np.nan_to_num(rem), 0.0) / self.size_scale_gpu_s)
+                srpt = 1.0 / (1.0 + j.num_gpus[idx] * np.maximum(np.where(known, rem, 0.0), 0.0) / self.size_scale_gpu_s)
                 size = np.where(known, srpt, size)
         return j.priority[idx] * (1.0 + wait / self.age_scale_s) * size
 
@@ -274,15 +286,21 @@ class ElastiCo(Policy):
         jobs = view.jobs
         run = view.running[jobs.kind[view.running] == INFERENCE]
         pend = view.pending[jobs.kind[view.pending] == INFERENCE]
-        # same tenants, shares and forecasts as a round that changed nothing, before any deferred shrink
-        # is due: the pass would decide the same (nothing) again
-        key = (gj.tobytes(), gs.tobytes(), jobs.load_forecast[run].tobytes(), pend.tobytes())
+        # same services on the same GPUs, next to the same tenants with the same shares and forecasts, as a
+        # round that changed nothing, before any deferred shrink is due: the pass would decide the same
+        # (nothing) again. Such a round had no service queued, and with none queued the pass reads only the
+        # services' own GPUs (tenants' weights only order evictions, which are a change), so changes on
+        # other GPUs do not invalidate it.
+        occ = gj >= 0
+        inf_rows = slot_any(occ & (jobs.kind[np.where(occ, gj, 0)] == INFERENCE)).nonzero()[0]
+        key = (run.tobytes(), inf_rows.tobytes(), gj[inf_rows].tobytes(), gs[inf_rows].tobytes(),
+               jobs.load_forecast[run].tobytes(), pend.tobytes())
         if key == self._inf_key and view.now_s < self._inf_recheck_s:
             return
         n_before = len(d.place) + len(d.resize) + len(d.preempt)
         recheck = np.inf
         if len(run):
-            g_of = np.array([int(jobs.gpus[j][0]) for j in run])
+            g_of = np.fromiter((jobs.gpus[j][0] for j in run.tolist()), np.int64, len(run))
             rows = np.unique(g_of)
             # interference of the current co-tenants, on the services' GPUs only (an inference slot's
             # predicted speed is 1 / (1 + sum of its co-tenants' extra time); no MPS cap on inference)
@@ -356,8 +374,10 @@ class ElastiCo(Policy):
         early = (*tenants, pend.tobytes())
         if self._idle_sig is not None and early == self._idle_sig[0]:
             return
-        gfree = np.clip(100.0 - gs.sum(axis=1), 0, None)
-        open_gpu = (gfree >= min(self.shares_pct) - 1e-9) & (gj < 0).any(axis=1)
+        unused = 100.0 - slot_sum(gs)  # [G] unallocated share, percent
+        slot_open = slot_any(gj < 0)  # [G] GPUs with a free tenant slot
+        gfree = np.maximum(unused, 0.0)
+        open_gpu = (gfree >= min(self.shares_pct) - 1e-9) & slot_open
         free_share = float(gfree[open_gpu].sum())
         free_slots = int((gj < 0).sum())
         n_open = int(open_gpu.sum())
@@ -371,7 +391,7 @@ class ElastiCo(Policy):
         # a job fits only if enough GPUs have a free slot and room for its smallest feasible share (shares
         # ascend, so no larger share fits either): drops, cheaply, every job that cannot start this round
         sh = np.asarray(self.shares_pct, float)
-        room = np.where((gj < 0).any(axis=1), gfree, 0.0)
+        room = np.where(slot_open, gfree, 0.0)
         n_room = (room[None, :] >= sh[:, None] - 1e-9).sum(axis=1)  # [S] GPUs with room for each share
         _, okp = shape_speed_table(jobs.solo_util[pend], self.train_floor, self.shares_pct)
         pend = pend[n_room[np.argmax(okp, axis=1)] >= nmin]
@@ -422,8 +442,8 @@ class ElastiCo(Policy):
         attempts = 0
         failed: set = set()
         state = None  # built on the first prediction (most rounds fail the capacity precheck first)
-        room = 100.0 - gs.sum(axis=1)
-        open_ = (gj < 0).any(axis=1)
+        room = unused.copy()  # the tenants have not changed since (pricing only)
+        open_ = slot_open.copy()
         room_cnt = {float(x): int(((room >= x - 1e-9) & open_).sum()) for x in self.shares_pct}
         # predictions are made on the GPUs with room for the smallest share only (under contention a
         # handful of 512): same decisions, a fraction of the work
@@ -448,11 +468,13 @@ class ElastiCo(Policy):
                     continue
                 attempts += 1
                 if state is None:
-                    state = TenantState(self.M, self.kappa, gj[rows], gs[rows], jobs, True)
+                    gj_rows = gj[rows]
+                    state = TenantState(self.M, self.kappa, gj_rows, gs[rows], jobs, True)
+                    tw = tenant_weights(gj_rows, W)
                 pred = state.join(t, float(jobs.solo_util[j]), share, self.train_floor, self.slo_factor)
                 feas = (pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok
                         & (pred.new_norm >= self.train_floor - 1e-9))
-                gain = wc[c] * pred.new_norm * cnt_sp[c, s] - weighted_loss(pred, gj[rows], W)
+                gain = wc[c] * pred.new_norm * cnt_sp[c, s] - weighted_loss(pred, tw)
                 feas &= gain > 0
                 # ties (e.g. many empty GPUs) go to the fullest GPU: keeps whole GPUs free for gangs
                 gl = pick_gang(gain - 1e-6 * pred.share_free, feas, nj)
@@ -461,7 +483,9 @@ class ElastiCo(Policy):
                     continue
                 g = rows[gl]
                 occupy(gj, gs, j, g, share)
-                state.refresh(gl, gj[rows], gs[rows])
+                gj_rows = gj[rows]
+                state.refresh(gl, gj_rows, gs[rows])
+                tw[gl] = tenant_weights(gj_rows[gl], W)
                 d.place.append((j, g, share))
                 free_share -= nj * share
                 free_slots -= nj
@@ -540,8 +564,8 @@ class ElastiCo(Policy):
         tj = np.maximum(gj, 0)
         ten_ok = ~occ | elig_job[tj]
         wt = np.where(occ, W[tj], 0.0)
-        gpu_max = np.where(ten_ok.all(axis=1), wt.max(axis=1), np.inf)  # heaviest tenant (inf: not emptiable)
-        gpu_cost = wt.sum(axis=1)
+        gpu_max = np.where(slot_all(ten_ok), wt.max(axis=1), np.inf)  # heaviest tenant (inf: not emptiable)
+        gpu_cost = slot_sum(wt)
         order_q = waiting[np.argsort(-wq, kind="stable")][: 4 * self.max_preempt_jobs]
         # waiting jobs come in decreasing weight, so a gang size that failed fails for every later job
         fail_n = np.inf
@@ -597,15 +621,17 @@ class ElastiCo(Policy):
         held = view.gpu_job[view.gpu_job >= 0]
         return np.bincount(held, minlength=len(view.jobs.kind))[idx] if len(held) else np.zeros(len(idx), np.int64)
 
-    def _count_table(self, view: ClusterView, type_idx: int, req: int) -> tuple[tuple[int, ...], dict[int, float]]:
-        """(allowed counts, count -> speed) of a job type at a requested gang size, cached per type table."""
+    def _count_table(self, view: ClusterView, type_idx: int,
+                     req: int) -> tuple[tuple[int, ...], dict[int, float], tuple[int, ...]]:
+        """(allowed counts, count -> speed, allowed counts ascending) of a job type at a requested gang size,
+        cached per type table."""
         key = (id(view.types), type_idx, req)
         hit = self._counts_cache.get(key)
         if hit is None:
             measured = view.types.scale_measured
             counts = count_options(req) + grow_options(req, measured[type_idx] if measured is not None else None)
             sp = count_speed(view.types.scale_tput[type_idx], np.asarray(counts, float), req)
-            hit = self._counts_cache[key] = (counts, dict(zip(counts, sp.tolist())))
+            hit = self._counts_cache[key] = (counts, dict(zip(counts, sp.tolist())), tuple(sorted(counts)))
         return hit
 
     def _regrow(self, view: ClusterView, gj, gs, d: Decision, run: np.ndarray) -> None:
@@ -618,22 +644,26 @@ class ElastiCo(Policy):
         """
         jobs = view.jobs
         run = run[view.now_s - jobs.last_change_s[run] >= self.min_run_s]
-        empty = np.flatnonzero((gj < 0).all(axis=1))
-        if len(run) == 0 or len(empty) == 0:
+        if len(run) == 0:
+            return
+        empty = np.flatnonzero(slot_all(gj < 0))
+        if len(empty) == 0:
             return
         gone = set(d.preempt) | {int(j) for j, _ in d.resize}
         ngpu = self._ngpu(view, run)
+        cost = self.expand_gain * self.restart_s
         offers = []  # (best saving per added GPU, job, current count, [(count, saving)] ascending)
-        for j, cur in zip(run.tolist(), ngpu.tolist()):
-            req = int(jobs.num_gpus[j])
-            rem = float(jobs.remaining_est_s[j])
-            if cur == 0 or j in gone or not np.isfinite(rem):
+        for j, cur, req, rem, t in zip(run.tolist(), ngpu.tolist(), jobs.num_gpus[run].tolist(),
+                                       jobs.remaining_est_s[run].tolist(), jobs.type_idx[run].tolist()):
+            if cur == 0 or j in gone or not math.isfinite(rem):
                 continue
-            counts, speed = self._count_table(view, int(jobs.type_idx[j]), req)
-            bigger = sorted(c for c in counts if cur < c <= cur + len(empty))
-            if not bigger or cur not in speed:
+            _, speed, ascending = self._count_table(view, t, req)
+            if ascending[-1] <= cur or cur not in speed:
                 continue
-            good = [(c, v) for c in bigger if (v := rem / speed[cur] - rem / speed[c] - self.expand_gain * self.restart_s) > 0]
+            bigger = [c for c in ascending if cur < c <= cur + len(empty)]
+            if not bigger:
+                continue
+            good = [(c, v) for c in bigger if (v := rem / speed[cur] - rem / speed[c] - cost) > 0]
             if good:  # ordered by the speed-up per added GPU, whatever the job's length
                 offers.append((-max((speed[c] / speed[cur] - 1.0) / (c - cur) for c, _ in good), j, cur, good))
         offers.sort()
@@ -654,7 +684,7 @@ class ElastiCo(Policy):
         for _, j, cur, _ in offers:
             if j not in plan:
                 continue
-            empty = np.flatnonzero((gj < 0).all(axis=1))
+            empty = np.flatnonzero(slot_all(gj < 0))
             own = np.asarray(jobs.gpus[j])
             self._relaunch(view, gj, gs, d, j, np.sort(np.concatenate([own, empty[: plan[j] - cur]])))
 

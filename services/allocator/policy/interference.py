@@ -59,7 +59,7 @@ def compose_additive(pairwise: np.ndarray, axis: int = -1) -> np.ndarray:
 
     ``norm = 1 / (1 + sum (1/p - 1))``; identical to ``services.predictor.model.compose_k_way`` row-wise.
     """
-    extra = 1.0 / np.clip(pairwise, _MIN_NORM, 1.0) - 1.0
+    extra = 1.0 / np.minimum(np.maximum(pairwise, _MIN_NORM), 1.0) - 1.0  # = clip, without its call overhead
     return 1.0 / (1.0 + extra.sum(axis=axis))
 
 

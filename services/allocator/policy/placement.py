@@ -10,15 +10,18 @@ from __future__ import annotations
 import numpy as np
 
 from services.allocator.policy.inference import slo_margin
-from services.allocator.policy.interference import compose_additive, utilisation_rule
+from services.allocator.policy.interference import _MIN_NORM, compose_additive, utilisation_rule
 from services.allocator.policy.shapes import share_speed
-from services.allocator.policy.view import INFERENCE, JobTable
+from services.allocator.policy.view import INFERENCE, JobTable, free_share, slot_all, slot_sum
 
 
 def pair_estimate(M: np.ndarray, kappa: float, ta, ua, tb, ub) -> np.ndarray:
     """Estimated normalised throughput of type ``ta`` (util ``ua``) next to ``tb`` (util ``ub``); NaN -> rule."""
     v = M[ta, tb]
-    return np.where(np.isnan(v), utilisation_rule(ua, ub, kappa), v)
+    nan = np.isnan(v)
+    if not nan.any():  # every pair estimated (e.g. training next to training): the rule is not needed
+        return v
+    return np.where(nan, utilisation_rule(ua, ub, kappa), v)
 
 
 class JoinPrediction:
@@ -39,51 +42,61 @@ class TenantState:
     """Per-slot interference state of the current tenants, reusable across many candidates in a round.
 
     Computing the tenant-tenant part once (``[G, K, K]``) and refreshing only the GPUs a placement
-    touched keeps a round's cost proportional to the candidates tried, not candidates x K^2 x G.
+    touched keeps a round's cost proportional to the candidates tried, not candidates x K^2 x G. Every
+    candidate-independent array of :meth:`join` (tenants' speeds now, free slots and share) is kept here
+    too, so a join computes only what depends on the candidate.
     """
 
     def __init__(self, M: np.ndarray, kappa: float, gpu_job: np.ndarray, gpu_share: np.ndarray, jobs: JobTable,
                  mps_limits: bool):
         self.M, self.kappa, self.jobs, self.mps_limits = M, kappa, jobs, mps_limits
-        G, K = gpu_job.shape
-        self.mask = np.zeros((G, K), bool)  # occupied slots
-        self.tt = np.zeros((G, K), np.int64)  # tenant types
-        self.tu = np.zeros((G, K))  # tenant solo utilisations
-        self.extra = np.zeros((G, K))  # sum over co-tenants of (1/p - 1): additive composition state
-        self.cap = np.ones((G, K))  # MPS share cap of each tenant's speed (1 = none)
-        self.is_inf = np.zeros((G, K), bool)  # inference tenants
-        self.fc = np.zeros((G, K))  # inference forecast load (0 for training)
-        self.share = np.zeros((G, K))  # tenant shares, percent
+        self._offdiag = ~np.eye(gpu_job.shape[1], dtype=bool)[None]
         self._joins: dict = {}  # (type, util, floor, slo) -> share-independent part of join(), until refresh
-        self.refresh(np.arange(G), gpu_job, gpu_share)
+        for name, value in self._rows_state(gpu_job, np.array(gpu_share, float)).items():
+            setattr(self, name, value)  # [G, K] slot arrays and [G] GPU arrays, see _rows_state
 
     def refresh(self, rows: np.ndarray, gpu_job: np.ndarray, gpu_share: np.ndarray) -> None:
         """Recompute the state of GPUs ``rows`` from the (planning) tenant arrays."""
         rows = np.atleast_1d(rows)
         self._joins.clear()
-        gj = gpu_job[rows]
-        mask = gj >= 0
+        for name, value in self._rows_state(gpu_job[rows], gpu_share[rows]).items():
+            getattr(self, name)[rows] = value
+
+    def _rows_state(self, gj: np.ndarray, sh: np.ndarray) -> dict:
+        """State of the GPUs whose tenant slots are ``gj`` / ``sh`` (rows of the planning arrays)."""
+        jobs = self.jobs
+        mask = gj >= 0  # occupied slots
         tj = np.where(mask, gj, 0)
-        tt = self.jobs.type_idx[tj]
-        tu = np.where(mask, self.jobs.solo_util[tj], 0.0)
-        K = gj.shape[1]
+        tt = jobs.type_idx[tj]  # tenant types
+        tu = np.where(mask, jobs.solo_util[tj], 0.0)  # tenant solo utilisations
         pair = pair_estimate(self.M, self.kappa, tt[:, :, None], tu[:, :, None], tt[:, None, :], tu[:, None, :])
-        both = mask[:, :, None] & mask[:, None, :] & ~np.eye(K, dtype=bool)[None]
-        extra = np.where(both, 1.0 / np.clip(pair, 1e-3, 1.0) - 1.0, 0.0).sum(axis=2)
-        is_inf = mask & (self.jobs.kind[tj] == INFERENCE)
-        sh = gpu_share[rows]
+        both = mask[:, :, None] & mask[:, None, :] & self._offdiag
+        # sum over co-tenants of (1/p - 1): additive composition state
+        extra = slot_sum(np.where(both, 1.0 / np.minimum(np.maximum(pair, _MIN_NORM), 1.0) - 1.0, 0.0))
+        is_inf = mask & (jobs.kind[tj] == INFERENCE)  # inference tenants
+        # MPS share cap of each tenant's speed (1 = none)
         cap = (np.where(mask & ~is_inf, share_speed(sh, np.maximum(tu, 1e-6)), 1.0) if self.mps_limits
                else np.ones_like(sh))
-        self.mask[rows], self.tt[rows], self.tu[rows], self.extra[rows] = mask, tt, tu, extra
-        self.cap[rows], self.is_inf[rows], self.share[rows] = cap, is_inf, sh
-        self.fc[rows] = np.where(is_inf, np.nan_to_num(self.jobs.load_forecast[tj]), 0.0)
+        fc = np.where(is_inf, jobs.load_forecast[tj], 0.0)  # inference forecast load (0 for training)
+        if not np.isfinite(fc).all():
+            fc = np.nan_to_num(fc)
+        return {
+            "mask": mask, "tt": tt, "tu": tu, "extra": extra, "cap": cap, "is_inf": is_inf, "fc": fc,
+            "share": sh,  # tenant shares, percent
+            "before": np.where(mask, np.minimum(1.0 / (1.0 + extra), cap), 1.0),  # tenants' speed now, 1 empty
+            "no_floor": ~mask | is_inf,  # slots no training floor applies to
+            "share_frac": sh / 100.0,
+            "slot_free": ~slot_all(mask),  # [G] the GPU has an empty slot
+            "share_free": free_share(sh),  # [G] unallocated share percent
+        }
 
     def join(self, cand_type: int, cand_util: float, cand_share_pct: float, train_floor: float,
              slo_factor: float) -> JoinPrediction:
         """Predicted effect of one candidate joining each GPU (see :func:`predict_join`).
 
         Everything but the candidate's own share cap is the same for every share it tries, so it is kept
-        until the next :meth:`refresh` (a round tries several shares of one job on the same tenants).
+        until the next :meth:`refresh` (a round tries several shares of one job on the same tenants). The
+        returned arrays are valid until that refresh.
         """
         key = (cand_type, cand_util, train_floor, slo_factor)
         hit = self._joins.get(key)
@@ -91,23 +104,21 @@ class TenantState:
             hit = self._joins[key] = self._join_uncapped(cand_type, cand_util, train_floor, slo_factor)
         new_raw, before, after, tenant_ok = hit
         new_norm = np.minimum(new_raw, share_speed(cand_share_pct, max(cand_util, 1e-6))) if self.mps_limits else new_raw
-        return JoinPrediction(new_norm, before, after, tenant_ok, ~self.mask.all(axis=1),
-                              100.0 - self.share.sum(axis=1))
+        return JoinPrediction(new_norm, before, after, tenant_ok, self.slot_free, self.share_free)
 
     def _join_uncapped(self, cand_type: int, cand_util: float, train_floor: float, slo_factor: float):
         mask = self.mask
         px = np.where(mask, pair_estimate(self.M, self.kappa, self.tt, self.tu, cand_type, cand_util), 1.0)
         pc = np.where(mask, pair_estimate(self.M, self.kappa, cand_type, cand_util, self.tt, self.tu), 1.0)
-        before_raw = 1.0 / (1.0 + self.extra)
-        after_raw = 1.0 / (1.0 + self.extra + 1.0 / np.clip(px, 1e-3, 1.0) - 1.0)
-        before = np.where(mask, np.minimum(before_raw, self.cap), 1.0)
+        after_raw = 1.0 / (1.0 + self.extra + 1.0 / np.minimum(np.maximum(px, _MIN_NORM), 1.0) - 1.0)
+        before = self.before
         after = np.where(mask, np.minimum(after_raw, self.cap), 1.0)
         new_norm = compose_additive(pc)
         is_inf = self.is_inf
-        train_ok = ~mask | is_inf | (after >= train_floor - 1e-9) | (after >= before - 1e-9)
-        inf_ok = ~is_inf | (self.share / 100.0 * np.where(mask, after_raw, 1.0) - self.fc
+        train_ok = self.no_floor | (after >= train_floor - 1e-9) | (after >= before - 1e-9)
+        inf_ok = ~is_inf | (self.share_frac * np.where(mask, after_raw, 1.0) - self.fc
                             >= slo_margin(slo_factor) - 1e-9)
-        return new_norm, before, after, (train_ok & inf_ok).all(axis=1)
+        return new_norm, before, after, slot_all(train_ok & inf_ok)
 
 
 def predict_join(M: np.ndarray, kappa: float, gpu_job: np.ndarray, gpu_share: np.ndarray, jobs: JobTable,
@@ -133,11 +144,19 @@ def predict_join(M: np.ndarray, kappa: float, gpu_job: np.ndarray, gpu_share: np
                                                                            train_floor, slo_factor)
 
 
-def weighted_loss(pred: JoinPrediction, gpu_job: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """[G] utility the existing tenants lose if the candidate joins (sum of weight x speed drop)."""
+def tenant_weights(gpu_job: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """[G, K] utility weight of each tenant slot (0 for empty slots)."""
     mask = gpu_job >= 0
-    w = np.where(mask, weight[np.where(mask, gpu_job, 0)], 0.0)
-    return (w * (pred.before - pred.after)).sum(axis=1)
+    return np.where(mask, weight[np.where(mask, gpu_job, 0)], 0.0)
+
+
+def weighted_loss(pred: JoinPrediction, tenant_w: np.ndarray) -> np.ndarray:
+    """[G] utility the existing tenants lose if the candidate joins (sum of weight x speed drop).
+
+    ``tenant_w`` is :func:`tenant_weights` of the tenants the prediction was made on (computed once
+    for all the candidates tried on them).
+    """
+    return slot_sum(tenant_w * (pred.before - pred.after))
 
 
 def pick_gang(score: np.ndarray, feasible: np.ndarray, n: int) -> np.ndarray | None:
