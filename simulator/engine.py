@@ -149,6 +149,9 @@ class Engine:
         self.gpu_eff = np.zeros(G)
         self.pending: dict[int, None] = {}  # insertion-ordered set; re-queued jobs go by arrival (sorted per round)
         self.running: set[int] = set()
+        # (running sorted, pending by arrival, their training jobs) as arrays, until either set changes
+        # (set to None wherever they do): most rounds are periodic and see the same jobs
+        self._members: tuple | None = None
         self.slo_seg_t = np.zeros(N)  # start of the current SLO accounting segment
         self.slo_cap = np.zeros(N)  # capacity (fraction of a full GPU) in the current segment
         self.slo_ok = 0.0
@@ -305,6 +308,7 @@ class Engine:
         self.slo_cap[j] = 0.0
         self.version[j] += 1
         self.running.discard(j)
+        self._members = None
         return set(int(g) for g in gs)
 
     def _place(self, j: int, gpus: np.ndarray, share: float, t: float) -> set[int]:
@@ -324,6 +328,7 @@ class Engine:
             self.gpu_share[g, slots[0]] = share
         self.pending.pop(j, None)
         self.running.add(j)
+        self._members = None
         self.state[j] = RUNNING
         self.gpus[j] = gpus
         self.ngpu_run[j] = n = len(gpus)
@@ -369,6 +374,7 @@ class Engine:
             touched |= self._remove(j, t)
             self.state[j] = PENDING
             self.pending[j] = None
+            self._members = None
             self.queued_since[j] = t
             self.restarts[j] += 1
             self.need_restart[j] = True
@@ -401,17 +407,21 @@ class Engine:
 
     # ---- the loop -----------------------------------------------------------------------------------
     def _round(self, t: float) -> None:
-        run = np.fromiter(self.running, np.int64, len(self.running))
-        run.sort()
+        if self._members is None:  # the sets changed since the last round
+            run = np.fromiter(self.running, np.int64, len(self.running))
+            run.sort()
+            pend = np.fromiter(self.pending, np.int64, len(self.pending))
+            if len(pend):
+                pend = pend[np.lexsort((pend, self.arrival[pend]))]
+            act = np.concatenate([run, pend])
+            for a in (run, pend):
+                a.flags.writeable = False  # handed to the policy, kept for the next rounds
+            self._members = (run, pend, act[self.kind[act] == TRAINING])
+        run, pend, tr = self._members
         if len(run):
             self.attained[run] += self.ngpu_run[run] * np.maximum(0.0, t - self.att_t[run])
             self.att_t[run] = t
-        pend = np.fromiter(self.pending, np.int64, len(self.pending))
-        if len(pend):
-            pend = pend[np.lexsort((pend, self.arrival[pend]))]
         est = self.view_jobs.remaining_est_s
-        act = np.concatenate([run, pend])
-        tr = act[self.kind[act] == TRAINING]
         if len(tr):
             est[tr] = self.work[tr] - self.progress[tr]
         view = ClusterView(t, self.gpu_job, self.gpu_share, self.view_jobs, pend, run, self.types)
@@ -452,6 +462,7 @@ class Engine:
                 if kind == ARRIVAL:
                     self.state[j] = PENDING
                     self.pending[j] = None
+                    self._members = None
                     self.queued_since[j] = t
                     if self.kind[j] == INFERENCE:
                         self.slo_seg_t[j] = t
@@ -474,6 +485,7 @@ class Engine:
                     elif self.state[j] == PENDING:
                         self._slo_close(j, t)
                         self.pending.pop(j, None)
+                        self._members = None
                     self.state[j] = DONE
                     dirty = True
                 elif kind == LOAD:

@@ -153,6 +153,7 @@ from services.allocator.policy.view import (
     occupy,
     slot_all,
     slot_any,
+    slot_max,
     slot_sum,
     vacate,
 )
@@ -235,12 +236,14 @@ class ElastiCo(Policy):
             W[act] = self.weights(view, act)
         W[jobs.kind == INFERENCE] = 1e6  # inference is never the tenant to sacrifice
         self._inference(view, gj, gs, W, d)
-        self._training(view, gj, gs, W, d)
-        waiting = self._waiting_training(view, d)
+        queued = view.pending[jobs.kind[view.pending] == TRAINING]
+        queued = queued[jobs.num_gpus[queued] <= view.num_gpus]  # queued training jobs that fit the cluster
+        self._training(view, gj, gs, W, d, queued)
+        waiting = self._waiting_training(queued, d)
         if len(waiting) and self._count_shapes(view) and self._give_back(view, gj, gs, W, d, waiting):
             self._idle_sig = None
-            self._training(view, gj, gs, W, d)
-            waiting = self._waiting_training(view, d)
+            self._training(view, gj, gs, W, d, queued)
+            waiting = self._waiting_training(queued, d)
         if len(waiting) and view.now_s - self._preempt_checked_s >= self.preempt_interval_s:
             self._preempt_checked_s = view.now_s
             preempted = self._preempt(view, gj, gs, W, d, waiting)
@@ -248,8 +251,8 @@ class ElastiCo(Policy):
             preempted = False
         if preempted:
             self._idle_sig = None
-            self._training(view, gj, gs, W, d)  # fill what the victims left beyond the served gangs
-            waiting = self._waiting_training(view, d)
+            self._training(view, gj, gs, W, d, queued)  # fill what the victims left beyond the served gangs
+            waiting = self._waiting_training(queued, d)
         if len(waiting) == 0:
             self._expand(view, gj, gs, d)
         elif self.keep_heavy_growth and self._count_shapes(view):
@@ -260,14 +263,13 @@ class ElastiCo(Policy):
         return d
 
     @staticmethod
-    def _waiting_training(view: ClusterView, d: Decision) -> np.ndarray:
-        """Queued training jobs (that fit the cluster) left unplaced by this round so far."""
-        jobs = view.jobs
-        pend = view.pending[jobs.kind[view.pending] == TRAINING]
-        pend = pend[jobs.num_gpus[pend] <= view.num_gpus]
-        if d.place and len(pend):
-            pend = pend[~np.isin(pend, np.fromiter((p[0] for p in d.place), np.int64, len(d.place)))]
-        return pend
+    def _waiting_training(queued: np.ndarray, d: Decision) -> np.ndarray:
+        """Queued training jobs (``queued``: those that fit the cluster) left unplaced by this round so far."""
+        if d.place and len(queued):
+            placed = np.zeros(int(max(queued.max(), max(p[0] for p in d.place))) + 1, bool)
+            placed[[p[0] for p in d.place]] = True
+            return queued[~placed[queued]]
+        return queued
 
     # ------------------------------------------------------------------------------------------------
     def _evict_for(self, view, gj, gs, W, g: int, need_pct: float, d: Decision) -> bool:
@@ -363,9 +365,9 @@ class ElastiCo(Policy):
         self._inf_key = key if unchanged and len(pend) == 0 else None
         self._inf_recheck_s = recheck
 
-    def _training(self, view: ClusterView, gj, gs, W, d: Decision) -> None:
+    def _training(self, view: ClusterView, gj, gs, W, d: Decision, queued: np.ndarray) -> None:
         jobs = view.jobs
-        pend = self._waiting_training(view, d)
+        pend = self._waiting_training(queued, d)
         if len(pend) == 0:
             return
         # nothing changed since a round that could place nobody (same tenants, same queue): skip even the
@@ -450,18 +452,21 @@ class ElastiCo(Policy):
         rows = np.flatnonzero((room >= float(min(self.shares_pct)) - 1e-9) & open_)
         try_order = np.argsort(-speed, axis=1, kind="stable")  # [J, S'] shapes by speed, once for all
         shrunk_shapes = speed.shape[1] > len(self.shares_pct)
-        for c in np.flatnonzero(choice >= 0):
+        # the loop reads the candidates' shapes one by one (often all 256 of them, most failing the
+        # capacity precheck): as Python lists, without a numpy scalar per read
+        cand_l, type_l, choice_l = cand.tolist(), jobs.type_idx[cand].tolist(), choice.tolist()
+        order_l, ok_l, n_l, sh_l = try_order.tolist(), ok.tolist(), n.tolist(), sh.tolist()
+        for c in np.flatnonzero(choice >= 0).tolist():
             if attempts >= self.max_attempts or free_slots == 0 or free_share < min(self.shares_pct):
                 break
-            j = int(cand[c])
-            t = int(jobs.type_idx[j])
-            tries = [int(choice[c])] + [int(s) for s in try_order[c] if ok[c, s] and s != choice[c]]
+            j, t, first, n_c = cand_l[c], type_l[c], choice_l[c], n_l[c]
+            tries = [first] + [s for s in order_l[c] if ok_l[c][s] and s != first]
             if shrunk_shapes:  # a shrunk gang only when no full-gang shape fits
-                full = n[c] == n[c, 0]
+                full = [x == n_c[0] for x in n_c]
                 tries = [s for s in tries if full[s]] + [s for s in tries if not full[s]]
             for s in tries:
-                share = float(sh[s])
-                nj = int(n[c, s])
+                share = sh_l[s]
+                nj = int(n_c[s])
                 key = (t, nj, share)
                 # capacity precheck (no prediction needed): enough GPUs with a free slot and this share?
                 if key in failed or nj * share > free_share + 1e-9 or room_cnt[share] < nj:
@@ -564,7 +569,7 @@ class ElastiCo(Policy):
         tj = np.maximum(gj, 0)
         ten_ok = ~occ | elig_job[tj]
         wt = np.where(occ, W[tj], 0.0)
-        gpu_max = np.where(slot_all(ten_ok), wt.max(axis=1), np.inf)  # heaviest tenant (inf: not emptiable)
+        gpu_max = np.where(slot_all(ten_ok), slot_max(wt), np.inf)  # heaviest tenant (inf: not emptiable)
         gpu_cost = slot_sum(wt)
         order_q = waiting[np.argsort(-wq, kind="stable")][: 4 * self.max_preempt_jobs]
         # waiting jobs come in decreasing weight, so a gang size that failed fails for every later job
@@ -580,8 +585,8 @@ class ElastiCo(Policy):
             if int(ok.sum()) < n:
                 fail_n = n
                 continue
-            cost = np.where(ok, gpu_cost, np.inf)
-            target = np.sort(np.argsort(cost, kind="stable")[:n])
+            cand_gpus = ok.nonzero()[0]  # the n cheapest of them (ties: lowest index)
+            target = np.sort(cand_gpus[np.argsort(gpu_cost[cand_gpus], kind="stable")[:n]])
             if (gpu_max[target] <= 0).all():
                 continue  # enough empty GPUs already: placement's concern, not preemption's
             if gpu_cost[target].max() * self.preempt_ratio >= W[c]:

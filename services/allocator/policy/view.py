@@ -112,6 +112,14 @@ def slot_all(mask: np.ndarray) -> np.ndarray:
     return out
 
 
+def slot_max(a: np.ndarray) -> np.ndarray:
+    """[G] ``a.max(axis=1)`` of a numeric ``[G, K]`` array (K >= 1), slot by slot (see :func:`slot_sum`)."""
+    out = a[:, 0].copy()
+    for k in range(1, a.shape[1]):
+        np.maximum(out, a[:, k], out=out)
+    return out
+
+
 def free_share(gpu_share: np.ndarray) -> np.ndarray:
     """[G] unallocated MPS share per GPU, percent."""
     return 100.0 - slot_sum(gpu_share)
