@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from services.allocator.policy.profiles import TypeTable
+from services.allocator.policy.view import slot_sum
 
 _MIN_NORM = 1e-3
 
@@ -49,9 +50,19 @@ def utilisation_rule(u_self: np.ndarray, u_other: np.ndarray, kappa: float) -> n
     Returns:
         Normalised throughput of ``self`` next to ``other`` in (0, 1].
     """
-    s = np.asarray(u_self, float) + np.asarray(u_other, float)
-    ps = np.minimum(1.0, 1.0 / np.maximum(s, 1e-9))
-    return np.where(np.asarray(u_other) > 0, kappa * ps, 1.0)
+    return np.where(np.asarray(u_other) > 0, _shared_speed(u_self, u_other, kappa), 1.0)
+
+
+def utilisation_rule_both(u_a: np.ndarray, u_b: np.ndarray, kappa: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(utilisation_rule(u_a, u_b, kappa), utilisation_rule(u_b, u_a, kappa))``, their common part once."""
+    k = _shared_speed(u_a, u_b, kappa)
+    return np.where(np.asarray(u_b) > 0, k, 1.0), np.where(np.asarray(u_a) > 0, k, 1.0)
+
+
+def _shared_speed(u_a, u_b, kappa: float) -> np.ndarray:
+    """kappa x processor-sharing speed of two tenants (symmetric in ``u_a``, ``u_b``)."""
+    s = np.asarray(u_a, float) + np.asarray(u_b, float)
+    return kappa * np.minimum(1.0, 1.0 / np.maximum(s, 1e-9))
 
 
 def compose_additive(pairwise: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -60,7 +71,7 @@ def compose_additive(pairwise: np.ndarray, axis: int = -1) -> np.ndarray:
     ``norm = 1 / (1 + sum (1/p - 1))``; identical to ``services.predictor.model.compose_k_way`` row-wise.
     """
     extra = 1.0 / np.minimum(np.maximum(pairwise, _MIN_NORM), 1.0) - 1.0  # = clip, without its call overhead
-    return 1.0 / (1.0 + extra.sum(axis=axis))
+    return 1.0 / (1.0 + (slot_sum(extra) if axis in (-1, extra.ndim - 1) else extra.sum(axis=axis)))
 
 
 def calibrate_kappa(measured: list[tuple[str, str, float, float]], types: TypeTable, quantile: float = 0.25) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from services.allocator.policy.inference import slo_margin
-from services.allocator.policy.interference import _MIN_NORM, compose_additive, utilisation_rule
+from services.allocator.policy.interference import _MIN_NORM, compose_additive, utilisation_rule, utilisation_rule_both
 from services.allocator.policy.shapes import share_speed
 from services.allocator.policy.view import INFERENCE, JobTable, free_share, slot_all, slot_sum
 
@@ -22,6 +22,17 @@ def pair_estimate(M: np.ndarray, kappa: float, ta, ua, tb, ub) -> np.ndarray:
     if not nan.any():  # every pair estimated (e.g. training next to training): the rule is not needed
         return v
     return np.where(nan, utilisation_rule(ua, ub, kappa), v)
+
+
+def pair_estimates(M: np.ndarray, kappa: float, ta, ua, tb, ub) -> tuple[np.ndarray, np.ndarray]:
+    """``(pair_estimate(.., ta, ua, tb, ub), pair_estimate(.., tb, ub, ta, ua))``: both directions of a pair,
+    the rule's common part computed once."""
+    v_ab, v_ba = M[ta, tb], M[tb, ta]
+    nan_ab, nan_ba = np.isnan(v_ab), np.isnan(v_ba)
+    if nan_ab.any() or nan_ba.any():
+        r_ab, r_ba = utilisation_rule_both(ua, ub, kappa)
+        v_ab, v_ba = np.where(nan_ab, r_ab, v_ab), np.where(nan_ba, r_ba, v_ba)
+    return v_ab, v_ba
 
 
 class JoinPrediction:
@@ -78,13 +89,17 @@ class TenantState:
         cap = (np.where(mask & ~is_inf, share_speed(sh, np.maximum(tu, 1e-6)), 1.0) if self.mps_limits
                else np.ones_like(sh))
         fc = np.where(is_inf, jobs.load_forecast[tj], 0.0)  # inference forecast load (0 for training)
+        before = np.where(mask, np.minimum(1.0 / (1.0 + extra), cap), 1.0)
         if not np.isfinite(fc).all():
             fc = np.nan_to_num(fc)
         return {
             "mask": mask, "tt": tt, "tu": tu, "extra": extra, "cap": cap, "is_inf": is_inf, "fc": fc,
             "share": sh,  # tenant shares, percent
-            "before": np.where(mask, np.minimum(1.0 / (1.0 + extra), cap), 1.0),  # tenants' speed now, 1 empty
+            "one_extra": 1.0 + extra,
+            "before": before,  # tenants' speed now, 1 for empty slots
+            "before_tol": before - 1e-9,
             "no_floor": ~mask | is_inf,  # slots no training floor applies to
+            "not_inf": ~is_inf,
             "share_frac": sh / 100.0,
             "slot_free": ~slot_all(mask),  # [G] the GPU has an empty slot
             "share_free": free_share(sh),  # [G] unallocated share percent
@@ -108,17 +123,17 @@ class TenantState:
 
     def _join_uncapped(self, cand_type: int, cand_util: float, train_floor: float, slo_factor: float):
         mask = self.mask
-        px = np.where(mask, pair_estimate(self.M, self.kappa, self.tt, self.tu, cand_type, cand_util), 1.0)
-        pc = np.where(mask, pair_estimate(self.M, self.kappa, cand_type, cand_util, self.tt, self.tu), 1.0)
-        after_raw = 1.0 / (1.0 + self.extra + 1.0 / np.minimum(np.maximum(px, _MIN_NORM), 1.0) - 1.0)
-        before = self.before
+        # tenants next to the candidate (px) and the candidate next to them (pc); px is read only at
+        # occupied slots (both uses of after_raw below take 1 at empty ones)
+        px, pc = pair_estimates(self.M, self.kappa, self.tt, self.tu, cand_type, cand_util)
+        pc = np.where(mask, pc, 1.0)
+        after_raw = 1.0 / (self.one_extra + 1.0 / np.minimum(np.maximum(px, _MIN_NORM), 1.0) - 1.0)
         after = np.where(mask, np.minimum(after_raw, self.cap), 1.0)
         new_norm = compose_additive(pc)
-        is_inf = self.is_inf
-        train_ok = self.no_floor | (after >= train_floor - 1e-9) | (after >= before - 1e-9)
-        inf_ok = ~is_inf | (self.share_frac * np.where(mask, after_raw, 1.0) - self.fc
-                            >= slo_margin(slo_factor) - 1e-9)
-        return new_norm, before, after, slot_all(train_ok & inf_ok)
+        train_ok = self.no_floor | (after >= train_floor - 1e-9) | (after >= self.before_tol)
+        inf_ok = self.not_inf | (self.share_frac * np.where(mask, after_raw, 1.0) - self.fc
+                                 >= slo_margin(slo_factor) - 1e-9)
+        return new_norm, self.before, after, slot_all(train_ok & inf_ok)
 
 
 def predict_join(M: np.ndarray, kappa: float, gpu_job: np.ndarray, gpu_share: np.ndarray, jobs: JobTable,
