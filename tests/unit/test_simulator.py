@@ -121,3 +121,29 @@ def test_golden_small_run(small_trace):
 
 
 GOLDEN = {"exclusive-fifo": (38.74, 60), "exclusive-backfill": (35.716, 60)}  # from a reviewed run
+
+
+def test_decisions_pinned_bit_for_bit(workload):
+    """Every policy's schedule on the small mixed workload, pinned before the simulation speed-ups:
+    rounds, restarts, allocation integral and a hash of every job's start and completion time (to the
+    millisecond). A pure performance change must leave all of it as it is; a deliberate behaviour change
+    updates the table (print the tuples below from a run)."""
+    import hashlib
+
+    res, _ = run_policies(workload, list(POLICY_NAMES), SimConfig(gpus=8))
+    got = {}
+    for r in res:
+        times = np.round(np.concatenate([r.completion_s, r.first_start_s]), 3)
+        digest = hashlib.sha256(np.nan_to_num(times, nan=-1.0).tobytes()).hexdigest()[:16]
+        got[r.policy] = (r.rounds, r.restarts_training, r.restarts_inference, round(r.alloc_gpu_s, 1), digest)
+    assert got == PINNED
+
+
+PINNED = {  # (rounds, training restarts, inference restarts, allocated GPU-s, hash of start/completion times)
+    "elastico": (1453, 7, 0, 1131341.2, "d89ba075eb00ba04"),
+    "exclusive-fifo": (99, 0, 0, 1283306.5, "89fa48461cf58ce3"),
+    "exclusive-backfill": (91, 0, 0, 1421646.0, "4638aa235d71e9e6"),
+    "tiresias": (1448, 2021, 0, 1449605.3, "5b2cfab4621be5f4"),
+    "mps-equal-share": (98, 0, 0, 1449605.3, "294bc8ce8efc13b6"),
+    "lucid": (104, 0, 0, 1409596.3, "f025f7c86e7cce9a"),
+}

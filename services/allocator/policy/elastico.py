@@ -208,8 +208,9 @@ class ElastiCo(Policy):
         self._priced_at_s = -np.inf  # when the posted prices were last solved, s
         self._preempt_checked_s = -np.inf  # when the preemption pass last ran, s
         self._idle_sig: tuple | None = None  # (raw, filtered) state of the last round whose training pass placed nothing
-        self._inf_key: tuple | None = None  # state of the last round whose inference pass changed nothing
+        self._inf_key: tuple | None = None  # (whole cluster, services' GPUs) of the last round whose inference pass changed nothing
         self._inf_recheck_s = np.inf  # when a deferred inference shrink becomes due, s
+        self._state_cache: tuple | None = None  # (inputs, TenantState) of the last training placement state
 
     # ------------------------------------------------------------------------------------------------
     def weights(self, view: ClusterView, idx: np.ndarray) -> np.ndarray:
@@ -293,12 +294,16 @@ class ElastiCo(Policy):
         # (nothing) again. Such a round had no service queued, and with none queued the pass reads only the
         # services' own GPUs (tenants' weights only order evictions, which are a change), so changes on
         # other GPUs do not invalidate it.
-        occ = gj >= 0
-        inf_rows = slot_any(occ & (jobs.kind[np.where(occ, gj, 0)] == INFERENCE)).nonzero()[0]
-        key = (run.tobytes(), inf_rows.tobytes(), gj[inf_rows].tobytes(), gs[inf_rows].tobytes(),
-               jobs.load_forecast[run].tobytes(), pend.tobytes())
-        if key == self._inf_key and view.now_s < self._inf_recheck_s:
-            return
+        # (Checked on the whole cluster first, which is cheaper and usually enough.)
+        forecasts = jobs.load_forecast[run].tobytes()
+        whole = (gj.tobytes(), gs.tobytes(), run.tobytes(), forecasts, pend.tobytes())
+        key = None
+        if self._inf_key is not None and view.now_s < self._inf_recheck_s:
+            if whole == self._inf_key[0]:
+                return
+            key = self._services_key(jobs, gj, gs, run, forecasts, pend)
+            if key == self._inf_key[1]:
+                return
         n_before = len(d.place) + len(d.resize) + len(d.preempt)
         recheck = np.inf
         if len(run):
@@ -362,8 +367,19 @@ class ElastiCo(Policy):
                     occupy(gj, gs, j, np.array([g]), req)
                     d.place.append((j, np.array([g]), req))
         unchanged = len(d.place) + len(d.resize) + len(d.preempt) == n_before
-        self._inf_key = key if unchanged and len(pend) == 0 else None
+        if unchanged and len(pend) == 0:
+            self._inf_key = (whole, key or self._services_key(jobs, gj, gs, run, forecasts, pend))
+        else:
+            self._inf_key = None
         self._inf_recheck_s = recheck
+
+    @staticmethod
+    def _services_key(jobs, gj, gs, run: np.ndarray, forecasts: bytes, pend: np.ndarray) -> tuple:
+        """What the inference pass reads when no service is queued (see :meth:`_inference`)."""
+        occ = gj >= 0
+        inf_rows = slot_any(occ & (jobs.kind[np.where(occ, gj, 0)] == INFERENCE)).nonzero()[0]
+        return (run.tobytes(), inf_rows.tobytes(), gj[inf_rows].tobytes(), gs[inf_rows].tobytes(), forecasts,
+                pend.tobytes())
 
     def _training(self, view: ClusterView, gj, gs, W, d: Decision, queued: np.ndarray) -> None:
         jobs = view.jobs
@@ -474,7 +490,7 @@ class ElastiCo(Policy):
                 attempts += 1
                 if state is None:
                     gj_rows = gj[rows]
-                    state = TenantState(self.M, self.kappa, gj_rows, gs[rows], jobs, True)
+                    state = self._tenant_state(jobs, rows, gj_rows, gs[rows])
                     tw = tenant_weights(gj_rows, W)
                 pred = state.join(t, float(jobs.solo_util[j]), share, self.train_floor, self.slo_factor)
                 feas = (pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok
@@ -489,6 +505,7 @@ class ElastiCo(Policy):
                 g = rows[gl]
                 occupy(gj, gs, j, g, share)
                 gj_rows = gj[rows]
+                self._state_cache = None  # changed below: no longer what its key says
                 state.refresh(gl, gj_rows, gs[rows])
                 tw[gl] = tenant_weights(gj_rows[gl], W)
                 d.place.append((j, g, share))
@@ -499,6 +516,25 @@ class ElastiCo(Policy):
                 room_cnt = {float(x): int(((room >= x - 1e-9) & open_).sum()) for x in self.shares_pct}
                 break
         self._idle_sig = (early, sig) if len(d.place) == placed_before else None
+
+    def _tenant_state(self, jobs, rows: np.ndarray, gj_rows: np.ndarray, gs_rows: np.ndarray) -> TenantState:
+        """Placement state of GPUs ``rows`` (tenant slots ``gj_rows``, ``gs_rows``).
+
+        A :class:`TenantState` and its cached joins are a function of the tenants' ids, types, kinds,
+        utilisations, forecasts and shares (and of the policy's estimate matrix): when they are all as
+        when the last state was built and it has not placed anyone since -- a round after an arrival or
+        after a round that placed nobody -- that state is returned again, joins included.
+        """
+        tj = np.where(gj_rows >= 0, gj_rows, 0)
+        key = (rows.tobytes(), gj_rows.tobytes(), gs_rows.tobytes(), jobs.type_idx[tj].tobytes(),
+               jobs.kind[tj].tobytes(), jobs.solo_util[tj].tobytes(), jobs.load_forecast[tj].tobytes())
+        hit = self._state_cache
+        same_model = hit is not None and hit[1].jobs is jobs and hit[1].M is self.M and hit[1].kappa == self.kappa
+        if same_model and hit[0] == key:
+            return hit[1]
+        state = TenantState(self.M, self.kappa, gj_rows, gs_rows, jobs, True)
+        self._state_cache = (key, state)
+        return state
 
     def _min_gpus(self, view: ClusterView, idx: np.ndarray) -> np.ndarray:
         """Fewest GPUs each job of ``idx`` may start on (its requested gang unless GPU-count shapes are on)."""
