@@ -92,24 +92,25 @@ def slot_sum(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def slot_any(mask: np.ndarray) -> np.ndarray:
-    """[G] ``mask.any(axis=1)`` of a boolean ``[G, K]`` array, slot by slot (see :func:`slot_sum`)."""
+def _slot_fold(mask: np.ndarray, op, empty: bool) -> np.ndarray:
+    """[G] ``op`` (``np.logical_or`` / ``np.logical_and``) folded over the slots of a boolean ``[G, K]``
+    array, slot by slot (see :func:`slot_sum`); ``empty`` for K = 0."""
     if mask.shape[1] == 0:
-        return np.zeros(mask.shape[0], bool)
+        return np.full(mask.shape[0], empty)
     out = mask[:, 0].copy()
     for k in range(1, mask.shape[1]):
-        out |= mask[:, k]
+        op(out, mask[:, k], out=out)
     return out
+
+
+def slot_any(mask: np.ndarray) -> np.ndarray:
+    """[G] ``mask.any(axis=1)`` of a boolean ``[G, K]`` array, slot by slot (see :func:`slot_sum`)."""
+    return _slot_fold(mask, np.logical_or, False)
 
 
 def slot_all(mask: np.ndarray) -> np.ndarray:
     """[G] ``mask.all(axis=1)`` of a boolean ``[G, K]`` array, slot by slot (see :func:`slot_sum`)."""
-    if mask.shape[1] == 0:
-        return np.ones(mask.shape[0], bool)
-    out = mask[:, 0].copy()
-    for k in range(1, mask.shape[1]):
-        out &= mask[:, k]
-    return out
+    return _slot_fold(mask, np.logical_and, True)
 
 
 def slot_max(a: np.ndarray) -> np.ndarray:
