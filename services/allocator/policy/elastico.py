@@ -124,7 +124,8 @@ Tried, measured, not adopted (rule estimator, seed 0; avg JCT, this version in b
   gang onto its GPUs outside the preemptor's instead of requeueing it: 66.51 h (it then runs slowly for
   the rest of its long life, worse than waiting ~15 h for a whole gang again); weighting a GPU's
   preemption cost by its tenants' gang sizes: 68.25 h (x GPUs) / 71.70 h (x GPUs^2); preempt_ratio 2 / 8 /
-  16: 65.60 / 66.95 / 67.28 h (2 adopted later, with train_floor 0.85: see 4); max_preempt_jobs 16: 65.80 h; min_run_s 600: 65.74 h; no preemption:
+  16: 65.60 / 66.95 / 67.28 h (2 adopted later, with train_floor 0.85: see 4); max_preempt_jobs 16:
+  65.80 h; min_run_s 600: 65.74 h; no preemption:
   74.67 h; inference shares in 10 % / 5 % steps: 65.93 / 65.84 h (the freed fragments sit on GPUs that
   training gangs cannot use); ordering growth by waiting weight (shortest first): 67.13 h. In that cell
   every GPU is busy whenever a growable job is below its largest count (time-average of min(empty GPUs,
