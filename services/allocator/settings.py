@@ -36,7 +36,10 @@ class AllocatorSettings(Settings):
     estimator: str = "predictor"  # interference estimate: "predictor" (service) or "rule" (utilisation rule, calibrated)
     estimate_refresh_s: float = 300.0  # how often the pair matrix is re-fetched from the predictor, s
     max_tenants: int = 4  # MPS tenants per GPU at most
-    train_floor: float = 0.5  # training co-location floor, fraction of isolated speed (policy default)
+    # training co-location floor, fraction of isolated speed. Live default 0.5 (more permissive than the
+    # simulator's policy default 0.85, which was chosen on trace replays with GPU-count shapes on; those are
+    # off by default live, where a job refused co-location can only wait for a whole GPU)
+    train_floor: float = 0.5
     # ElastiCo GPU-count shapes: run a training job on more GPUs than it asked for while whole GPUs idle
     # (measured scaling curves), giving them back when jobs wait. Off by default live: the workload must be
     # able to restart from its checkpoint on a different data-parallel size; even on, a job only runs at the
