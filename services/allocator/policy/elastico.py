@@ -27,8 +27,9 @@ One round (:meth:`ElastiCo.decide`), the same for the simulator and the live all
      jobs, 8-GPU victims waited 14 h on average before restarting). Measured (predictor estimate before
      its monotone encoding constraint, seed 0, avg JCT at exponent 1 -> 1.5): 64 GPUs, 400 jobs, @ 0.25/
      0.5/1/2: 99.24/117.92/162.15/248.07 -> 99.54/117.76/159.39/249.13 h; 512 GPUs, 2000 jobs: 44.75/49.01/
-     64.43/99.20 -> 44.75/48.78/63.97/98.74 h; 512 @ 1 with inference seed 1: 64.47 -> 64.44 h; jobs arriving 1000-3000 h: 512 @ 1 24.58
-     -> 24.72 h, 64 @ 1 28.04 -> 27.14 h (better in 7 of 11 cells by 0.1-3.2 %, worse in 3 by 0.3-0.6 %).
+     64.43/99.20 -> 44.75/48.78/63.97/98.74 h; 512 @ 1 with inference seed 1: 64.47 -> 64.44 h; jobs
+     arriving 1000-3000 h: 512 @ 1 24.58 -> 24.72 h, 64 @ 1 28.04 -> 27.14 h (better in 7 of 11 cells by
+     0.1-3.2 %, worse in 3 by 0.3-0.6 %).
      Exponent 0.5 / 0.75 / 1.25 / 2 at 512 @ 1: 66.28 / 64.80 / 64.16 / 64.40 h; 2 at 512 @ 2: 100.53 h.
      Rows with NaN fall back to
    * **non-clairvoyant** ``size_term = 1 / (1 + attained_gpu_s / las_scale_gpu_s)`` (least attained
