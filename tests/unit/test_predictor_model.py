@@ -319,6 +319,23 @@ def _kept_full_pair(rows: list[Observation]) -> Observation:
                 and r.b.model_family == "lstm" and r.b.batch_size == 80 and not r.failed)
 
 
+def test_regressors_rise_with_the_pair_encoding(model: InterferenceModel, profiles: list[JobProfile]) -> None:
+    """``monotone_enc``: every regression booster is non-decreasing in ``enc_pair_mean`` (its leave-own-pair-
+    out training values would otherwise teach a backwards slope), whatever the other features are."""
+    ids = model._table.ids_of(profiles)
+    ia, ib = np.meshgrid(ids, ids, indexing="ij")
+    X = model._pair_x(ia.ravel(), ib.ravel())
+    col = F.PAIR_FEATURES.index("enc_pair_mean")
+    for boosters in model._set_list:
+        for booster in boosters:
+            out = []
+            for v in np.linspace(0.0, 1.0, 11):
+                Xv = X.copy()
+                Xv[:, col] = v
+                out.append(booster.inplace_predict(Xv))
+            assert np.all(np.diff(np.array(out), axis=0) >= -1e-6)
+
+
 def test_cap_classifier_predicts_exactly_one_for_a_pair_never_seen(rows: list[Observation],
                                                                    catalog: ProfileCatalog) -> None:
     """A domain with a mass of values at 1 gets a classifier; where it says P(1) >= 1/2 the answer is the
