@@ -9,7 +9,9 @@
   off to the family pair on any GPU type, then to the architecture-class pair). The encoding is what
   carries over to *unseen pairs of known job types*: a pair never measured still has relatives (same
   families, other batch sizes). When training, each row's encoding leaves out every row of its own
-  job-type pair (on all GPU types), exactly as for a pair the model has never seen.
+  job-type pair (on all GPU types), exactly as for a pair the model has never seen; the boosters are
+  constrained to rise with the encoding (``monotone_enc``), since within one family pair those leave-out
+  values fall as the row's own target rises and would otherwise teach the trees a backwards slope.
   The boosters start from a **job-type prior** (their base margin) and fit only the residual: per GPU type,
   ``row(A) + column(B) - mean``, where ``row(A)`` is the mean throughput A keeps next to all its measured
   co-tenants (how sensitive A is) and ``column(B)`` the mean its co-tenants keep next to B (how aggressive
