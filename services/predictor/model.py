@@ -163,7 +163,15 @@ class TrainParams:
     """Hyper-parameters of :func:`train_model` (defaults chosen by grouped cross-validation on Gavel)."""
 
     n_bags: int = 2  # XGBoost boosters averaged, seeds seed..seed+n_bags-1
-    rounds: int = 150  # boosting rounds per booster (prediction cost grows with n_bags * rounds)
+    # boosting rounds per booster (prediction cost grows with n_bags * rounds). 150 -> 200 / 250 / 300, with the
+    # monotone encoding and cap classifiers (grouped 10-fold CV, Gavel measured pairs, split seeds 0/1/2, v100
+    # MAE): 0.0503/0.0504/0.0520 -> 0.0499/0.0501/0.0519, 0.0498/0.0499/0.0517, 0.0497/0.0499/0.0518 (MAE mean
+    # 0.0302 -> 0.0301 / 0.0300 / 0.0300): the gain stops at 250. Cold 256-pair batch, in process, measured
+    # side by side: p50 3.27 -> 4.14 ms, p99 4.91 -> 6.23 ms (150 -> 250). Not better at equal or higher cost:
+    # n_bags 1 x 300 rounds (v100 mean 0.0511), 3 x 100 at eta 0.25 (0.0511), 4 x 75 at eta 0.3 (0.0515),
+    # 4 x 100 (0.0511); n_bags 3 / 4 x 150: 0.0508 / 0.0505 at 1.46x / 1.72x the p99 (250 rounds: 1.30x, same
+    # run).
+    rounds: int = 250
     max_depth: int = 6  # tree depth
     min_child_weight: float = 3.0  # minimum hessian per leaf
     eta: float = 0.2  # learning rate (0.13 before the margin; re-measured with it, see the log below)
