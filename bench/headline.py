@@ -84,15 +84,18 @@ def evaluate(sums: list[dict], load: float, ceiling: dict | None = None) -> tupl
         def above(cap: float) -> str:
             return f" [target above this workload's ceiling {cap:.2f}x: no policy can meet it]" if cap < TARGET_TPUT else ""
 
-        checks = [(f"JCT >= {TARGET_JCT}x", jct_x >= TARGET_JCT),
-                  (f"throughput >= {TARGET_TPUT}x (jobs/h, loaded period){above(cap_jobs)}", jobs_x >= TARGET_TPUT),
-                  (f"throughput >= {TARGET_TPUT}x (normalised work/h){above(cap_work)}", tput_x >= TARGET_TPUT),
-                  (f"effective util >= {TARGET_EFF:.0%}", e["eff_util"] >= TARGET_EFF)]
+        # measured values to three decimals: a ratio that rounds to the target still says which side it is on
+        checks = [(f"JCT >= {TARGET_JCT}x: {jct_x:.3f}x", jct_x >= TARGET_JCT),
+                  (f"throughput >= {TARGET_TPUT}x (jobs/h, loaded period): {jobs_x:.3f}x{above(cap_jobs)}",
+                   jobs_x >= TARGET_TPUT),
+                  (f"throughput >= {TARGET_TPUT}x (normalised work/h): {tput_x:.3f}x{above(cap_work)}",
+                   tput_x >= TARGET_TPUT),
+                  (f"effective util >= {TARGET_EFF:.0%}: {e['eff_util']:.1%}", e["eff_util"] >= TARGET_EFF)]
     else:
         checks = []
     slo = e["slo_attainment"]
     if slo == slo:  # not NaN (training-only runs have no SLO)
-        checks.append((f"SLO >= {TARGET_SLO:.0%}", slo >= TARGET_SLO))
+        checks.append((f"SLO >= {TARGET_SLO:.0%}: {slo:.4f}", slo >= TARGET_SLO))
     tie = abs(jct_best - 1.0) < 0.005
     checks.append((f"beats best baseline ({best['policy']}: {best['avg_jct_h']:.2f} h) on avg JCT, {jct_best:.2f}x",
                    jct_best > 1.005))
