@@ -140,7 +140,7 @@ def test_decisions_pinned_bit_for_bit(workload):
 
 
 PINNED = {  # (rounds, training restarts, inference restarts, allocated GPU-s, hash of start/completion times)
-    "elastico": (1415, 50, 0, 1276577.1, "db8effe12f91e393"),  # train_floor 0.85, preempt_ratio 2, gang_exponent 1.5, reprice 1800 s
+    "elastico": (1415, 50, 0, 1276577.1, "db8effe12f91e393"),  # floor 0.85, preempt 2, gang exp 1.5, reprice 30 min
     "exclusive-fifo": (99, 0, 0, 1283306.5, "89fa48461cf58ce3"),
     "exclusive-backfill": (91, 0, 0, 1421646.0, "4638aa235d71e9e6"),
     "tiresias": (1448, 2021, 0, 1449605.3, "5b2cfab4621be5f4"),
