@@ -65,10 +65,10 @@ up once per distinct family pair, each distinct ordered pair is predicted once (
 where its domain has one), and results are memoised per ordered pair of ids (the model is immutable; a
 refresh builds a new one). The boosters are most of a cold batch's cost; on batches of 64 ordered rows or
 more they run on two threads (the two bagged regressors in parallel, the cap classifier beside the first;
-XGBoost predicts outside the GIL). A cold 256-pair batch took a minimum of 6.1-6.5 ms (7.4-7.7 ms one
-booster after the other) on the shared 2-core development machine on 2026-11-30, a day when that machine ran
-about 2.3x slower than the figure first measured here (3-4 ms); well under 1 ms when the pairs were asked
-before.
+XGBoost predicts outside the GIL). With 150 rounds per booster, a cold 256-pair batch took a minimum of
+6.1-6.5 ms (7.4-7.7 ms one booster after the other) on the shared 2-core development machine on 2026-11-30,
+a day when that machine ran about 2.3x slower than the figure first measured here (3-4 ms); with 250 rounds,
+on a quiet machine, p50 4.15 ms and p99 5.93 ms; well under 1 ms when the pairs were asked before.
 
 This module is pure (numpy + xgboost): no gRPC, Redis or protobuf.
 """
