@@ -41,6 +41,7 @@ from simulator.engine import SimConfig
 from simulator.metrics import throughput_ceiling
 from simulator.report import table, write_outputs
 from simulator.run import build_workload, run_policies
+from simulator.traces import TraceError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 INFERENCE = [DATA / "alibaba2025_dlrm_inference_gpu_instances.csv", DATA / "azure2023_llm_inference_code.csv",
@@ -144,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     for G in a.sizes:
         n = a.jobs_64 if G <= 64 else a.jobs_512
         for load in a.loads:
-            w = build_workload(a.trace, G, inf, a.seed, load, None, n, estimator=a.estimator)
+            try:
+                w = build_workload(a.trace, G, inf, a.seed, load, None, n, estimator=a.estimator)
+            except (TraceError, OSError) as exc:
+                ap.error(str(exc))
             ninf = 0 if w.inf is None else len(w.inf.start_s)
             print(f"\n== {G} GPUs, {len(w.train.arrival_s)} training jobs, offered training load "
                   f"{w.train.offered_load:.2f} (native {w.train.native_offered_load:.2f}), {ninf} inference "

@@ -7,10 +7,29 @@ import sys
 import time
 from pathlib import Path
 
+import inspect
+
 from services.allocator.policy import POLICY_NAMES
+from services.allocator.policy.elastico import ElastiCo
 from simulator.engine import SimConfig
 from simulator.report import table, write_outputs
 from simulator.run import build_workload, run_policies
+from simulator.traces import TraceError
+
+FLOOR = inspect.signature(ElastiCo).parameters["train_floor"].default
+
+
+def _ranged(lo: float, hi: float = float("inf"), cast=float, lo_open: bool = False):
+    """argparse type: a number in [lo, hi] ((lo, hi] with ``lo_open``), else a usage error naming the range."""
+    def parse(text: str):
+        try:
+            x = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {cast.__name__}: {text!r}") from None
+        if not ((x > lo if lo_open else x >= lo) and x <= hi):
+            raise argparse.ArgumentTypeError(f"must be in {'(' if lo_open else '['}{lo}, {hi}], got {text}")
+        return x
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,18 +37,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", required=True, help="training trace CSV (gavel_philly_vc_traces schema)")
     ap.add_argument("--inference-trace", nargs="*", default=[],
                     help="Alibaba 2025 instances, Azure LLM request traces, Alibaba 2023 pod list (any order)")
-    ap.add_argument("--gpus", type=int, default=64)
+    ap.add_argument("--gpus", type=_ranged(1, cast=int), default=64)
     ap.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated policy names")
     ap.add_argument("--out", default="out/sim")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--load", type=float, default=None, help="target training offered load (rescales arrivals)")
+    ap.add_argument("--load", type=_ranged(0.0, lo_open=True), default=None, help="target training offered load (rescales arrivals)")
     ap.add_argument("--window", type=float, nargs=2, metavar=("START", "END"), default=None)
-    ap.add_argument("--max-jobs", type=int, default=None)
-    ap.add_argument("--inference-fraction", type=float, default=0.25)
-    ap.add_argument("--restart-s", type=float, default=60.0)
-    ap.add_argument("--round-interval-s", type=float, default=300.0)
-    ap.add_argument("--train-floor", type=float, default=None,
-                    help="ElastiCo: min fraction of isolated speed (default: the policy's, 0.7)")
+    ap.add_argument("--max-jobs", type=_ranged(1, cast=int), default=None)
+    ap.add_argument("--inference-fraction", type=_ranged(0.0, 1.0, lo_open=True), default=0.25)
+    ap.add_argument("--restart-s", type=_ranged(0.0), default=60.0)
+    ap.add_argument("--round-interval-s", type=_ranged(0.0, lo_open=True), default=300.0)
+    ap.add_argument("--train-floor", type=_ranged(0.0, 1.0, lo_open=True), default=None,
+                    help=f"ElastiCo: min fraction of isolated speed (default: the policy's, {FLOOR})")
     ap.add_argument("--estimator", choices=["auto", "predictor", "rule"], default="auto")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
@@ -37,9 +56,17 @@ def main(argv: list[str] | None = None) -> int:
     bad = [p for p in policies if p not in POLICY_NAMES]
     if bad:
         ap.error(f"unknown policies {bad}; choose from {', '.join(POLICY_NAMES)}")
-    w = build_workload(a.trace, a.gpus, a.inference_trace, a.seed, a.load, a.window, a.max_jobs,
-                       a.inference_fraction, estimator=a.estimator)
+    try:
+        w = build_workload(a.trace, a.gpus, a.inference_trace, a.seed, a.load, a.window, a.max_jobs,
+                           a.inference_fraction, estimator=a.estimator)
+    except (TraceError, OSError) as exc:
+        ap.error(str(exc))
     ninf = 0 if w.inf is None else len(w.inf.start_s)
+    too_big = int((w.train.num_gpus > a.gpus).sum())
+    if w.train.unknown_types or too_big:
+        print(f"note: {w.train.unknown_types} job(s) of an unknown job_type run as their model family's first "
+              f"known type (else the median-utilisation type); {too_big} job(s) need more than {a.gpus} GPUs "
+              f"and are reported unfinished", file=sys.stderr, flush=True)
     print(f"workload: {len(w.train.arrival_s)} training jobs, {ninf} inference services, {a.gpus} GPUs; "
           f"offered training load {w.train.offered_load:.2f} (native {w.train.native_offered_load:.2f})"
           f"{'' if not ninf else f' + inference static {a.inference_fraction:.2f} peak'}; "

@@ -11,7 +11,11 @@ num_gpus, arrival_time_s, total_steps, duration_v100_s_derived``):
   the Philly duration is the job's run time at its requested size, whatever the size (so >8-GPU jobs
   need no extrapolation). Work is counted in *isolated GPU-seconds* (``num_gpus x duration``).
 * unknown ``job_type`` -> the first known type of the same ``model`` family, else the type with the
-  median solo utilisation (reported in the load summary).
+  median solo utilisation (counted in ``TrainingJobs.unknown_types``; ``python -m simulator`` prints how
+  many, and how many jobs need more GPUs than the cluster has -- those are reported unfinished).
+* Required columns: ``arrival_time_s``, ``job_type``, ``num_gpus`` (numbers >= 0), and a positive
+  ``duration_v100_s_derived`` or ``total_steps`` per row; anything else is a :class:`TraceError` naming
+  the file, line and column (the CLIs print it and exit 2), never a traceback or a silently dropped job.
 * ``--window START END`` keeps arrivals in [START, END) seconds of the original trace; ``--max-jobs N``
   keeps the first N of those; ``--load X`` rescales inter-arrival times so the *training* offered load
   (isolated GPU-seconds / (GPUs x arrival span)) equals X.
@@ -74,12 +78,48 @@ class InferenceServices:
     names: list  # profile names
 
 
+TRAINING_COLUMNS = ("arrival_time_s", "job_type", "num_gpus")  # plus a duration: see load_training
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read as documented (the message names the file, line and column)."""
+
+
+def _number(path, line: int, row: dict, col: str) -> float:
+    """``row[col]`` as a finite number >= 0, or a :class:`TraceError` naming the file, line and column."""
+    try:
+        x = float(row[col])
+    except (TypeError, ValueError):
+        x = float("nan")
+    if not (np.isfinite(x) and x >= 0):
+        raise TraceError(f"{path}:{line}: column {col} must be a finite number >= 0, got {row[col]!r}")
+    return x
+
+
+def _optional(path, row: dict, col: str) -> float:
+    """``row[col]`` as a number, NaN when the column is absent or empty; text is a :class:`TraceError`."""
+    v = (row.get(col) or "").strip()
+    try:
+        return float(v) if v else float("nan")
+    except ValueError:
+        raise TraceError(f"{path}:{row['_line']}: column {col} must be a number or empty, got {v!r}") from None
+
+
 def load_training(path: str | Path, types: TypeTable, gpus: int, window: tuple[float, float] | None = None,
                   max_jobs: int | None = None, load: float | None = None) -> TrainingJobs:
     """Read a training trace (schema above) into arrays; see the module docstring for the mapping."""
     with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    arr = np.array([float(r["arrival_time_s"]) for r in rows])
+        reader = csv.DictReader(fh)
+        missing = [c for c in TRAINING_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise TraceError(f"{path}: missing column(s) {', '.join(missing)} (need {', '.join(TRAINING_COLUMNS)}"
+                             f" and duration_v100_s_derived or total_steps)")
+        rows = list(reader)
+    if not rows:
+        raise TraceError(f"{path}: no data rows")
+    for i, r in enumerate(rows):
+        r["_line"] = i + 2  # 1-based, after the header: what an operator finds in an editor
+    arr = np.array([_number(path, r["_line"], r, "arrival_time_s") for r in rows])
     order = np.argsort(arr, kind="stable")
     rows = [rows[i] for i in order]
     arr = arr[order]
@@ -90,7 +130,7 @@ def load_training(path: str | Path, types: TypeTable, gpus: int, window: tuple[f
     if max_jobs is not None:
         rows, arr = rows[:max_jobs], arr[:max_jobs]
     if not rows:
-        raise ValueError(f"{path}: no training jobs left after --window/--max-jobs")
+        raise TraceError(f"{path}: no training jobs left after --window/--max-jobs")
     arr = arr - arr[0]
     by_family = {}
     for i, n in enumerate(types.names[:-1]):
@@ -104,19 +144,22 @@ def load_training(path: str | Path, types: TypeTable, gpus: int, window: tuple[f
             t = by_family.get(r.get("model", "") or r["job_type"].split(" (")[0], med)
             unknown += 1
         tix.append(t)
-        n = max(1, int(float(r["num_gpus"])))
-        ng.append(n)
-        d = float(r.get("duration_v100_s_derived") or "nan")
+        ng.append(max(1, int(_number(path, r["_line"], r, "num_gpus"))))
+        d = _optional(path, r, "duration_v100_s_derived")
         if not (d > 0):
-            d = float(r["total_steps"]) / types.iso_tput_steps_s[t]
+            d = _optional(path, r, "total_steps") / types.iso_tput_steps_s[t]
+            if not (np.isfinite(d) and d > 0):
+                raise TraceError(f"{path}:{r['_line']}: job {r.get('job_index', '?')} has no positive "
+                                 f"duration_v100_s_derived, and total_steps ({r.get('total_steps')!r}) cannot "
+                                 f"give one for job type {types.names[t]!r}")
         dur.append(d)
     ng = np.array(ng)
     dur = np.array(dur)
     span = float(arr[-1]) if arr[-1] > 0 else float(dur.max())
     native = float((ng * dur).sum() / (gpus * span))
     if load is not None:
-        if load <= 0:
-            raise ValueError("--load must be > 0")
+        if not load > 0:
+            raise TraceError(f"--load must be > 0, got {load}")
         arr = arr * (native / load)
     span2 = float(arr[-1]) if arr[-1] > 0 else span
     return TrainingJobs(arr, np.array(tix), ng, dur, native, float((ng * dur).sum() / (gpus * span2)), unknown)
@@ -156,7 +199,7 @@ def load_inference(paths: list[str | Path], gpus: int, span_s: float, seed: int,
                 need = np.array([int(r["gpu_milli"]) / 1000.0 for r in csv.DictReader(fh)
                                  if r["qos"] == "LS" and r["num_gpu"] == "1" and int(r["gpu_milli"]) > 0])
         else:
-            raise ValueError(f"{p}: unrecognised inference trace header {h[:4]}")
+            raise TraceError(f"{p}: unrecognised inference trace header {h[:4]}")
     if inst is None:
         return None
     if not profs:

@@ -14,6 +14,7 @@ from services.allocator.policy.view import Decision
 from simulator.engine import ARRIVAL, COMPLETE, ROUND, Engine, OversubscribedError, SimConfig
 from simulator.metrics import summarise, throughput_ceiling
 from simulator.run import build_workload, run_policies
+from simulator.traces import TraceError
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "data" / "traces" / "gavel_philly_vc_traces_seed0.csv"
@@ -79,6 +80,55 @@ def test_unschedulable_jobs_are_reported_unfinished(small_trace):
     _, sums = run_policies(w, ["exclusive-fifo"], SimConfig(gpus=2))
     big = int((w.train.num_gpus > 2).sum())
     assert big > 0 and sums[0]["unfinished"] == big and sums[0]["completed"] == len(w.train.num_gpus) - big
+
+
+@pytest.mark.parametrize("text, says", [
+    ("arrival_time_s,job_type\n0,x\n", "missing column(s) num_gpus"),
+    ("arrival_time_s,job_type,num_gpus,total_steps\nabc,ResNet-18 (batch size 16),1,100\n", ":2: column arrival_time_s"),
+    ("arrival_time_s,job_type,num_gpus,total_steps\n0,ResNet-18 (batch size 16),-1,100\n", ":2: column num_gpus"),
+    ("arrival_time_s,job_type,num_gpus\n0,ResNet-18 (batch size 16),1\n", ":2: job ? has no positive duration"),
+    ("arrival_time_s,job_type,num_gpus,duration_v100_s_derived\n0,ResNet-18 (batch size 16),1,soon\n",
+     ":2: column duration_v100_s_derived must be a number"),
+    ("arrival_time_s,job_type,num_gpus\n", "no data rows"),
+])
+def test_bad_trace_is_a_clear_error_naming_line_and_column(tmp_path, text, says):
+    bad = tmp_path / "bad.csv"
+    bad.write_text(text)
+    with pytest.raises(TraceError) as err:
+        build_workload(str(bad), 8, estimator="rule")
+    assert says in str(err.value) and str(bad) in str(err.value)
+
+
+def test_cli_reports_bad_trace_without_traceback(tmp_path, capsys):
+    from simulator.__main__ import main
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival_time_s,job_type\n0,x\n")
+    with pytest.raises(SystemExit) as ex:
+        main(["--trace", str(bad), "--out", str(tmp_path / "o")])
+    assert ex.value.code == 2 and "missing column(s) num_gpus" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value, says", [("--gpus", "0", "--gpus: must be in [1"),
+                                               ("--load", "-1", "--load: must be in (0.0"),
+                                               ("--inference-fraction", "2", "--inference-fraction: must be in"),
+                                               ("--train-floor", "0", "--train-floor: must be in (0.0, 1.0]")])
+def test_cli_rejects_out_of_range_options(tmp_path, capsys, flag, value, says):
+    from simulator.__main__ import main
+
+    with pytest.raises(SystemExit) as ex:
+        main(["--trace", str(TRACE), "--out", str(tmp_path / "o"), flag, value])
+    assert ex.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_total_steps_and_unknown_types_are_mapped(tmp_path):
+    tr = tmp_path / "t.csv"
+    tr.write_text("arrival_time_s,job_type,model,num_gpus,total_steps\n"
+                  "0,ResNet-18 (batch size 16),ResNet-18,1,1000\n10,GPT-9 (batch size 3),GPT-9,2,500\n")
+    w = build_workload(str(tr), 8, estimator="rule")
+    assert w.train.unknown_types == 1
+    t = w.types.index("ResNet-18 (batch size 16)")
+    assert w.train.duration_s[0] == pytest.approx(1000 / w.types.iso_tput_steps_s[t])
 
 
 def test_event_order_same_instant_is_arrival_then_completion_then_round():
