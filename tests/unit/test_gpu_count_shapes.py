@@ -146,6 +146,16 @@ def test_gives_a_grown_gang_back_as_soon_as_a_job_waits():
     assert placed[1] == [1]  # the waiting job gets the GPU it gave back
 
 
+def test_a_gang_grown_less_than_min_run_s_ago_is_not_given_back():
+    """Give-back is a resize: the preemption hysteresis holds for it too (no grow/shrink churn)."""
+    jobs = [{"type": 2, "n": 1, "remaining": 100 * H}, {"type": 2, "n": 1, "arrival": 10 * H - 60, "remaining": H}]
+    v = replace(view(jobs, gpus=2, placed={0: ([0, 1], 100.0)}, now=10 * H), types=_scalable_types())
+    v.jobs.last_change_s[0] = 10 * H - 600  # grew 10 min ago
+    assert 0 not in make_policy("elastico", rule_matrix(1.0), 1.0, min_run_s=1800.0).decide(v).preempt
+    v.jobs.last_change_s[0] = 10 * H - 1800
+    assert 0 in make_policy("elastico", rule_matrix(1.0), 1.0, min_run_s=1800.0).decide(v).preempt
+
+
 def test_a_short_grown_job_keeps_its_gpus_while_a_long_one_waits():
     jobs = [{"type": 2, "n": 1, "remaining": H}, {"type": 2, "n": 1, "arrival": 10 * H - 60, "remaining": 100 * H}]
     v = view(jobs, gpus=2, placed={0: ([0, 1], 100.0)}, now=10 * H)
