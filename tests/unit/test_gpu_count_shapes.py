@@ -146,6 +146,16 @@ def test_gives_a_grown_gang_back_as_soon_as_a_job_waits():
     assert placed[1] == [1]  # the waiting job gets the GPU it gave back
 
 
+def test_gives_back_only_the_gpus_the_waiting_jobs_need_lightest_gang_first():
+    jobs = [{"type": 2, "n": 1, "remaining": 100 * H}, {"type": 2, "n": 1, "remaining": 50 * H},
+            {"type": 2, "n": 1, "arrival": 10 * H - 60, "remaining": H}]
+    v = view(jobs, gpus=4, placed={0: ([0, 1], 100.0), 1: ([2, 3], 100.0)}, now=10 * H)
+    d = _elastico().decide(replace(v, types=_scalable_types()))
+    assert d.preempt == [0]  # the lighter (longer) gang; one freed GPU covers the 1-GPU waiting job
+    placed = {j: g.tolist() for j, g, _ in d.place}
+    assert placed[0] == [0] and placed[2] == [1]
+
+
 def test_a_gang_grown_less_than_min_run_s_ago_is_not_given_back():
     """Give-back is a resize: the preemption hysteresis holds for it too (no grow/shrink churn)."""
     jobs = [{"type": 2, "n": 1, "remaining": 100 * H}, {"type": 2, "n": 1, "arrival": 10 * H - 60, "remaining": H}]
