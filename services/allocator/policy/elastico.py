@@ -167,6 +167,15 @@ Tried, measured, not adopted (rule estimator, seed 0; avg JCT, this version in b
   growth headroom) 1.5 GPUs), so the remaining JCT there is capacity, not idle GPUs;
   no preemption at all: 89.51 h (that cell is bound by run times: every scheduler's queueing delay there
   is under 0.6 h of ~89 h).
+* with the needed-only give-back of 6 (predictor estimate, seed 0; 64 GPUs @ 1 / 512 GPUs @ 1 [158.96 /
+  61.98 h]): shrinking a gang only down to the largest allowed count that frees enough, not to its
+  request: 158.92 / 61.97 h; leaving 1 % / 3 % of the GPUs empty when growing (room for the next
+  arrivals): 160.04 / 66.75 h, 163.26 / 67.10 h -- growth onto idle GPUs is most of the gain at 512 @ 1;
+  lifting the give-back hold for a waiting job 16x heavier: 157.48 / 61.76 h, but mixed over the 16 cells
+  of 6 (-1.8 % to +1.2 %); preempt_ratio 1.5: 157.36 / 61.65 h, better in 11 of the 16 cells (up to
+  -2.7 %), worse in 4 (up to +0.7 %), with 5-30 % more restarts (64 @ 2: 1508 -> 1932) -- not worth the
+  churn a real restart costs; min_run_s 900 / 3600: 158.05 / 62.08 h, 158.85 / 61.86 h; gang_exponent
+  1.25 / 2: 159.69 / 62.45 h, 161.31 / 62.25 h; age_scale_s 2 days: 159.04 / 62.11 h.
 
 Not done (yet): inference forecasts tighter than the engine's one-hour peak; growing a gang onto GPUs that
 have tenants (only empty GPUs are added; at 512 GPUs @ load 1 the free share on occupied GPUs while nobody
