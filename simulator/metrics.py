@@ -18,8 +18,10 @@
   is its 1-GPU profile's times its per-GPU scaling efficiency ``T(n)/n`` at the count it runs on (capped
   at 1): a gang that scales sub-linearly leaves each of its GPUs partly idle waiting on communication.
 * Throughput ceiling (:func:`throughput_ceiling`): what *no* policy can exceed on a workload, in the two
-  loaded-period readings -- every job starting at its arrival, alone, on the fastest gang it may run on.
-  A throughput target above the ceiling cannot be met by any scheduler on that workload.
+  loaded-period readings -- every job starting at its arrival, alone, on the fastest gang it may run on --
+  and, from the same schedule, the average-JCT floor no policy can go below. A throughput target above
+  the ceiling, or a JCT ratio above FIFO's JCT over the floor, cannot be met by any scheduler on that
+  workload.
 """
 
 from __future__ import annotations
@@ -66,22 +68,34 @@ def summarise(r: SimResult) -> dict:
     }
 
 
-def throughput_ceiling(train: TrainingJobs, types: TypeTable, window_end_s: float) -> dict:
-    """Upper bounds of ``jobs_per_h_loaded`` and ``work_gpu_h_per_h`` for any policy on this workload.
-
-    Each job is credited as if it started at its arrival, alone (co-location never makes a job faster
-    than isolated), on its fastest allowed GPU count (:func:`shapes.count_speed`, measured curves only):
-    it completes inside the loaded period [0, ``window_end_s``] only if that is fast enough, and it can
-    do at most ``num_gpus x speed x (window_end - arrival)`` isolated GPU-seconds of work in it. Real
-    schedules share GPUs and queue, so they stay below both figures.
-    """
+def best_gang_speed(train: TrainingJobs, types: TypeTable) -> np.ndarray:
+    """[J] speed of each job alone on the fastest GPU count it may run on, relative to its requested gang
+    (>= 1; :func:`shapes.count_speed`, measured curves only). No schedule runs a job faster."""
     best = np.ones(len(train.arrival_s))
     if types.scale_tput is not None:
         for i, (t, n) in enumerate(zip(train.type_idx.tolist(), train.num_gpus.tolist())):
             counts = allowed_counts(n, types.scale_measured[t] if types.scale_measured is not None else None)
             best[i] = max(1.0, float(np.max(count_speed(types.scale_tput[t], np.asarray(counts, float), n))))
+    return best
+
+
+def throughput_ceiling(train: TrainingJobs, types: TypeTable, window_end_s: float, gpus: int | None = None) -> dict:
+    """Bounds no policy can pass on this workload: upper bounds of ``jobs_per_h_loaded`` and
+    ``work_gpu_h_per_h``, and a lower bound of the average JCT (``avg_jct_floor_h``).
+
+    Each job is credited as if it started at its arrival, alone (co-location never makes a job faster
+    than isolated), on its fastest allowed GPU count (:func:`best_gang_speed`): it completes inside the
+    loaded period [0, ``window_end_s``] only if that is fast enough, it can do at most ``num_gpus x speed
+    x (window_end - arrival)`` isolated GPU-seconds of work in it, and its JCT is at least ``duration /
+    speed`` (averaged over the jobs that fit ``gpus``, when given: the others never complete). Real
+    schedules share GPUs and queue, so they stay on the far side of all three figures.
+    """
+    best = best_gang_speed(train, types)
     left = np.maximum(window_end_s - train.arrival_s, 0.0)
     finish_in = train.duration_s / best <= left + 1e-9
     work = np.minimum(train.num_gpus * train.duration_s, train.num_gpus * best * left).sum()
     win_h = max(window_end_s, 1e-9) / 3600.0
-    return {"jobs_per_h_loaded": float(finish_in.sum() / win_h), "work_gpu_h_per_h": float(work / 3600 / win_h)}
+    fits = np.ones(len(best), bool) if gpus is None else train.num_gpus <= gpus
+    floor = float((train.duration_s / best)[fits].mean() / 3600) if fits.any() else float("nan")
+    return {"jobs_per_h_loaded": float(finish_in.sum() / win_h), "work_gpu_h_per_h": float(work / 3600 / win_h),
+            "avg_jct_floor_h": floor}
