@@ -105,33 +105,35 @@ One round (:meth:`ElastiCo.decide`), the same for the simulator and the live all
    time, handed idle GPUs to the longest jobs, which then hold them longest; predictor estimate, seed 0,
    400/2000 jobs, avg JCT before -> after: 64 GPUs @ 0.25/0.5/1/2: 100.4/121.9/169.0/257.2 ->
    99.2/122.0/169.1/255.5 h; 512 GPUs: 45.3/50.1/66.6/103.5 -> 44.8/49.1/65.4/103.2 h.) GPUs still idle
-   then upgrade the offered jobs further. When jobs wait, gangs grown beyond
-   their request that weigh less than the heaviest waiting job, and that have run ``min_run_s`` since
-   they last grew or restarted, are given back to their requested size (one restart each), lightest
-   first and only as many as the waiting jobs need: a gang is shrunk only while the empty and already
-   freed GPUs do not cover the gangs of the waiting jobs heavier than it. The queue is then placed again.
-   Giving back *every* such gang whenever anyone waited freed, for one waiting 1-GPU job, dozens of GPUs
-   that then idled or went to other growth; measured (predictor estimate, seed 0, avg JCT every ->
-   needed, both with the hold below): 64 GPUs, 400 jobs, @ 0.25/0.5/1/2: 99.57/117.87/159.18/247.79 ->
-   96.60/115.23/158.96/248.27 h; 512 GPUs, 2000 jobs: 44.74/48.69/63.28/98.59 -> 44.67/47.82/61.98/94.49
-   h, @ 1 with inference seeds 1/2: 63.98/63.49 -> 62.09/62.12 h; jobs arriving 1000-3000 h @ 1: 64 GPUs
-   27.45 -> 26.63 h, 512 GPUs 24.38 -> 23.08 h; the resampled trace below, 64 / 512 GPUs @ 1: 28.03/25.23
-   -> 26.82/23.04 h, @ 2: 40.76/34.22 -> 41.26/33.44 h (better in 14 of 16 cells, worse by 0.2/1.2 % in
-   2), with 25-45 % fewer restarts in the loaded cells (512 @ 1: 6825 -> 4401). That hold is the same hysteresis as preemption's (a job placed or resized less than
-   ``min_run_s`` ago is not changed): without it a gang grown onto GPUs idle for a moment was shrunk
-   again at the next arrival, and grew back when that job ended -- grow/give-back pairs were 86 % of
-   all restarts at 512 GPUs @ load 1. Measured (predictor estimate, seed 0, avg JCT without -> with the
-   hold): 512 GPUs, 2000 jobs, @ 0.25/0.5/1/2: 44.75/48.77/63.95/98.85 -> 44.74/48.69/63.28/98.59 h, @ 1
-   with inference seeds 1/2: 64.21/63.83 -> 63.98/63.49 h; 64 GPUs, 400 jobs: 99.54/117.76/159.43/248.60
-   -> 99.57/117.87/159.18/247.79 h; jobs arriving 1000-3000 h @ 1: 512 GPUs 24.75 -> 24.38 h, 64 GPUs
-   27.14 -> 27.45 h; a resampled trace (3000 Philly rows drawn with replacement, Poisson arrivals), 64 /
-   512 GPUs @ 1: 28.77/26.05 -> 28.03/25.23 h, @ 2: 40.86/34.82 -> 40.76/34.22 h (better in 13 of 16
-   cells, worse by 0.03/0.1/1.1 % in 3), with 5-21 % fewer restarts in each loaded cell. A one-hour hold
-   measured 63.41 h at 512 @ 1 (seeds 1/2: 63.32/63.07 h). Only empty GPUs are added, so no co-tenant is
+   then upgrade the offered jobs further. When jobs wait, gangs grown beyond their request that weigh
+   less than the heaviest waiting job are given back to their requested size (one restart each; which
+   ones and when: below) and the queue is placed again. Only empty GPUs are added, so no co-tenant is
    affected. Measured (rule estimator, seed 0, avg JCT without -> with): 64 GPUs @ load 1, 300 jobs:
    235.5 -> 199.3 h; @ load 2: 304.6 -> 293.3 h; 512 GPUs @ load 1, 1200 jobs: 102.0 -> 70.7 h; @ load 2:
    98.4 h; 512 @ 0.25: 89.4 -> 50.5 h (exclusive backfill 89.6 h). Giving back every grown gang as soon as
    anyone waits, and growing only when nobody waits: 220.3 h (64 @ 1), 308.7 h (64 @ 2), 73.8 h (512 @ 1).
+
+   *Give-back, which and when.* A grown gang is given back only once it has run ``min_run_s`` since it
+   last grew or restarted -- the hysteresis preemption and growth use (a job placed or resized less than
+   ``min_run_s`` ago is not changed). Without it a gang grown onto GPUs idle for a moment was shrunk at
+   the next arrival and grew back when that job ended: grow/give-back pairs were 86 % of all restarts at
+   512 GPUs @ load 1. Measured (predictor estimate, seed 0, avg JCT without -> with the hold): 512 GPUs,
+   2000 jobs, @ 0.25/0.5/1/2: 44.75/48.77/63.95/98.85 -> 44.74/48.69/63.28/98.59 h, @ 1 with inference
+   seeds 1/2: 64.21/63.83 -> 63.98/63.49 h; 64 GPUs, 400 jobs: 99.54/117.76/159.43/248.60 -> 99.57/117.87/
+   159.18/247.79 h; jobs arriving 1000-3000 h @ 1: 512 GPUs 24.75 -> 24.38 h, 64 GPUs 27.14 -> 27.45 h; a
+   resampled trace (3000 Philly rows drawn with replacement, Poisson arrivals), 64 / 512 GPUs @ 1: 28.77/
+   26.05 -> 28.03/25.23 h, @ 2: 40.86/34.82 -> 40.76/34.22 h (better in 13 of 16 cells, worse by 0.03/0.1/
+   1.1 % in 3), with 5-21 % fewer restarts in each loaded cell; a one-hour hold: 63.41 h at 512 @ 1 (seeds
+   1/2: 63.32/63.07 h). Then, lightest first, gangs are shrunk only as many as the waiting jobs need: a
+   gang is given back only while the empty and already freed GPUs do not cover the gangs of the waiting
+   jobs heavier than it. Giving back *every* such gang whenever anyone waited freed, for one waiting 1-GPU
+   job, dozens of GPUs that then idled or went to other growth. Measured (same setup, with the hold, avg
+   JCT every -> needed): 64 GPUs @ 0.25/0.5/1/2: 99.57/117.87/159.18/247.79 -> 96.60/115.23/158.96/248.27
+   h; 512 GPUs: 44.74/48.69/63.28/98.59 -> 44.67/47.82/61.98/94.49 h, @ 1 with inference seeds 1/2: 63.98/
+   63.49 -> 62.09/62.12 h; jobs arriving 1000-3000 h @ 1: 64 GPUs 27.45 -> 26.63 h, 512 GPUs 24.38 -> 23.08
+   h; the resampled trace, 64 / 512 GPUs @ 1: 28.03/25.23 -> 26.82/23.04 h, @ 2: 40.76/34.22 -> 41.26/33.44
+   h (better in 14 of 16 cells, worse by 0.2/1.2 % in 2), with 25-45 % fewer restarts in the loaded cells
+   (512 @ 1: 6825 -> 4401).
    ``shrink_gpus`` also offers queued jobs halvings of their gang (tried after every full-gang shape): it
    raises work done per hour where scaling is sub-linear (64 @ 2: 50.9 -> 55.4 GPU-h/h) but costs average
    JCT (64 @ 1: 227.8 h, 64 @ 2: 312.9 h; 512 @ 1: 77.3 h), because the shrunk jobs are mostly long ones
