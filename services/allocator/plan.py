@@ -367,16 +367,28 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
 
     A placement on a GPU count the job did not declare (its explicit shapes' counts; 1 without shapes) is
     dropped together with the preemption that would have resized it: a live job runs only at gang sizes it
-    allows (the policy's GPU-count shapes assume an elastic workload, see ``ELASTICO_ELASTIC_GPUS``).
+    allows (the policy's GPU-count shapes assume an elastic workload, see ``ELASTICO_ELASTIC_GPUS``). A
+    queued job the policy starts on a grown gang starts on its requested gang instead (the first of those
+    GPUs: each has room for its share), so it is not held back by a size it never asked for.
     """
     plan = Plan()
-    bad = {int(r) for r, g, _ in decision.place if len(np.atleast_1d(g)) not in allowed_gang_sizes(index.jobs[int(r)].spec)}
+    running = set(int(r) for r in view.running)
+    place, bad = [], set()
+    for r, g, sh in decision.place:
+        g = np.atleast_1d(g)
+        allowed = allowed_gang_sizes(index.jobs[int(r)].spec)
+        if len(g) not in allowed:
+            n = int(view.jobs.num_gpus[int(r)])
+            if int(r) in running or n not in allowed or len(g) < n:
+                bad.add(int(r))
+                continue
+            g = g[:n]  # a job starting on a grown gang starts on its own gang instead (any n of them fit)
+        place.append((r, g, sh))
     if bad:
         plan.dropped.extend((index.jobs[r].job_id, "gang size not among the job's shapes") for r in sorted(bad))
-        decision = Decision(preempt=[r for r in decision.preempt if int(r) not in bad], resize=decision.resize,
-                            place=[p for p in decision.place if int(p[0]) not in bad], info=decision.info)
+    decision = Decision(preempt=[r for r in decision.preempt if int(r) not in bad], resize=decision.resize,
+                        place=place, info=decision.info)
     free = {k: list(v) for k, v in index.free.items()}
-    running = set(int(r) for r in view.running)
 
     def release(job: Job) -> None:
         for s in job.placement.slices if job.placement else ():

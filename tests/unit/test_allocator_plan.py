@@ -165,3 +165,13 @@ def test_translate_keeps_jobs_at_gang_sizes_they_declare():
     assert plan.preempt == [] and [j.job_id for j, _ in plan.resize] == [elastic.job_id]
     assert len(plan.resize[0][1].slices) == 2
     assert plan.dropped == [(job.job_id, "gang size not among the job's shapes")]
+
+
+def test_translate_starts_a_job_placed_on_a_grown_gang_on_its_own_gang():
+    """The policy may start a queued job on more GPUs than it asked for (GPU-count shapes); a job that does
+    not declare that size starts on its requested gang instead of not at all."""
+    job = make_job()
+    view, idx = build_view([job], [node(gpus=4)], TYPES, RESOLVE, NOW, 15)
+    plan = translate(Decision(place=[(0, np.array([1, 2, 3]), 100.0)]), view, idx)
+    assert plan.dropped == [] and [len(p.slices) for _, p in plan.place] == [1]
+    assert plan.place[0][1].slices[0].gpu_index == 1

@@ -131,6 +131,15 @@ def test_grows_a_running_gang_onto_idle_gpus_when_nobody_waits():
     assert _elastico(elastic_gpus=False).decide(v).place == []
 
 
+def test_a_job_started_while_gpus_idle_starts_on_its_grown_gang():
+    v = replace(view([{"type": 2, "n": 1, "remaining": 100 * H}], gpus=8, now=10 * H), types=_scalable_types())
+    d = _elastico().decide(v)
+    (j, g, _), = d.place
+    assert j == 0 and len(g) == 8 and d.preempt == []  # launched grown: no restart at the requested size first
+    (_, g, _), = _elastico(elastic_gpus=False).decide(v).place
+    assert len(g) == 1
+
+
 def test_does_not_grow_when_the_saving_is_below_the_restart_cost():
     v = view([{"type": 2, "n": 1, "remaining": 60.0}], gpus=8, placed={0: ([0], 100.0)}, now=10 * H)
     assert _elastico().decide(replace(v, types=_scalable_types())).place == []
