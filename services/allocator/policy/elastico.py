@@ -187,6 +187,10 @@ Tried, measured, not adopted (rule estimator, seed 0; avg JCT, this version in b
   -2.7 %), worse in 4 (up to +0.7 %), with 5-30 % more restarts (64 @ 2: 1508 -> 1932) -- not worth the
   churn a real restart costs; min_run_s 900 / 3600: 158.05 / 62.08 h, 158.85 / 61.86 h; gang_exponent
   1.25 / 2: 159.69 / 62.45 h, 161.31 / 62.25 h; age_scale_s 2 days: 159.04 / 62.11 h.
+* with growth at launch (6; [158.25 / 61.74 h]): while jobs wait, letting a job placed this round start
+  grown only if it is heavier than every waiting job, as for running jobs: 158.21 / 61.78 h, and 64 @ 2
+  249.51 h [248.27], 512 @ 0.5 / 2 47.56 / 94.72 h [47.42 / 94.41], resampled 64 @ 2 40.91 h [41.27] --
+  mixed, slightly worse, so a job placed this round may grow onto GPUs left empty whatever its weight.
 
 Not done (yet): inference forecasts tighter than the engine's one-hour peak; growing a gang onto GPUs that
 have tenants (only empty GPUs are added; at 512 GPUs @ load 1 the free share on occupied GPUs while nobody
