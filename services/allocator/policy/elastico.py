@@ -759,23 +759,21 @@ class ElastiCo(Policy):
         """
         jobs = view.jobs
         run = run[view.now_s - jobs.last_change_s[run] >= self.min_run_s]
-        running = set(view.running.tolist())  # jobs placed this round (not running yet) may start grown
+        # jobs placed this round and not running yet (share 0) may start grown: {job: (index in d.place, GPUs)}
         fresh = {int(j): (k, np.asarray(g)) for k, (j, g, _) in enumerate(d.place)
-                 if jobs.kind[j] == TRAINING and int(j) not in running}
+                 if jobs.kind[j] == TRAINING and jobs.share_pct[j] == 0}
         if len(run) == 0 and not fresh:
             return
         empty = np.flatnonzero(slot_all(gj < 0))
         if len(empty) == 0:
             return
         gone = set(d.preempt) | {int(j) for j, _ in d.resize}
-        ngpu = self._ngpu(view, run)
+        cand = np.concatenate([run, np.fromiter(fresh, np.int64, len(fresh))])
+        ngpu = np.concatenate([self._ngpu(view, run), [len(g) for _, g in fresh.values()]]).astype(np.int64)
         cost = self.expand_gain * self.restart_s
         offers = []  # (best saving per added GPU, job, current count, [(count, saving)] ascending)
-        fl = list(fresh)
-        for j, cur, req, rem, t in zip(run.tolist() + fl, ngpu.tolist() + [len(fresh[j][1]) for j in fl],
-                                       jobs.num_gpus[run].tolist() + jobs.num_gpus[fl].tolist(),
-                                       jobs.remaining_est_s[run].tolist() + jobs.remaining_est_s[fl].tolist(),
-                                       jobs.type_idx[run].tolist() + jobs.type_idx[fl].tolist()):
+        for j, cur, req, rem, t in zip(cand.tolist(), ngpu.tolist(), jobs.num_gpus[cand].tolist(),
+                                       jobs.remaining_est_s[cand].tolist(), jobs.type_idx[cand].tolist()):
             if cur == 0 or j in gone or not math.isfinite(rem):
                 continue
             _, speed, ascending = self._count_table(view, t, req)
