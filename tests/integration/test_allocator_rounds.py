@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 
-from elastico.domain import JobState, Shape, StateReason, Workload, placement_id
+from elastico.domain import JobState, Shape, StateReason, TrainingWork, Workload, placement_id
 from elastico.errors import StaleEpoch
 from elastico.rpc.server import ServiceBinding, create_server
 from elastico.state.memory import MemoryStore
@@ -101,6 +101,19 @@ async def test_cotenant_fault_requeues_with_progress_and_is_placed_again(store):
     assert rep.released == {"cotenant_fault": 1} and rep.placed == [job.job_id]
     assert again.state is JobState.PLACED and again.progress_steps == 420 and again.restarts == 1
     assert placement_id(again.placement) != placement_id(first)  # a new incarnation: the agent starts it afresh
+
+
+async def test_elastic_gpus_start_a_job_grown_by_the_policy_on_its_own_gang(store):
+    """With GPU-count shapes on, the policy starts a job on more GPUs than it asked for when GPUs idle; a
+    live job runs only at gang sizes it declares, so it starts on its own gang -- not left pending."""
+    await heartbeat(store, "n1", gpus=4)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(elastic_gpus=True), lease)
+    spec = make_spec(model_family="ResNet-50", batch_size=64, training=TrainingWork(total_steps=10**8))
+    job, _ = await store.create_job(make_job(spec=spec))
+    rep = await sch.round(epoch)
+    got = await store.get_job(job.job_id)
+    assert rep.placed == [job.job_id] and got.state is JobState.PLACED and len(got.placement.slices) == 1
 
 
 async def test_stale_node_gets_nothing_and_its_jobs_are_requeued_after_grace(store):
