@@ -85,14 +85,14 @@ class TraceError(ValueError):
     """A trace file that cannot be read as documented (the message names the file, line and column)."""
 
 
-def _number(path, line: int, row: dict, col: str) -> float:
+def _number(path, row: dict, col: str) -> float:
     """``row[col]`` as a finite number >= 0, or a :class:`TraceError` naming the file, line and column."""
     try:
         x = float(row[col])
     except (TypeError, ValueError):
         x = float("nan")
     if not (np.isfinite(x) and x >= 0):
-        raise TraceError(f"{path}:{line}: column {col} must be a finite number >= 0, got {row[col]!r}")
+        raise TraceError(f"{path}:{row['_line']}: column {col} must be a finite number >= 0, got {row[col]!r}")
     return x
 
 
@@ -119,7 +119,7 @@ def load_training(path: str | Path, types: TypeTable, gpus: int, window: tuple[f
         raise TraceError(f"{path}: no data rows")
     for i, r in enumerate(rows):
         r["_line"] = i + 2  # 1-based, after the header: what an operator finds in an editor
-    arr = np.array([_number(path, r["_line"], r, "arrival_time_s") for r in rows])
+    arr = np.array([_number(path, r, "arrival_time_s") for r in rows])
     order = np.argsort(arr, kind="stable")
     rows = [rows[i] for i in order]
     arr = arr[order]
@@ -144,7 +144,7 @@ def load_training(path: str | Path, types: TypeTable, gpus: int, window: tuple[f
             t = by_family.get(r.get("model", "") or r["job_type"].split(" (")[0], med)
             unknown += 1
         tix.append(t)
-        ng.append(max(1, int(_number(path, r["_line"], r, "num_gpus"))))
+        ng.append(max(1, int(_number(path, r, "num_gpus"))))
         d = _optional(path, r, "duration_v100_s_derived")
         if not (d > 0):
             d = _optional(path, r, "total_steps") / types.iso_tput_steps_s[t]

@@ -835,12 +835,13 @@ class ElastiCo(Policy):
         run = view.running[jobs.kind[view.running] == TRAINING]
         if len(run) == 0:
             return False
-        grown = run[self._ngpu(view, run) > jobs.num_gpus[run]]
+        extra = self._ngpu(view, run) - jobs.num_gpus[run]  # GPUs held beyond the request
+        keep = (extra > 0) & (view.now_s - jobs.last_change_s[run] >= self.min_run_s)  # hysteresis, as for preemption
         if self.keep_heavy_growth:
-            grown = grown[W[grown] < W[waiting].max()]
-        grown = grown[view.now_s - jobs.last_change_s[grown] >= self.min_run_s]  # hysteresis, as for preemption
-        grown = grown[np.argsort(W[grown], kind="stable")]
-        extra = (self._ngpu(view, grown) - jobs.num_gpus[grown]).tolist()
+            keep &= W[run] < W[waiting].max()
+        grown, extra = run[keep], extra[keep]
+        order = np.argsort(W[grown], kind="stable")
+        grown, extra = grown[order], extra[order].tolist()
         wq, nq = W[waiting], self._min_gpus(view, waiting)
         room = int(slot_all(gj < 0).sum())  # empty GPUs, then also those given back
         gone = set(d.preempt)
