@@ -108,23 +108,25 @@ def evaluate(sums: list[dict], load: float, ceiling: dict | None = None) -> tupl
     return lines, ok
 
 
-def _speed_run(trace: str, inf: list[str] | None, seed: int, estimator: str) -> dict:
-    w = build_workload(trace, 512, inf, seed, None, None, None, estimator=estimator)
+def _speed_run(trace: str, inf: list[str] | None, seed: int, estimator: str, pairs: str | None) -> dict:
+    w = build_workload(trace, 512, inf, seed, None, None, None, estimator=estimator, pairs=pairs)
     (r,), _ = run_policies(w, ["elastico"], SimConfig(gpus=512, progress=True))
     return {"wall_s": r.wall_s, "cpu_s": r.cpu_s, "rounds": r.rounds, "jobs": len(w.train.arrival_s),
             "load": w.train.offered_load, "unfinished": int(np.isnan(r.completion_s).sum())}
 
 
-def full_trace_speed(trace: str, inf: list[str] | None, seed: int, estimator: str) -> dict:
+def full_trace_speed(trace: str, inf: list[str] | None, seed: int, estimator: str, pairs: str | None = None) -> dict:
     """Simulate ElastiCo on the whole trace at 512 GPUs in a fresh (spawned) interpreter, so the dozens of
     runs before it -- their heaps, plots -- do not weigh on the timing; returns its wall/CPU seconds."""
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_speed_run, trace, inf, seed, estimator).result()
+        return pool.submit(_speed_run, trace, inf, seed, estimator, pairs).result()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.headline", description=__doc__)
     ap.add_argument("--trace", default=str(DATA / "gavel_philly_vc_traces_seed0.csv"))
+    ap.add_argument("--pairs", default=None, metavar="CSV",
+                    help="measured pairs used as ground truth (coloc_gavel_pairs.csv schema; default: data/'s)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 512])
     ap.add_argument("--loads", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0])
     ap.add_argument("--jobs-64", type=int, default=400)
@@ -148,13 +150,14 @@ def main(argv: list[str] | None = None) -> int:
         n = a.jobs_64 if G <= 64 else a.jobs_512
         for load in a.loads:
             try:
-                w = build_workload(a.trace, G, inf, a.seed, load, None, n, estimator=a.estimator)
+                w = build_workload(a.trace, G, inf, a.seed, load, None, n, estimator=a.estimator, pairs=a.pairs)
             except (TraceError, OSError) as exc:
                 ap.error(str(exc))
             ninf = 0 if w.inf is None else len(w.inf.start_s)
             print(f"\n== {G} GPUs, {len(w.train.arrival_s)} training jobs, offered training load "
                   f"{w.train.offered_load:.2f} (native {w.train.native_offered_load:.2f}), {ninf} inference "
-                  f"services (static peak {0 if not ninf else 0.25:.2f} of GPUs), estimate: {w.estimator_name}", flush=True)
+                  f"services (static peak {0 if not ninf else 0.25:.2f} of GPUs), estimate: {w.estimator_name}; ground "
+                  f"truth: {w.truth.measured_pairs} measured pairs", flush=True)
             cfg = SimConfig(gpus=G)
             results, sums = run_policies(w, list(POLICY_NAMES), cfg)
             print(table(sums))
@@ -166,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                           {"gpus": G, "load": load, "offered_load": w.train.offered_load})
             report[f"{G}@{load}"] = {"summaries": sums, "ok": ok, "lines": lines, "throughput_ceiling": ceiling}
     if not (a.smoke or a.skip_speed):
-        speed = full_trace_speed(a.trace, inf, a.seed, a.estimator)
+        speed = full_trace_speed(a.trace, inf, a.seed, a.estimator, a.pairs)
         ok = speed["wall_s"] <= TARGET_FULL_TRACE_S
         all_ok &= ok
         print(f"\n== speed: elastico, whole trace ({speed['jobs']} training jobs, native load {speed['load']:.2f}), "

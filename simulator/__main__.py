@@ -37,20 +37,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", required=True, help="training trace CSV (gavel_philly_vc_traces schema)")
     ap.add_argument("--inference-trace", nargs="*", default=[],
                     help="Alibaba 2025 instances, Azure LLM request traces, Alibaba 2023 pod list (any order)")
-    ap.add_argument("--gpus", type=_ranged(1, cast=int), default=64)
-    ap.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated policy names")
-    ap.add_argument("--out", default="out/sim")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pairs", default=None, metavar="CSV",
+                    help="measured pairs used as ground truth (coloc_gavel_pairs.csv schema; default: data/'s)")
+    ap.add_argument("--gpus", type=_ranged(1, cast=int), default=64, help="cluster size (default 64)")
+    ap.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated policy names (default: all)")
+    ap.add_argument("--out", default="out/sim", help="folder for summary.json, jct_cdf.png and utilisation.png (default out/sim)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the inference services' sampling and demand")
     ap.add_argument("--load", type=_ranged(0.0, lo_open=True), default=None, help="target training offered load (rescales arrivals)")
-    ap.add_argument("--window", type=float, nargs=2, metavar=("START", "END"), default=None)
-    ap.add_argument("--max-jobs", type=_ranged(1, cast=int), default=None)
-    ap.add_argument("--inference-fraction", type=_ranged(0.0, 1.0, lo_open=True), default=0.25)
-    ap.add_argument("--restart-s", type=_ranged(0.0), default=60.0)
-    ap.add_argument("--round-interval-s", type=_ranged(0.0, lo_open=True), default=300.0)
+    ap.add_argument("--window", type=float, nargs=2, metavar=("START", "END"), default=None,
+                    help="keep training jobs arriving in [START, END) seconds of the trace")
+    ap.add_argument("--max-jobs", type=_ranged(1, cast=int), default=None, help="keep the first N jobs (after --window)")
+    ap.add_argument("--inference-fraction", type=_ranged(0.0, 1.0, lo_open=True), default=0.25,
+                    help="share of GPUs inference would hold at peak under static allocation (default 0.25)")
+    ap.add_argument("--restart-s", type=_ranged(0.0), default=60.0,
+                    help="cost of each preemption/resize (checkpoint + relaunch), seconds (default 60)")
+    ap.add_argument("--round-interval-s", type=_ranged(0.0, lo_open=True), default=300.0,
+                    help="scheduling round period, seconds (default 300; rounds also run on arrivals/completions)")
     ap.add_argument("--train-floor", type=_ranged(0.0, 1.0, lo_open=True), default=None,
                     help=f"ElastiCo: min fraction of isolated speed (default: the policy's, {FLOOR})")
-    ap.add_argument("--estimator", choices=["auto", "predictor", "rule"], default="auto")
-    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--estimator", choices=["auto", "predictor", "rule"], default="auto",
+                    help="what the policies see as interference: the trained predictor, the utilisation rule, "
+                         "or auto (predictor if models/interference.json loads)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
     a = ap.parse_args(argv)
     policies = [p.strip() for p in a.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICY_NAMES]
@@ -58,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown policies {bad}; choose from {', '.join(POLICY_NAMES)}")
     try:
         w = build_workload(a.trace, a.gpus, a.inference_trace, a.seed, a.load, a.window, a.max_jobs,
-                           a.inference_fraction, estimator=a.estimator)
+                           a.inference_fraction, estimator=a.estimator, pairs=a.pairs)
     except (TraceError, OSError) as exc:
         ap.error(str(exc))
     ninf = 0 if w.inf is None else len(w.inf.start_s)
@@ -81,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     print("simulation wall time: " + ", ".join(f"{s['policy']} {s['wall_s']:.1f} s (CPU {s['cpu_s']:.1f} s)"
                                                for s in sums)
           + f" (total {wall:.1f} s)", flush=True)
-    meta = {"trace": a.trace, "gpus": a.gpus, "seed": a.seed, "load": a.load, "offered_load": w.train.offered_load,
+    meta = {"trace": a.trace, "pairs": a.pairs, "gpus": a.gpus, "seed": a.seed, "load": a.load, "offered_load": w.train.offered_load,
             "native_offered_load": w.train.native_offered_load, "inference_services": ninf,
             "estimator": w.estimator_name, "kappa": w.truth.kappa}
     for p in write_outputs(Path(a.out), sums, results, meta):

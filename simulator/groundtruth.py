@@ -33,6 +33,10 @@ import numpy as np
 from services.allocator.policy.interference import calibrate_kappa, compose_additive, utilisation_rule
 from services.allocator.policy.profiles import DATA_DIR, INFERENCE_TYPE, TypeTable, load_type_table
 from services.allocator.policy.shapes import share_speed
+from simulator.traces import TraceError
+
+#: Columns of a measured-pairs file (``coloc_gavel_pairs.csv`` schema) that the ground truth reads.
+PAIR_COLUMNS = ("gpu_type", "job_type_a", "job_type_b", "norm_tput_a", "norm_tput_b", "coloc_failed")
 
 #: Normalised throughput assigned to measured pairs that failed to co-locate (OOM stand-in).
 FAILED_PAIR_NORM = 0.05
@@ -47,8 +51,13 @@ class GroundTruth:
         self.types = types
         self.matrix = np.full((T, T), np.nan)  # [T, T] measured normalised throughput, NaN = rule
         measured = []
-        with open(Path(data_dir) / pairs_file, newline="") as fh:
-            for r in csv.DictReader(fh):
+        path = Path(data_dir) / pairs_file  # an absolute ``pairs_file`` replaces ``data_dir``
+        with open(path, newline="") as fh:
+            rows = csv.DictReader(fh)
+            missing = [c for c in PAIR_COLUMNS if c not in (rows.fieldnames or [])]
+            if missing:
+                raise TraceError(f"{path}:1: measured-pairs file lacks column(s) {', '.join(missing)}")
+            for r in rows:
                 if r["gpu_type"] != types.gpu_type:
                     continue
                 try:
@@ -58,7 +67,13 @@ class GroundTruth:
                 if r["coloc_failed"] == "1":
                     self.matrix[a, b] = self.matrix[b, a] = FAILED_PAIR_NORM
                     continue
-                na, nb = float(r["norm_tput_a"]), float(r["norm_tput_b"])
+                try:
+                    na, nb = float(r["norm_tput_a"]), float(r["norm_tput_b"])
+                except (TypeError, ValueError):
+                    na = nb = float("nan")
+                if not (na > 0 and nb > 0 and np.isfinite(na + nb)):
+                    raise TraceError(f"{path}:{rows.line_num}: norm_tput_a/norm_tput_b must be positive numbers, "
+                                     f"got {r['norm_tput_a']!r}/{r['norm_tput_b']!r}")
                 self.matrix[a, b], self.matrix[b, a] = min(na, 1.0), min(nb, 1.0)
                 measured.append((r["job_type_a"], r["job_type_b"], na, nb))
         self.measured_pairs = len(measured)  # number of measured (successful) pairs

@@ -50,10 +50,15 @@ def make_estimate(types, truth: GroundTruth, estimator: str = "auto") -> tuple[n
 def build_workload(trace: str, gpus: int, inference_traces: list[str] | None = None, seed: int = 0,
                    load: float | None = None, window=None, max_jobs: int | None = None,
                    inference_fraction: float = 0.25, slo_factor: float = 10.0, estimator: str = "auto",
-                   data_dir: Path = DATA_DIR) -> Workload:
-    """Load traces and profiles once; every policy of a comparison then runs on this same workload."""
+                   data_dir: Path = DATA_DIR, pairs: str | Path | None = None) -> Workload:
+    """Load traces and profiles once; every policy of a comparison then runs on this same workload.
+
+    ``pairs``: the measured-pairs CSV the ground truth reads (``coloc_gavel_pairs.csv`` schema; default
+    ``data_dir/coloc_gavel_pairs.csv``) -- e.g. the complete table including the pairs withheld from
+    ``data/``, so the policies, which see only the predictor, are judged on pairs it never saw.
+    """
     types = load_type_table(data_dir)
-    truth = GroundTruth(types, data_dir)
+    truth = GroundTruth(types, data_dir) if pairs is None else GroundTruth(types, pairs_file=Path(pairs).resolve())
     est, name = make_estimate(types, truth, estimator)
     train = load_training(trace, types, gpus, window, max_jobs, load)
     inf = None

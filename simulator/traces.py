@@ -82,7 +82,8 @@ TRAINING_COLUMNS = ("arrival_time_s", "job_type", "num_gpus")  # plus a duration
 
 
 class TraceError(ValueError):
-    """A trace file that cannot be read as documented (the message names the file, line and column)."""
+    """A trace (or measured-pairs) file that cannot be read as documented (the message names the file, line
+    and column)."""
 
 
 def _number(path, row: dict, col: str) -> float:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.allocator.policy import POLICY_NAMES, make_policy
+from services.allocator.policy import POLICY_NAMES, RuleEstimator, make_policy
 from services.allocator.policy.view import Decision
 from simulator.engine import ARRIVAL, COMPLETE, ROUND, Engine, OversubscribedError, SimConfig
 from simulator.metrics import best_gang_speed, summarise, throughput_ceiling
@@ -121,6 +121,51 @@ def test_cli_rejects_out_of_range_options(tmp_path, capsys, flag, value, says):
     with pytest.raises(SystemExit) as ex:
         main(["--trace", str(TRACE), "--out", str(tmp_path / "o"), flag, value])
     assert ex.value.code == 2 and says in capsys.readouterr().err
+
+
+def _pairs_copy(tmp_path, edit=None) -> Path:
+    """data/'s measured pairs, with ``edit(rows)`` applied, written to a temporary CSV."""
+    with open(ROOT / "data" / "coloc_gavel_pairs.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    if edit:
+        edit(rows)
+    out = tmp_path / "pairs.csv"
+    with open(out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return out
+
+
+def test_ground_truth_reads_the_given_pairs_table(tmp_path, small_trace):
+    default = build_workload(str(small_trace), 8, estimator="rule")
+    v100 = [i for i, r in enumerate(csv.DictReader(open(ROOT / "data" / "coloc_gavel_pairs.csv")))
+            if r["gpu_type"] == "v100" and r["coloc_failed"] == "0"]
+
+    def halve_first(rows):  # one measured v100 pair made twice as harmful, one dropped (becomes the rule)
+        r = rows[v100[0]]
+        r["norm_tput_a"], r["norm_tput_b"] = str(float(r["norm_tput_a"]) / 2), str(float(r["norm_tput_b"]) / 2)
+        del rows[v100[1]]
+
+    w = build_workload(str(small_trace), 8, estimator="rule", pairs=_pairs_copy(tmp_path, halve_first))
+    assert w.truth.measured_pairs == default.truth.measured_pairs - 1
+    changed = np.argwhere(~np.isclose(np.nan_to_num(w.truth.matrix, nan=-1), np.nan_to_num(default.truth.matrix, nan=-1)))
+    assert 2 <= len(changed) <= 4  # the halved pair and the dropped one (each direction) differ, nothing else
+    assert np.array_equal(w.estimate, RuleEstimator(kappa=w.truth.kappa).pair_matrix(w.types), equal_nan=True)  # policies see estimates
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda rows: [r.pop("norm_tput_b") for r in rows], "lacks column(s) norm_tput_b"),
+    (lambda rows: rows[-1].update(norm_tput_a="n/a", coloc_failed="0"), "norm_tput_a/norm_tput_b must be positive"),
+])
+def test_bad_pairs_table_is_a_clear_cli_error(tmp_path, capsys, edit, says):
+    from simulator.__main__ import main
+
+    bad = _pairs_copy(tmp_path, edit)
+    with pytest.raises(SystemExit) as ex:
+        main(["--trace", str(TRACE), "--pairs", str(bad), "--max-jobs", "5", "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert ex.value.code == 2 and says in err and str(bad) in err
 
 
 def test_total_steps_and_unknown_types_are_mapped(tmp_path):
