@@ -129,6 +129,10 @@ class Engine:
         self.progress = np.zeros(N)
         self.rate = np.zeros(N)  # progress seconds per wall second (= ground-truth normalised speed)
         self.norm = np.zeros(N)
+        # interference factor each co-located training job is seen to run at (NaN: alone, or not running),
+        # the figure node agents report live; only computed for policies that learn from it
+        self.observe = bool(getattr(policy, "uses_observations", False))
+        self.observed = np.full(N, np.nan)
         self.last_t = np.zeros(N)
         self.ready_at = np.zeros(N)
         self.state = np.full(N, FUTURE, np.int8)
@@ -171,7 +175,7 @@ class Engine:
         self.gaps: list = []
         self.view_jobs = JobTable(self.kind, self.type_idx, self.num_gpus, self.arrival, np.ones(N), self.attained,
                                   self.share, self.util, self.forecast, self.gpus, self.restarts,
-                                  self.queued_since, np.full(N, np.nan), self.last_change)
+                                  self.queued_since, np.full(N, np.nan), self.last_change, self.observed)
         self.margin = slo_margin(cfg.slo_factor)
         self._counts_memo: dict = {}  # (type, requested GPUs) -> allowed counts
         self._factors_memo: dict = {}  # (type, requested GPUs, count) -> (count speed, per-GPU efficiency)
@@ -216,8 +220,9 @@ class Engine:
         self.slo_seg_t[j] = t
 
     # ---- ground truth speeds -----------------------------------------------------------------------
-    def _gpu_norms(self, g: int) -> dict[int, float]:
-        """Ground-truth normalised speed of each tenant of GPU g (before the gang min)."""
+    def _gpu_norms(self, g: int, raw: dict | None = None) -> dict[int, float]:
+        """Ground-truth normalised speed of each tenant of GPU g (before the gang min); with ``raw``, also
+        ``raw[(g, job)]`` = its interference factor alone (before its MPS share's cap) where g is shared."""
         ten = self.gpu_job[g]
         m = ten >= 0
         js = ten[m]
@@ -232,6 +237,8 @@ class Engine:
             pm = np.where(np.isnan(pm), utilisation_rule(uu[:, None], uu[None, :], self.truth.kappa), pm)
             np.fill_diagonal(pm, 1.0)
             out = compose_additive(pm)
+            if raw is not None:
+                raw.update(((g, j), v) for j, v in zip(js.tolist(), out.tolist()))
         if self.p.mps_limits:
             sh = self.gpu_share[g][m]
             cap = np.where(self.kind[js] == TRAINING, share_speed(sh, np.maximum(self.util[js], 1e-6)), 1.0)
@@ -240,7 +247,8 @@ class Engine:
 
     def _refresh(self, gpus_touched: set[int], t: float) -> None:
         """Recompute ground-truth speeds of every job on the touched GPUs (and their gang pace)."""
-        per_gpu = {g: self._gpu_norms(g) for g in gpus_touched}
+        raw = {} if self.observe else None
+        per_gpu = {g: self._gpu_norms(g, raw) for g in gpus_touched}
         jobs = set()
         for d in per_gpu.values():
             jobs.update(d)
@@ -248,7 +256,7 @@ class Engine:
         for j in jobs:
             for g in self.gpus[j]:
                 if g not in per_gpu:
-                    per_gpu[g] = self._gpu_norms(int(g))
+                    per_gpu[g] = self._gpu_norms(int(g), raw)
                     extra_gpus.add(int(g))
         for j in jobs:
             nrm = min(per_gpu[int(g)][j] for g in self.gpus[j])
@@ -256,6 +264,9 @@ class Engine:
                 self._advance(j, t)
                 self.norm[j] = nrm * self.cspeed[j]
                 self._schedule_completion(j, t)
+                if raw is not None:
+                    seen = [raw[(int(g), j)] for g in self.gpus[j] if (int(g), j) in raw]
+                    self.observed[j] = min(seen) if seen else np.nan
             else:
                 if self.inf is not None:
                     self._slo_close(j, t)
@@ -305,6 +316,7 @@ class Engine:
         self.ngpu_run[j] = 0
         self.share[j] = 0.0
         self.norm[j] = 0.0
+        self.observed[j] = np.nan
         self.slo_cap[j] = 0.0
         self.version[j] += 1
         self.running.discard(j)

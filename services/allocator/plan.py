@@ -165,8 +165,8 @@ def priority_weight(priority: int) -> float:
 
 
 def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable, resolve: Callable[[JobSpec], int],
-               now_s: float, stale_s: float, time_scale: float = 1.0, max_tenants: int = 4
-               ) -> tuple[ClusterView, ViewIndex]:
+               now_s: float, stale_s: float, time_scale: float = 1.0, max_tenants: int = 4,
+               observed: Mapping[str, tuple[float, Sequence[str]]] | None = None) -> tuple[ClusterView, ViewIndex]:
     """The round's ``ClusterView`` from active jobs and nodes (with their committed usage).
 
     Args:
@@ -177,6 +177,10 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
         stale_s: heartbeat age beyond which a node gets no new placements.
         time_scale: policy clock = wall x this.
         max_tenants: tenant slots per GPU ``K``.
+        observed: job id -> (normalised throughput its node agents last reported for its current placement,
+            vs its isolated speed in its shape; the co-tenant job ids at that measurement). It becomes
+            ``JobTable.observed_norm`` of the placed job when those co-tenants are the ones it has now (a
+            reading taken before a tenant came or went describes another situation); else NaN.
     """
     ts = time_scale
     usable = sorted((n for n in nodes if node_fresh(n, now_s, stale_s)), key=lambda n: n.node_id)
@@ -247,7 +251,8 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
                      priority=np.array([priority_weight(j.spec.priority) for j in rows], float),
                      attained_gpu_s=attained, share_pct=share, solo_util=solo, load_forecast=load, gpus=gpus,
                      restarts=np.array([j.restarts for j in rows], np.int64), queued_since_s=queued_since,
-                     remaining_est_s=remaining, last_change_s=last_change)
+                     remaining_est_s=remaining, last_change_s=last_change,
+                     observed_norm=_observed_norm(rows, gpus, gpu_job, observed or {}))
     # pending jobs pinned to nodes (allowed_nodes) stay rows of the table but are not the policy's to place: the
     # policies choose among all GPUs, so :func:`place_restricted` places these after the policy has decided
     restricted = [r for r in range(len(placed), N) if rows[r].spec.allowed_nodes]
@@ -255,6 +260,21 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
     view = ClusterView(now_s=now_s * ts, gpu_job=gpu_job, gpu_share=gpu_share, jobs=table,
                        pending=free_rows, running=running, types=types)
     return view, ViewIndex(rows, gpu_keys, np.array(mem, np.int64), gtype, iso, free, restricted)
+
+
+def _observed_norm(rows: Sequence[Job], gpus: list, gpu_job: np.ndarray,
+                   observed: Mapping[str, tuple[float, Sequence[str]]]) -> np.ndarray:
+    """[N] ``JobTable.observed_norm``: each placed job's reading where its co-tenants are still those it was
+    measured with (see :func:`build_view`)."""
+    out = np.full(len(rows), np.nan)
+    for r, job in enumerate(rows):
+        seen = observed.get(job.job_id)
+        if seen is None or gpus[r] is None or not len(gpus[r]):
+            continue
+        now = {rows[int(o)].job_id for o in gpu_job[gpus[r]].ravel() if o >= 0 and o != r}
+        if now == set(seen[1]):
+            out[r] = float(seen[0])
+    return out
 
 
 def place_restricted(decision: Decision | None, view: ClusterView, index: ViewIndex, estimate: np.ndarray | None,

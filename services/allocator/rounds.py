@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from elastico.domain import Job, JobState, NodeInfo, Placement, StateReason, Workload
+from elastico.domain import Job, JobState, NodeInfo, Placement, StateReason, Workload, placement_id
 from elastico.errors import Conflict, ElasticoError, StaleEpoch, Unavailable, WrongState
 from elastico.logging import get_logger
 from elastico.state.store import PreparedUpdates, Store
@@ -268,6 +268,7 @@ class Scheduler:
                 opts["max_attempts"] = self.s.policy_max_attempts
             if matrix is None:  # degraded: the same policy on whole GPUs with a matrix that forbids sharing
                 matrix, opts["shares_pct"] = exclusive_matrix(self.types), (100,)
+                opts["learn_observed"] = False  # readings of earlier co-locations must not re-open sharing
             pol = make_policy(self.s.policy, matrix, self.kappa, solver=self.solver, **opts)
             self._policies = {key: pol}  # a new matrix or mode starts a fresh policy (warm prices only)
             self._policy_key += 1
@@ -329,7 +330,7 @@ class Scheduler:
         matrix, est_note = await self._estimate()
         policy = self._policy(matrix)
         view, index = build_view(jobs, nodes, self.types, self.resolve, now, self.s.node_stale_s,
-                                 self.s.time_scale, self.s.max_tenants)
+                                 self.s.time_scale, self.s.max_tenants, observed=self._readings(jobs, workloads))
         rep.pending = len(view.pending)
         m.QUEUE_LENGTH.set(len(view.pending))
         t1 = time.perf_counter()
@@ -522,6 +523,23 @@ class Scheduler:
                 prepared = PreparedUpdates(prepared.items + self.store.prepare_updates(self._marked(rest), epoch=epoch).items)
         results = await self.store.apply_updates(prepared)
         rep.unschedulable = sum(1 for r in results if not isinstance(r, Conflict))
+
+    @staticmethod
+    def _readings(jobs: list[Job], workloads: dict[str, dict[str, Workload]]) -> dict[str, tuple[float, tuple[str, ...]]]:
+        """job id -> (slowest normalised throughput its agents report for its *current* placement, the
+        co-tenants at that measurement): what the policy may learn interference from (``build_view``)."""
+        out: dict[str, tuple[float, tuple[str, ...]]] = {}
+        for job in jobs:
+            if job.state is not JobState.RUNNING or job.placement is None:
+                continue
+            pid = placement_id(job.placement)
+            seen = [w for s in job.placement.slices
+                    if (w := workloads.get(s.node_id, {}).get(job.job_id)) is not None and w.status == "running"
+                    and w.placement_id == pid and w.norm_throughput is not None]
+            if seen and len(seen) == len(job.placement.slices):
+                low = min(seen, key=lambda w: w.norm_throughput)
+                out[job.job_id] = (float(low.norm_throughput), tuple(sorted({c for w in seen for c in w.cotenants})))
+        return out
 
     @staticmethod
     def _with_progress(job: Job, workloads: dict[str, dict[str, Workload]]) -> Job:

@@ -17,8 +17,8 @@ def types() -> TypeTable:
 
 
 def view(jobs: list[dict], gpus: int = 4, K: int = 4, placed: dict | None = None, now: float = 0.0) -> ClusterView:
-    """jobs: dicts with kind, type, n (GPUs), arrival, attained, load (inference), remaining.
-    placed: job -> (gpu list, share)."""
+    """jobs: dicts with kind, type, n (GPUs), arrival, attained, load (inference), remaining, observed
+    (interference factor seen while placed). placed: job -> (gpu list, share)."""
     N = len(jobs)
     T = types()
     util = np.array([T.solo_util[j.get("type", 0)] if j.get("kind", 0) == 0 else j.get("load", 0.2) for j in jobs])
@@ -42,7 +42,8 @@ def view(jobs: list[dict], gpus: int = 4, K: int = 4, placed: dict | None = None
         share_pct=share, solo_util=util,
         load_forecast=np.array([j.get("forecast", j.get("load", np.nan)) if j.get("kind", 0) == 1 else np.nan for j in jobs]),
         gpus=gl, restarts=np.zeros(N, int), queued_since_s=np.array([float(j.get("arrival", i)) for i, j in enumerate(jobs)]),
-        remaining_est_s=np.array([float(j.get("remaining", np.nan)) for j in jobs]), last_change_s=np.zeros(N))
+        remaining_est_s=np.array([float(j.get("remaining", np.nan)) for j in jobs]), last_change_s=np.zeros(N),
+        observed_norm=np.array([float(j.get("observed", np.nan)) for j in jobs]))
     placed = placed or {}
     pend = np.array([i for i in range(N) if i not in placed], int)
     run = np.array(sorted(placed), int)

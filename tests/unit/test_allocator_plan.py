@@ -90,6 +90,22 @@ def test_view_maps_rows_and_hides_stale_nodes_and_drained_gpus():
     assert idx.free[("n1", 1)] == [5000, 8192] and idx.free[("n3", 0)] == [0, 0]
 
 
+def test_view_carries_readings_taken_with_the_current_co_tenants_only():
+    from services.allocator.rounds import Scheduler
+
+    a, b = placed(make_job(), "n1", (0,)), placed(make_job(), "n1", (0,))
+    lone, waiting = placed(make_job(), "n1", (1,)), make_job()
+    reports = {"n1": {a.job_id: replace(wl(a), norm_throughput=0.6, cotenants=(b.job_id,)),
+                      b.job_id: replace(wl(b), norm_throughput=0.7, cotenants=()),  # taken before a joined
+                      lone.job_id: replace(wl(lone, pid_override="1:2.000000"), norm_throughput=0.5)}}  # old placement
+    readings = Scheduler._readings([a, b, lone, waiting], reports)
+    assert readings == {a.job_id: (0.6, (b.job_id,)), b.job_id: (0.7, ())}  # the stale incarnation is dropped
+    view, idx = build_view([a, b, lone, waiting], [node("n1")], TYPES, RESOLVE, NOW, 15, observed=readings)
+    got = dict(zip((j.job_id for j in idx.jobs), view.jobs.observed_norm.tolist()))
+    assert got[a.job_id] == 0.6
+    assert all(np.isnan(got[j.job_id]) for j in (b, lone, waiting))  # co-tenants changed / no reading / pending
+
+
 def test_translate_keeps_fitting_placements_and_drops_the_rest():
     jobs = [make_job(submitted_at_s=NOW - i) for i in range(3)]
     view, idx = build_view(jobs, [node("n1", gpus=1)], TYPES, RESOLVE, NOW, 15)

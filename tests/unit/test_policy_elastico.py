@@ -95,3 +95,39 @@ def test_expand_waits_for_min_run():
     jobs = [{"type": HEAVY, "arrival": 0, "remaining": 100 * H}]
     d = elastico(min_run_s=1800.0).decide(view(jobs, gpus=1, placed={0: ([0], 50.0)}, now=600.0))
     assert d.resize == []
+
+
+# ---- observed interference corrects the estimate -----------------------------------------------------
+LIGHT, MEDIUM = 0, 1
+
+
+def test_learn_lowers_only_overrated_pairs_measured_cleanly():
+    est = rule_matrix(1.0)
+    before = est.copy()
+    pol = elastico()
+    jobs = [{"type": LIGHT, "observed": 0.3}, {"type": MEDIUM, "observed": 1.0},  # GPU 0: a clean pair
+            {"type": LIGHT, "observed": 0.2}, {"kind": 1, "load": 0.2},  # GPU 1: next to inference
+            {"type": MEDIUM, "observed": 0.1}, {"type": MEDIUM, "observed": 0.1}, {"type": HEAVY, "observed": 0.1},  # 3 tenants
+            {"type": HEAVY, "n": 2, "observed": 0.1}, {"type": MEDIUM, "observed": 0.2}]  # a 2-GPU gang + a 1-GPU job
+    v = view(jobs, gpus=6, placed={0: ([0], 50), 1: ([0], 50), 2: ([1], 50), 3: ([1], 50), 4: ([2], 25),
+                                   5: ([2], 25), 6: ([2], 50), 7: ([3, 4], 50), 8: ([3], 50)})
+    pol.M = est
+    # light next to medium: 0.3, below the estimate (medium next to light: not below); the 1-GPU medium job
+    # next to the gang's GPU is a clean reading of (medium next to heavy); the gang's own is not
+    assert pol.learn(v) == 2
+    assert pol.M[LIGHT, MEDIUM] == 0.3 and pol.M[MEDIUM, LIGHT] == est[MEDIUM, LIGHT] and pol.M[MEDIUM, HEAVY] == 0.2
+    changed = np.argwhere(~np.isclose(pol.M, before, equal_nan=True))
+    assert changed.tolist() == [[LIGHT, MEDIUM], [MEDIUM, HEAVY]]  # inference and 3-tenant readings are not used
+    assert np.array_equal(est, before, equal_nan=True)  # the caller's matrix (shared with other policies) is intact
+    assert pol.learn(v) == 0  # the same reading again changes nothing
+
+
+@pytest.mark.parametrize("learn", [True, False])
+def test_a_pair_seen_slower_than_predicted_is_not_co_located_again(learn):
+    """The estimate says two light jobs share a GPU for free; they are observed at 0.3 each on GPU 0. A third
+    light job may then join the lone light job on GPU 1 only if the policy ignores what it saw."""
+    jobs = [{"type": LIGHT, "observed": 0.3}, {"type": LIGHT, "observed": 0.3}, {"type": LIGHT},
+            {"type": LIGHT, "arrival": 50, "remaining": H}]
+    pol = make_policy("elastico", np.ones_like(rule_matrix(1.0)), 1.0, learn_observed=learn, elastic_gpus=False)
+    d = pol.decide(view(jobs, gpus=2, placed={0: ([0], 50), 1: ([0], 50), 2: ([1], 50)}, now=100.0))
+    assert (placed_ids(d) == [3]) is not learn

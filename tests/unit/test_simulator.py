@@ -55,6 +55,17 @@ class Checked(Engine):
         assert ((self.gpu_share > 0) == occupied).all()
         for j in self.running:
             assert all((self.gpu_job[g] == j).sum() == 1 for g in self.gpus[j])
+        if self.observe:  # what a learning policy sees: each co-located job's interference, from the ground truth
+            for j in self.running:
+                if self.kind[j] != 0:
+                    continue
+                seen = []
+                for g in self.gpus[j]:
+                    ten = self.gpu_job[g][self.gpu_job[g] >= 0]
+                    if len(ten) > 1:
+                        sp = self.truth.speeds(self.type_idx[ten], util=self.util[ten])
+                        seen.append(sp[list(ten).index(j)])
+                assert np.isnan(self.observed[j]) if not seen else np.isclose(self.observed[j], min(seen))
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
@@ -75,6 +86,22 @@ def test_conservation_and_capacity(workload, policy):
     assert s["jobs_per_h_loaded"] <= cap["jobs_per_h_loaded"] + 1e-9  # no policy beats the ceiling
     assert s["work_gpu_h_per_h"] <= cap["work_gpu_h_per_h"] * (1 + 1e-9)
     assert s["avg_jct_h"] >= cap["avg_jct_floor_h"] * (1 - 1e-9)  # nor the JCT floor
+
+
+def test_a_learning_policy_observes_the_ground_truth_interference(workload):
+    """With a low floor ElastiCo co-locates training jobs; Checked asserts every round that each one's
+    observed interference is the ground truth's (NaN when alone), and the policy learns from them."""
+    seen = []
+
+    class Counting(Checked):
+        def _round(self, t):
+            super()._round(t)
+            seen.append(int(np.isfinite(self.observed).sum()))
+
+    pol = make_policy("elastico", workload.estimate, workload.truth.kappa, train_floor=0.3)
+    Counting(pol, workload.types, workload.truth, workload.train, workload.inf, SimConfig(gpus=8)).run()
+    assert sum(seen) > 0 and pol.M is not workload.estimate  # readings were made and corrected the estimate
+    assert np.isfinite(workload.estimate).sum() <= np.isfinite(pol.M).sum()
 
 
 def test_unschedulable_jobs_are_reported_unfinished(small_trace):

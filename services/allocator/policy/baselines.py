@@ -46,6 +46,7 @@ class Policy:
     name = "policy"
     mps_limits = False  # True when the shares it grants are enforced MPS limits (speed is capped by them)
     needs_periodic_rounds = False  # True when decisions change with time alone (ages, attained service)
+    uses_observations = False  # True when it reads JobTable.observed_norm (the caller may skip computing it)
 
     def decide(self, view: ClusterView) -> Decision:  # pragma: no cover - interface
         raise NotImplementedError

@@ -37,6 +37,9 @@ class JobTable:
     queued_since_s: np.ndarray  # [N] float, when the job last entered the queue, s
     remaining_est_s: np.ndarray  # [N] float, estimated remaining isolated run time, s (NaN = unknown)
     last_change_s: np.ndarray  # [N] float, when the job was last placed or resized, s
+    # [N] float, interference factor a running job is observed to run at next to its co-tenants (its measured
+    # speed / its isolated speed in its shape; the node agents' ``norm_throughput``), NaN = alone or unknown
+    observed_norm: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
