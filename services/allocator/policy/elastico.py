@@ -253,7 +253,6 @@ class ElastiCo(Policy):
     name = "elastico"
     mps_limits = True
     needs_periodic_rounds = True
-    uses_observations = True
 
     def __init__(self, estimate: np.ndarray, kappa: float, train_floor: float = 0.85, slo_factor: float = 10.0,
                  age_scale_s: float = 86400.0, las_scale_gpu_s: float = 3600.0, max_candidates: int = 256,
