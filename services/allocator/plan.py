@@ -70,6 +70,14 @@ def node_fresh(node: NodeInfo, now_s: float, stale_s: float) -> bool:
     return node.ready and now_s - node.last_heartbeat_s <= stale_s
 
 
+def current_reports(job: Job, workloads: Mapping[str, Mapping[str, Workload]]) -> list[Workload]:
+    """The agents' reports of ``job``'s *current* placement, one per node of it (an agent keeps reporting an
+    older placement's ended workload until the job leaves its desired state; those are left out)."""
+    pid = placement_id(job.placement)
+    reports = (workloads.get(n, {}).get(job.job_id) for n in sorted({s.node_id for s in job.placement.slices}))
+    return [w for w in reports if w is not None and w.placement_id == pid]
+
+
 def transitions(jobs: Sequence[Job], nodes: Mapping[str, NodeInfo], workloads: Mapping[str, Mapping[str, Workload]],
                 now_s: float, stale_s: float, grace_s: float) -> list[Transition]:
     """Transitions of placed jobs (PLACED/RUNNING) from the agents' actual state and the nodes' heartbeats.
@@ -86,11 +94,9 @@ def transitions(jobs: Sequence[Job], nodes: Mapping[str, NodeInfo], workloads: M
         p = job.placement
         if p is None or job.state not in (JobState.PLACED, JobState.RUNNING):
             continue
-        pid = placement_id(p)
         node_ids = sorted({s.node_id for s in p.slices})
         lost = [n for n in node_ids if n not in nodes or now_s - nodes[n].last_heartbeat_s > stale_s + grace_s]
-        reports = [workloads.get(n, {}).get(job.job_id) for n in node_ids]
-        reports = [w for w in reports if w is not None and w.placement_id == pid]
+        reports = current_reports(job, workloads)
         ended = [w for w in reports if w.status in ("succeeded", "failed", "killed")]
         progress = max((w.progress_steps for w in reports), default=job.progress_steps)
         seen = replace(job, progress_steps=max(job.progress_steps, progress))

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from elastico.domain import Job, JobState, NodeInfo, Placement, StateReason, Workload, placement_id
+from elastico.domain import Job, JobState, NodeInfo, Placement, StateReason, Workload
 from elastico.errors import Conflict, ElasticoError, StaleEpoch, Unavailable, WrongState
 from elastico.logging import get_logger
 from elastico.state.store import PreparedUpdates, Store
@@ -50,6 +50,7 @@ from services.allocator.leader import LeaderLease
 from services.allocator.plan import (
     Transition,
     build_view,
+    current_reports,
     node_fresh,
     place_restricted,
     spec_num_gpus,
@@ -532,11 +533,8 @@ class Scheduler:
         for job in jobs:
             if job.state is not JobState.RUNNING or job.placement is None:
                 continue
-            pid = placement_id(job.placement)
-            seen = [w for s in job.placement.slices
-                    if (w := workloads.get(s.node_id, {}).get(job.job_id)) is not None and w.status == "running"
-                    and w.placement_id == pid and w.norm_throughput is not None]
-            if seen and len(seen) == len(job.placement.slices):
+            seen = [w for w in current_reports(job, workloads) if w.status == "running" and w.norm_throughput is not None]
+            if seen and len(seen) == len({s.node_id for s in job.placement.slices}):  # every node has reported
                 low = min(seen, key=lambda w: w.norm_throughput)
                 out[job.job_id] = (float(low.norm_throughput), tuple(sorted({c for w in seen for c in w.cotenants})))
         return out

@@ -166,8 +166,8 @@ One round (:meth:`ElastiCo.decide`), the same for the simulator and the live all
    65.05 h with the second -- not adopted.
 
 State across rounds: the posted prices and when they were solved, when the preemption pass last ran,
-the estimate as corrected by observations, and two skip caches (the state of the last round whose training pass placed nothing / whose inference
-pass changed nothing, which would decide the same again). All of it is driven by the view's clock, so
+the estimate as corrected by observations, and two skip caches (the state of the last round whose
+training pass placed nothing / whose inference pass changed nothing, which would decide the same again). All of it is driven by the view's clock, so
 simulated runs stay deterministic.
 
 Tried, measured, not adopted (rule estimator, seed 0; avg JCT, this version in brackets):
@@ -292,8 +292,9 @@ class ElastiCo(Policy):
         self.min_count_speed = min_count_speed  # a shrunk gang must keep at least this of its isolated speed
         self.keep_heavy_growth = keep_heavy_growth  # give back only grown gangs lighter than a waiting job
         self.gang_exponent = gang_exponent  # size term counts a job's GPUs as num_gpus ** this (see 2.)
-        self.learn_observed = learn_observed  # replace estimates of pairs seen running together (:meth:`learn`)
-        self.uses_observations = learn_observed  # the engine computes JobTable.observed_norm only when True
+        # learn_observed: lower estimates of pairs seen running together slower (:meth:`learn`); the engine
+        # computes JobTable.observed_norm only for a policy that uses it
+        self.uses_observations = learn_observed
         self._counts_cache: dict = {}  # (type table, type, requested GPUs) -> (allowed counts, speeds)
         self._prices: np.ndarray | None = None
         self._priced_at_s = -np.inf  # when the posted prices were last solved, s
@@ -359,7 +360,7 @@ class ElastiCo(Policy):
 
     def decide(self, view: ClusterView) -> Decision:
         d = Decision()
-        self._learn_due = self.learn_observed  # once per round, when the training pass first looks at the cluster
+        self._learn_due = self.uses_observations  # once per round, when the training pass first looks at the cluster
         jobs = view.jobs
         gj, gs = view.scratch()
         N = len(jobs.kind)
