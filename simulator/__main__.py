@@ -40,10 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", default=None, metavar="CSV",
                     help="measured pairs used as ground truth (coloc_gavel_pairs.csv schema; default: data/'s)")
     ap.add_argument("--gpus", type=_ranged(1, cast=int), default=64, help="cluster size (default 64)")
+    ap.add_argument("--node-gpus", type=_ranged(1, cast=int), default=8,
+                    help="GPUs per node (default 8): a gang that fits one node runs inside one, a larger one takes "
+                         "whole nodes plus at most one partial node")
     ap.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated policy names (default: all)")
     ap.add_argument("--out", default="out/sim", help="folder for summary.json, jct_cdf.png and utilisation.png (default out/sim)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the inference services' sampling and demand")
-    ap.add_argument("--load", type=_ranged(0.0, lo_open=True), default=None, help="target training offered load (rescales arrivals)")
+    ap.add_argument("--load", type=_ranged(0.0, lo_open=True), default=None,
+                    help="target training offered load, counted against the GPUs static allocation leaves to training "
+                         "(rescales arrivals)")
     ap.add_argument("--window", type=float, nargs=2, metavar=("START", "END"), default=None,
                     help="keep training jobs arriving in [START, END) seconds of the trace")
     ap.add_argument("--max-jobs", type=_ranged(1, cast=int), default=None, help="keep the first N jobs (after --window)")
@@ -76,11 +81,12 @@ def main(argv: list[str] | None = None) -> int:
               f"known type (else the median-utilisation type); {too_big} job(s) need more than {a.gpus} GPUs "
               f"and are reported unfinished", file=sys.stderr, flush=True)
     print(f"workload: {len(w.train.arrival_s)} training jobs, {ninf} inference services, {a.gpus} GPUs; "
-          f"offered training load {w.train.offered_load:.2f} (native {w.train.native_offered_load:.2f})"
-          f"{'' if not ninf else f' + inference static {a.inference_fraction:.2f} peak'}; "
+          f"offered training load {w.train.offered_load:.2f} (native {w.train.native_offered_load:.2f}) on the "
+          f"{w.training_gpus:.1f} GPUs static allocation leaves to training"
+          f"{'' if not ninf else f' (inference: {a.inference_fraction:.2f} of the GPUs at peak, {w.static_inference_gpus:.1f} on average)'}; "
           f"estimate: {w.estimator_name}; ground truth: {w.truth.measured_pairs} measured pairs, "
           f"rule kappa {w.truth.kappa:.2f}", flush=True)
-    cfg = SimConfig(gpus=a.gpus, restart_s=a.restart_s, round_interval_s=a.round_interval_s, progress=not a.quiet)
+    cfg = SimConfig(gpus=a.gpus, node_gpus=a.node_gpus, restart_s=a.restart_s, round_interval_s=a.round_interval_s, progress=not a.quiet)
     t0 = time.perf_counter()
     opts = {} if a.train_floor is None else {"train_floor": a.train_floor}
     results, sums = run_policies(w, policies, cfg, opts)
@@ -89,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     print("simulation wall time: " + ", ".join(f"{s['policy']} {s['wall_s']:.1f} s (CPU {s['cpu_s']:.1f} s)"
                                                for s in sums)
           + f" (total {wall:.1f} s)", flush=True)
-    meta = {"trace": a.trace, "pairs": a.pairs, "gpus": a.gpus, "seed": a.seed, "load": a.load, "offered_load": w.train.offered_load,
+    meta = {"trace": a.trace, "pairs": a.pairs, "gpus": a.gpus, "node_gpus": a.node_gpus, "seed": a.seed,
+            "training_gpus": w.training_gpus, "load": a.load, "offered_load": w.train.offered_load,
             "native_offered_load": w.train.native_offered_load, "inference_services": ninf,
             "estimator": w.estimator_name, "kappa": w.truth.kappa}
     for p in write_outputs(Path(a.out), sums, results, meta):

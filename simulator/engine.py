@@ -10,8 +10,8 @@ All events at one instant are processed first, then at most one scheduling round
 Speeds are ground truth (:mod:`simulator.groundtruth`); the policy sees only its estimate matrix.
 A resize or a restart after preemption costs ``restart_s`` of zero progress for training (MPS limits are
 fixed at launch: checkpoint, relaunch); inference resizes are make-before-break (no downtime, counted
-as restarts). Every placement is checked: a GPU never holds more than 100 % share or K tenants
-(``OversubscribedError`` otherwise; tests rely on it).
+as restarts). Every placement is checked: a GPU never holds more than 100 % share or K tenants, and a gang
+keeps the node topology (``SimConfig.node_gpus``; ``OversubscribedError`` otherwise; tests rely on it).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from services.allocator.policy.inference import slo_margin
 from services.allocator.policy.interference import compose_additive, utilisation_rule
 from services.allocator.policy.profiles import TypeTable, scaling_curve
 from services.allocator.policy.shapes import allowed_counts, count_speed, relative_tput, share_speed
-from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, JobTable, slot_sum
+from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, JobTable, Topology, slot_sum
 from simulator.groundtruth import GroundTruth
 from simulator.traces import BIN_S, InferenceServices, TrainingJobs
 
@@ -46,6 +46,7 @@ class SimConfig:
     """Knobs of one simulation."""
 
     gpus: int  # cluster size
+    node_gpus: int = 8  # GPUs per node: a gang that fits one node runs inside one, larger ones take whole nodes
     max_tenants: int = 4  # tenant slots per GPU (MPS share 25 % is the smallest shape)
     restart_s: float = 60.0  # training restart cost after preemption or resize, s
     round_interval_s: float = 300.0  # periodic rounds for time-driven policies, s
@@ -53,6 +54,9 @@ class SimConfig:
     forecast_window_s: float = 3600.0  # forecast = peak demand over this past window (about one Azure-profile period), s
     slo_factor: float = 10.0  # inference SLO, multiple of unloaded full-GPU service time
     max_sim_s: float = math.inf  # stop (jobs left are reported unfinished) after this virtual time
+    # stop when no training job has run for this long after the last arrival and service end (the jobs
+    # left can never start: reported unfinished), s
+    stall_s: float = 30 * 86400.0
     timeline_points: int = 2000  # utilisation samples kept for plots
     progress: bool = False  # progress text on stderr
 
@@ -148,6 +152,7 @@ class Engine:
         self.need_restart = np.zeros(N, bool)
         self.forecast = np.full(N, np.nan)
         self.gpus: list = [None] * N
+        self.topo = Topology.uniform(G, cfg.node_gpus)
         self.gpu_job = np.full((G, K), -1, np.int64)
         self.gpu_share = np.zeros((G, K))
         self.gpu_eff = np.zeros(G)
@@ -331,6 +336,9 @@ class Engine:
         counts = self._allowed_counts(j) if self.kind[j] == TRAINING else (1,)
         if len(gpus) not in counts or len(set(gpus.tolist())) != len(gpus):
             raise OversubscribedError(f"job {j} needs {' or '.join(map(str, counts))} distinct GPUs, got {gpus.tolist()}")
+        if not self.topo.gang_ok(gpus):
+            raise OversubscribedError(f"job {j}'s gang {gpus.tolist()} breaks the topology (nodes of "
+                                      f"{self.cfg.node_gpus}: one node, or whole nodes plus one partial)")
         for g in gpus:
             slots = np.flatnonzero(self.gpu_job[g] < 0)
             if len(slots) == 0 or self.gpu_share[g].sum() + share > 100.0 + 1e-6:
@@ -436,7 +444,7 @@ class Engine:
         est = self.view_jobs.remaining_est_s
         if len(tr):
             est[tr] = self.work[tr] - self.progress[tr]
-        view = ClusterView(t, self.gpu_job, self.gpu_share, self.view_jobs, pend, run, self.types)
+        view = ClusterView(t, self.gpu_job, self.gpu_share, self.view_jobs, pend, run, self.types, self.topo)
         d = self.p.decide(view)
         self.rounds += 1
         self._apply(d, t)
@@ -459,11 +467,13 @@ class Engine:
             self.push(0.0, LOAD)
         self.push(self.window_end, WINDOW_END)
         train_left = int(((self.kind == TRAINING) & (self.num_gpus <= cfg.gpus)).sum())
+        fixed_left = sum(1 for e in self.heap if e[1] in (ARRIVAL, INF_END))  # events no decision can move
+        busy_t = 0.0  # last time a training job ran or a fixed event was still ahead
         last_print = time.perf_counter()
         next_round = math.inf
         while self.heap and train_left > 0:
             t = self.heap[0][0]
-            if t > cfg.max_sim_s:
+            if t > cfg.max_sim_s or t - busy_t > cfg.stall_s:
                 break
             self._integrate(t)
             self.t = t
@@ -471,6 +481,7 @@ class Engine:
             while self.heap and self.heap[0][0] == t:
                 _, kind, _, j, ver = heapq.heappop(self.heap)
                 self.events += 1
+                fixed_left -= kind in (ARRIVAL, INF_END)
                 if kind == ARRIVAL:
                     self.state[j] = PENDING
                     self.pending[j] = None
@@ -513,6 +524,8 @@ class Engine:
                     dirty = True
             if dirty:
                 self._round(t)
+            if fixed_left or any(self.kind[j] == TRAINING for j in self.running):
+                busy_t = t
             if self.p.needs_periodic_rounds and (self.pending or self.inf is not None) and next_round == math.inf:
                 next_round = t + cfg.round_interval_s
                 self.push(next_round, ROUND)

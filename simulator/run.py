@@ -13,7 +13,7 @@ from services.allocator.policy.profiles import DATA_DIR
 from simulator.engine import Engine, SimConfig
 from simulator.groundtruth import GroundTruth
 from simulator.metrics import summarise
-from simulator.traces import load_inference, load_training
+from simulator.traces import TraceError, load_inference, load_training, static_inference_gpus
 
 
 @dataclass
@@ -26,6 +26,14 @@ class Workload:
     estimator_name: str
     train: object
     inf: object
+    gpus: int = 0  # cluster size
+    static_inference_gpus: float = 0.0  # time-averaged GPUs static allocation gives inference
+    inference_fraction: float = 0.0  # peak share of GPUs inference holds under static allocation (0 = none)
+
+    @property
+    def training_gpus(self) -> float:
+        """GPUs static allocation leaves to training on average: what the offered load is counted against."""
+        return self.gpus - self.static_inference_gpus
 
 
 def make_estimate(types, truth: GroundTruth, estimator: str = "auto") -> tuple[np.ndarray, str]:
@@ -56,16 +64,27 @@ def build_workload(trace: str, gpus: int, inference_traces: list[str] | None = N
     ``pairs``: the measured-pairs CSV the ground truth reads (``coloc_gavel_pairs.csv`` schema; default
     ``data_dir/coloc_gavel_pairs.csv``) -- e.g. the complete table including the pairs withheld from
     ``data/``, so the policies, which see only the predictor, are judged on pairs it never saw.
+
+    ``load`` is the training offered load against the GPUs static allocation leaves to training
+    (:func:`simulator.traces.static_inference_gpus`): the services are drawn first (which ones, and their
+    time-averaged share of the arrival span, do not depend on its length), then arrivals are rescaled.
     """
     types = load_type_table(data_dir)
     truth = GroundTruth(types, data_dir) if pairs is None else GroundTruth(types, pairs_file=Path(pairs).resolve())
     est, name = make_estimate(types, truth, estimator)
-    train = load_training(trace, types, gpus, window, max_jobs, load)
+    static = 0.0
+    if inference_traces:
+        unit = load_inference(inference_traces, gpus, 1.0, seed, inference_fraction, slo_factor)
+        static = static_inference_gpus(unit, 1.0)
+    if gpus - static < 1.0:
+        raise TraceError(f"inference share {inference_fraction}: static allocation leaves {gpus - static:.2f} of {gpus} "
+                         f"GPUs to training, too few to count a training load against")
+    train = load_training(trace, types, gpus - static, window, max_jobs, load)
     inf = None
     if inference_traces:
         inf = load_inference(inference_traces, gpus, float(train.arrival_s.max()) or 1.0, seed, inference_fraction,
                              slo_factor)
-    return Workload(types, truth, est, name, train, inf)
+    return Workload(types, truth, est, name, train, inf, gpus, static, inference_fraction if inf is not None else 0.0)
 
 
 def run_policies(w: Workload, policies: list[str], cfg: SimConfig, policy_options: dict | None = None):

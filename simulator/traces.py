@@ -18,19 +18,29 @@ num_gpus, arrival_time_s, total_steps, duration_v100_s_derived``):
   the file, line and column (the CLIs print it and exit 2), never a traceback or a silently dropped job.
 * ``--window START END`` keeps arrivals in [START, END) seconds of the original trace; ``--max-jobs N``
   keeps the first N of those; ``--load X`` rescales inter-arrival times so the *training* offered load
-  (isolated GPU-seconds / (GPUs x arrival span)) equals X.
+  (isolated GPU-seconds / (training GPUs x arrival span)) equals X. Training GPUs are the GPUs static
+  allocation leaves to training: all GPUs minus the time-averaged number of live inference services (each
+  holds a whole GPU under static allocation), so load 1 is where static allocation just saturates,
+  whatever the inference share (:func:`static_inference_gpus`).
 
 Inference services (optional; only when ``--inference-trace`` files are given):
 
 * Alibaba 2025 DLRM instances (``instance_sn,...,creation_time,deletion_time``): one instance -> one
-  1-GPU service. Missing creation = existed before the trace (starts at 0); missing deletion = outlives
-  it. The trace's time range is mapped linearly onto the training arrival span. Instances are drawn
+  1-GPU service. Missing creation = existed before the trace (starts at 0); missing deletion = lives to
+  the trace's end. The trace's time range is mapped linearly onto the training arrival span, so a service
+  ends at the latest with the loaded period: the trace says nothing after its end, and services kept
+  forever would hold GPUs through the whole drain (at an inference share of 0.8 they leave no whole node
+  free, so a gang that needs one would never start under any exclusive policy). Instances are drawn
   (seeded shuffle) until the peak number of concurrently live services reaches
-  ``inference_fraction x GPUs`` (default 0.25: a quarter of the cluster serves inference under static
-  allocation -- a fixed modelling choice, not tuned).
+  ``inference_fraction x GPUs`` (default 0.25).
 * Request demand shape: Azure LLM inference traces (code: bursty, conversation: steady), request
   counts per 60 s bin, normalised to a peak of 1, looped; each service gets one of them (seeded) and a
   random phase.
+* Inference share from data (:func:`ls_gpu_share`): in the Alibaba 2023 ``openb`` pod list, the share of
+  the requested GPU (``num_gpu x gpu_milli``) held by latency-sensitive (``qos = LS``) pods, by pod count
+  and weighted by each pod's scheduled lifetime (``deletion_time - scheduled_time``; pods never scheduled
+  count zero). The lifetime-weighted value is GPU-time held, the quantity an inference share of a cluster
+  means; the headline runs at it.
 * Peak load: Alibaba 2023 ``openb`` latency-sensitive 1-GPU pods' ``gpu_milli`` (the GPU fraction an
   operator sizes a latency-sensitive pod for) is read as the share the service needs at its peak
   minute; its peak load is that minus the SLO margin (:mod:`services.allocator.policy.inference`).
@@ -70,7 +80,7 @@ class InferenceServices:
     """Inference services of one run."""
 
     start_s: np.ndarray  # [I] float, creation, s
-    end_s: np.ndarray  # [I] float, deletion, s (inf = outlives the run)
+    end_s: np.ndarray  # [I] float, deletion, s (at most the end of the arrival span)
     peak_load: np.ndarray  # [I] float, load at the profile's peak minute (fraction of one GPU)
     profile: np.ndarray  # [I] int, index into profiles
     phase_bin: np.ndarray  # [I] int, profile offset, bins
@@ -106,9 +116,12 @@ def _optional(path, row: dict, col: str) -> float:
         raise TraceError(f"{path}:{row['_line']}: column {col} must be a number or empty, got {v!r}") from None
 
 
-def load_training(path: str | Path, types: TypeTable, gpus: int, window: tuple[float, float] | None = None,
+def load_training(path: str | Path, types: TypeTable, gpus: float, window: tuple[float, float] | None = None,
                   max_jobs: int | None = None, load: float | None = None) -> TrainingJobs:
-    """Read a training trace (schema above) into arrays; see the module docstring for the mapping."""
+    """Read a training trace (schema above) into arrays; see the module docstring for the mapping.
+
+    ``gpus`` is the capacity the offered load is counted against (the training GPUs, module docstring).
+    """
     with open(path, newline="") as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in TRAINING_COLUMNS if c not in (reader.fieldnames or [])]
@@ -166,6 +179,45 @@ def load_training(path: str | Path, types: TypeTable, gpus: int, window: tuple[f
     return TrainingJobs(arr, np.array(tix), ng, dur, native, float((ng * dur).sum() / (gpus * span2)), unknown)
 
 
+def ls_gpu_share(path: str | Path) -> dict:
+    """Share of the requested GPU held by latency-sensitive pods in an ``openb`` pod list (module docstring).
+
+    Returns:
+        ``{"by_count": ..., "by_lifetime": ..., "pods": ...}``.
+
+    Raises:
+        TraceError: the file lacks a needed column or holds no GPU request.
+    """
+    need = ("num_gpu", "gpu_milli", "qos", "scheduled_time", "deletion_time")
+    with open(path, newline="") as fh:
+        rows = csv.DictReader(fh)
+        missing = [c for c in need if c not in (rows.fieldnames or [])]
+        if missing:
+            raise TraceError(f"{path}:1: pod list lacks column(s) {', '.join(missing)}")
+        gpu, life, ls = [], [], []
+        for r in rows:
+            r["_line"] = rows.line_num
+            gpu.append(_number(path, r, "num_gpu") * _number(path, r, "gpu_milli") / 1000.0)
+            t0, t1 = _optional(path, r, "scheduled_time"), _optional(path, r, "deletion_time")
+            life.append(max(t1 - t0, 0.0) if np.isfinite(t0) and np.isfinite(t1) else 0.0)
+            ls.append(r["qos"] == "LS")
+    gpu, life, ls = np.array(gpu), np.array(life), np.array(ls, bool)
+    if not gpu.sum() > 0 or not (gpu * life).sum() > 0:
+        raise TraceError(f"{path}: no pod requests a GPU for a scheduled lifetime")
+    return {"by_count": float(gpu[ls].sum() / gpu.sum()),
+            "by_lifetime": float((gpu * life)[ls].sum() / (gpu * life).sum()), "pods": int(len(gpu))}
+
+
+def static_inference_gpus(inf: InferenceServices | None, span_s: float) -> float:
+    """Time-averaged number of live inference services over [0, ``span_s``]: the GPUs static allocation
+    (a whole GPU per service) keeps from training on average."""
+    if inf is None or len(inf.start_s) == 0 or not span_s > 0:
+        return 0.0
+    lo = np.clip(inf.start_s, 0.0, span_s)
+    hi = np.clip(inf.end_s, 0.0, span_s)
+    return float(np.maximum(hi - lo, 0.0).sum() / span_s)
+
+
 def _azure_profile(path: Path) -> np.ndarray:
     ts = []
     with open(path, newline="") as fh:
@@ -211,7 +263,7 @@ def load_inference(paths: list[str | Path], gpus: int, span_s: float, seed: int,
     lo = np.nanmin(np.concatenate([c, d]))
     hi = np.nanmax(np.concatenate([c, d]))
     start = np.where(np.isnan(c), 0.0, (c - lo) / (hi - lo) * span_s)
-    end = np.where(np.isnan(d), np.inf, (d - lo) / (hi - lo) * span_s)
+    end = np.where(np.isnan(d), span_s, (d - lo) / (hi - lo) * span_s)
     perm = rng.permutation(len(inst))
     target = max(1, int(round(inference_fraction * gpus)))
 

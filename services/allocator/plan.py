@@ -3,9 +3,11 @@
 mapping is unit-tested with plain domain objects.
 
 Row conventions: the view's job rows are the round's pending and placed jobs (``ViewIndex.jobs``), its
-GPU rows the usable GPUs sorted by (node id, index) (``ViewIndex.gpus``). A GPU is usable when its node's
-heartbeat is fresh, the node is ready and the GPU is healthy; jobs on other GPUs still occupy their
-slots on the usable ones but the policy never places next to a GPU it cannot see.
+GPU rows the usable GPUs sorted by (node id, index) (``ViewIndex.gpus``), grouped into the view's
+``Topology`` by node. A GPU is usable when its node's heartbeat is fresh, the node is ready and the GPU is
+healthy; jobs on other GPUs still occupy their slots on the usable ones but the policy never places next to
+a GPU it cannot see. A gang that fits one node is never split across nodes: the policies pick gangs inside
+the topology, and :func:`translate` drops any placement that breaks it.
 
 Time: the policy's clock is ``wall x time_scale`` (1 in production; a demo replays a trace faster and
 scales the node agents' simulated GPUs by the same factor), applied to every time it sees.
@@ -37,7 +39,7 @@ from services.allocator.policy import INFERENCE, TRAINING, ClusterView, Decision
 from services.allocator.policy.inference import slo_margin
 from services.allocator.policy.placement import TenantState, pick_gang
 from services.allocator.policy.shapes import SHARES_PCT, share_speed
-from services.allocator.policy.view import occupy, vacate
+from services.allocator.policy.view import Topology, occupy, vacate
 
 # --------------------------------------------------------------------------------------------------
 # 1. Agent reports -> job transitions
@@ -264,7 +266,8 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
     restricted = [r for r in range(len(placed), N) if rows[r].spec.allowed_nodes]
     free_rows = np.array([r for r in range(len(placed), N) if not rows[r].spec.allowed_nodes], np.int64)
     view = ClusterView(now_s=now_s * ts, gpu_job=gpu_job, gpu_share=gpu_share, jobs=table,
-                       pending=free_rows, running=running, types=types)
+                       pending=free_rows, running=running, types=types,
+                       topology=Topology.from_gpu_node([n for n, _ in gpu_keys]))
     return view, ViewIndex(rows, gpu_keys, np.array(mem, np.int64), gtype, iso, free, restricted)
 
 
@@ -333,7 +336,7 @@ def place_restricted(decision: Decision | None, view: ClusterView, index: ViewIn
                     int(view.jobs.type_idx[r]), float(view.jobs.solo_util[r]), share, train_floor, slo_factor)
                 ok &= pred.tenant_ok
                 score = pred.new_norm
-            g = pick_gang(score, ok, n)
+            g = pick_gang(score, ok, n, view.topo)
             if g is None:
                 continue
             occupy(gpu_job, gpu_share, r, g, share)
@@ -395,23 +398,37 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
     dropped together with the preemption that would have resized it: a live job runs only at gang sizes it
     allows (the policy's GPU-count shapes assume an elastic workload, see ``ELASTICO_ELASTIC_GPUS``). A
     queued job the policy starts on a grown gang starts on its requested gang instead (the first of those
-    GPUs: each has room for its share), so it is not held back by a size it never asked for.
+    GPUs that keep the topology: each has room for its share), so it is not held back by a size it never
+    asked for. A gang that breaks the topology (a gang that fits one node spread over several) is dropped
+    the same way.
     """
     plan = Plan()
     running = set(int(r) for r in view.running)
-    place, bad = [], set()
+    topo = view.topo
+    place, bad, split = [], set(), set()
     for r, g, sh in decision.place:
         g = np.atleast_1d(g)
         allowed = allowed_gang_sizes(index.jobs[int(r)].spec)
         if len(g) not in allowed:
             n = int(view.jobs.num_gpus[int(r)])
-            if int(r) in running or n not in allowed or len(g) < n:
+            sub = None
+            if int(r) not in running and n in allowed and len(g) >= n:
+                # a job starting on a grown gang starts on its own gang instead (its first GPUs in the topology)
+                first = pick_gang(-np.arange(len(g), dtype=float), np.ones(len(g), bool), n, topo, g)
+                sub = None if first is None else g[first]
+            if sub is None:
                 bad.add(int(r))
                 continue
-            g = g[:n]  # a job starting on a grown gang starts on its own gang instead (any n of them fit)
+            g = sub
+        if not topo.gang_ok(g):
+            split.add(int(r))
+            continue
         place.append((r, g, sh))
     if bad:
         plan.dropped.extend((index.jobs[r].job_id, "gang size not among the job's shapes") for r in sorted(bad))
+    if split:
+        plan.dropped.extend((index.jobs[r].job_id, "gang breaks the node topology") for r in sorted(split))
+    bad |= split
     decision = Decision(preempt=[r for r in decision.preempt if int(r) not in bad], resize=decision.resize,
                         place=place, info=decision.info)
     free = {k: list(v) for k, v in index.free.items()}

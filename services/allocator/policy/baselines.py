@@ -5,8 +5,9 @@ Shared conventions (documented once):
 * **Inference services** are latency-sensitive and go first in every queue. Exclusive baselines
   (FIFO, backfill, Tiresias, Lucid) give each one whole GPU for its lifetime (static allocation sized for
   its peak, never preempted); ``mps-equal-share`` gives it one MPS replica like any pod.
-* **Gang placement**: a multi-GPU job starts only when all its GPUs are available at once; GPUs are a
-  flat pool (no node topology).
+* **Gang placement**: a multi-GPU job starts only when all its GPUs are available at once, inside one node
+  when it fits one, else on whole nodes plus at most one partial node (:func:`placement.pick_gang`: the
+  best-fitting node, lowest GPUs first).
 * **Runtime estimates**: EASY backfilling and Lucid need job-duration estimates. They receive the true
   remaining isolated run time (``JobTable.remaining_est_s``), i.e. *perfect* estimates -- generous to the
   baselines, never the reverse. Tiresias and ElastiCo are non-clairvoyant.
@@ -67,11 +68,12 @@ class ExclusiveFifo(Policy):
         d = Decision()
         gj, gs = view.scratch()
         free = int((gj < 0).all(axis=1).sum())
+        topo = view.topo
         for j in _inference_first(view, view.pending):
             n = int(view.jobs.num_gpus[j])
-            if n > free:
+            gpus = first_free_gpus(gj, n, topo) if n <= free else None
+            if gpus is None:
                 break
-            gpus = first_free_gpus(gj, n)
             occupy(gj, gs, j, gpus, 100.0)
             free -= n
             d.place.append((int(j), gpus, 100.0))
@@ -89,12 +91,15 @@ class ExclusiveBackfill(Policy):
         jobs = view.jobs
         free = int((gj < 0).all(axis=1).sum())
         order = _inference_first(view, view.pending)
+        topo = view.topo
         i = 0
         # start jobs in order while they fit
         while i < len(order) and jobs.num_gpus[order[i]] <= free:
             j = order[i]
             n = int(jobs.num_gpus[j])
-            gpus = first_free_gpus(gj, n)
+            gpus = first_free_gpus(gj, n, topo)
+            if gpus is None:
+                break
             occupy(gj, gs, j, gpus, 100.0)
             free -= n
             d.place.append((int(j), gpus, 100.0))
@@ -122,9 +127,11 @@ class ExclusiveBackfill(Policy):
                 continue
             est = jobs.remaining_est_s[j]
             if (np.isfinite(est) and est <= shadow) or n <= extra:
+                gpus = first_free_gpus(gj, n, topo)
+                if gpus is None:
+                    continue
                 if not (np.isfinite(est) and est <= shadow):
                     extra -= n
-                gpus = first_free_gpus(gj, n)
                 occupy(gj, gs, j, gpus, 100.0)
                 free -= n
                 d.place.append((int(j), gpus, 100.0))
@@ -177,7 +184,7 @@ class Tiresias(Policy):
                 vacate(gj, gs, int(j), jobs.gpus[j])
         for j in cand[keep]:
             if int(j) not in running:
-                g = first_free_gpus(gj, int(jobs.num_gpus[j]))
+                g = first_free_gpus(gj, int(jobs.num_gpus[j]), view.topo)
                 if g is None:
                     continue
                 occupy(gj, gs, int(j), g, 100.0)
@@ -204,10 +211,9 @@ class MpsEqualShare(Policy):
             if total == 0:
                 break
             n = int(view.jobs.num_gpus[j])
-            idx = np.flatnonzero(free_rep > 0)
-            if len(idx) < n:
+            g = pick_gang(np.zeros(len(free_rep)), free_rep > 0, n, view.topo)
+            if g is None:
                 continue
-            g = idx[:n]
             occupy(gj, gs, int(j), g, share)
             free_rep[g] -= 1
             total -= n
@@ -237,11 +243,12 @@ class LucidPacking(Policy):
         placed_now: dict[int, int] = {}
         state = None  # tenant interference state, built on the first packing attempt, refreshed on change
         failed: set = set()  # (type, gang size) that found no partner since the last change
+        topo = view.topo
         for j in order:
             j = int(j)
             n = int(jobs.num_gpus[j])
-            if n <= free:
-                g = first_free_gpus(gj, n)
+            g = first_free_gpus(gj, n, topo) if n <= free else None
+            if g is not None:
                 occupy(gj, gs, j, g, 100.0)
                 free -= n
                 placed_now[j] = len(d.place)
@@ -264,7 +271,7 @@ class LucidPacking(Policy):
             pred = state.join(int(jobs.type_idx[j]), float(jobs.solo_util[j]), 100.0, 0.0, self.slo_factor)
             resident = pred.after.min(axis=1)
             ok = one & (pred.new_norm >= self.pack_floor) & (resident >= self.pack_floor)
-            g = pick_gang(pred.new_norm + resident, ok, n)
+            g = pick_gang(pred.new_norm + resident, ok, n, topo)
             if g is None:
                 failed.add(key)
                 continue

@@ -603,6 +603,7 @@ class ElastiCo(Policy):
         # handful of 512): same decisions, a fraction of the work
         rows = np.flatnonzero((room >= float(min(self.shares_pct)) - 1e-9) & open_)
         try_order = np.argsort(-speed, axis=1, kind="stable")  # [J, S'] shapes by speed, once for all
+        topo = view.topo
         shrunk_shapes = speed.shape[1] > len(self.shares_pct)
         # the loop reads the candidates' shapes one by one (often all 256 of them, most failing the
         # capacity precheck): as Python lists, without a numpy scalar per read
@@ -634,7 +635,7 @@ class ElastiCo(Policy):
                 gain = wc[c] * pred.new_norm * cnt_sp[c, s] - weighted_loss(pred, tw)
                 feas &= gain > 0
                 # ties (e.g. many empty GPUs) go to the fullest GPU: keeps whole GPUs free for gangs
-                gl = pick_gang(gain - 1e-6 * pred.share_free, feas, nj)
+                gl = pick_gang(gain - 1e-6 * pred.share_free, feas, nj, topo, rows)
                 if gl is None:
                     failed.add(key)
                     continue
@@ -757,8 +758,10 @@ class ElastiCo(Policy):
             if int(ok.sum()) < n:
                 fail_n = n
                 continue
-            cand_gpus = ok.nonzero()[0]  # the n cheapest of them (ties: lowest index)
-            target = np.sort(cand_gpus[np.argsort(gpu_cost[cand_gpus], kind="stable")[:n]])
+            target = pick_gang(-gpu_cost, ok, n, view.topo)  # the n cheapest of them, kept in the topology
+            if target is None:
+                fail_n = n
+                continue
             if (gpu_max[target] <= 0).all():
                 continue  # enough empty GPUs already: placement's concern, not preemption's
             if gpu_cost[target].max() * self.preempt_ratio >= W[c]:
@@ -863,20 +866,28 @@ class ElastiCo(Policy):
                 if up:
                     free -= max(up) - plan[j]
                     plan[j] = max(up)
+        topo = view.topo
         for _, j, cur, _ in offers:
             if j not in plan:
                 continue
-            empty = np.flatnonzero(slot_all(gj < 0))
+            own = fresh[j][1] if j in fresh else np.asarray(jobs.gpus[j])
+            # its own GPUs plus empty ones, kept in the topology (own GPUs first: the gang stays where it is
+            # when its node has room)
+            mask = slot_all(gj < 0)
+            mask[own] = True
+            keep = np.zeros(len(mask))
+            keep[own] = 1.0
+            target = pick_gang(keep, mask, plan[j], topo)
+            if target is None:
+                continue
             if j in fresh:  # placed this round: launch it on the larger gang straight away (no restart)
-                k, own = fresh[j]
+                k = fresh[j][0]
                 share = float(d.place[k][2])
-                target = np.sort(np.concatenate([own, empty[: plan[j] - cur]]))
                 vacate(gj, gs, j, own)
                 occupy(gj, gs, j, target, share)
                 d.place[k] = (j, target, share)
                 continue
-            own = np.asarray(jobs.gpus[j])
-            self._relaunch(view, gj, gs, d, j, np.sort(np.concatenate([own, empty[: plan[j] - cur]])))
+            self._relaunch(view, gj, gs, d, j, target)
 
     @staticmethod
     def _relaunch(view: ClusterView, gj, gs, d: Decision, j: int, target: np.ndarray) -> None:
@@ -915,7 +926,15 @@ class ElastiCo(Policy):
             need = int(nq[wq > W[j]].sum()) if self.keep_heavy_growth else int(nq.sum())
             if room >= need:
                 continue  # the waiting jobs this gang would make room for fit already
-            self._relaunch(view, gj, gs, d, j, np.asarray(jobs.gpus[j])[: int(jobs.num_gpus[j])])
+            own = np.asarray(jobs.gpus[j])
+            first = np.zeros(len(gj))
+            first[own] = -np.arange(len(own))  # its first GPUs that keep the topology
+            mask = np.zeros(len(gj), bool)
+            mask[own] = True
+            target = pick_gang(first, mask, int(jobs.num_gpus[j]), view.topo)
+            if target is None:
+                continue
+            self._relaunch(view, gj, gs, d, j, target)
             room += x
             done = True
         return done

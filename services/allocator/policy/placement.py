@@ -12,7 +12,7 @@ import numpy as np
 from services.allocator.policy.inference import slo_margin
 from services.allocator.policy.interference import _MIN_NORM, compose_additive, utilisation_rule, utilisation_rule_both
 from services.allocator.policy.shapes import share_speed
-from services.allocator.policy.view import INFERENCE, JobTable, free_share, slot_all, slot_sum
+from services.allocator.policy.view import INFERENCE, JobTable, Topology, free_share, slot_all, slot_sum
 
 
 def pair_estimate(M: np.ndarray, kappa: float, ta, ua, tb, ub) -> np.ndarray:
@@ -174,21 +174,70 @@ def weighted_loss(pred: JoinPrediction, tenant_w: np.ndarray) -> np.ndarray:
     return slot_sum(tenant_w * (pred.before - pred.after))
 
 
-def pick_gang(score: np.ndarray, feasible: np.ndarray, n: int) -> np.ndarray | None:
-    """Best ``n`` feasible GPUs by score (gang placement), or None when fewer than ``n`` are feasible.
+def pick_gang(score: np.ndarray, feasible: np.ndarray, n: int, topo: Topology | None = None,
+              rows: np.ndarray | None = None) -> np.ndarray | None:
+    """Best ``n`` feasible GPUs by score (gang placement) that keep the topology rule, or None.
 
-    Ties break by the lowest GPU index (stable sort), so decisions are deterministic.
+    Args:
+        score, feasible: [X] per candidate GPU.
+        n: gang size.
+        topo: the cluster's nodes (None or flat: any ``n`` GPUs will do).
+        rows: [X] GPU row of each candidate when they are a subset of the cluster's GPUs (default: 0..X-1).
+
+    Returns:
+        Sorted positions into ``score``. A gang that fits one node takes the node whose best ``n`` feasible
+        GPUs score highest (ties: the lowest node, i.e. first fit); a larger gang takes whole nodes (every
+        GPU feasible; highest total score first) plus the best remainder on one more node. Ties between GPUs
+        break by the lowest position (stable sorts), so decisions are deterministic.
     """
     idx = np.flatnonzero(feasible)
     if len(idx) < n:
         return None
-    if len(idx) == n:
-        return idx
-    order = np.argsort(-score[idx], kind="stable")[:n]
-    return np.sort(idx[order])
+    if n <= 1 or topo is None or topo.flat:
+        if len(idx) == n:
+            return idx
+        order = np.argsort(-score[idx], kind="stable")[:n]
+        return np.sort(idx[order])
+    node = topo.gpu_node[idx if rows is None else np.asarray(rows)[idx]]
+    sc = np.asarray(score, float)[idx]
+    order = np.lexsort((-sc, node))  # by node, best score first within a node (stable: lowest position on ties)
+    node_o, sc_o = node[order], sc[order]
+    rank = np.arange(len(order)) - np.searchsorted(node_o, node_o, side="left")
+    cnt = np.bincount(node_o, minlength=topo.num_nodes)
+
+    def best_node(k: int, exclude=()) -> int | None:
+        take = rank < k
+        tot = np.bincount(node_o[take], weights=sc_o[take], minlength=topo.num_nodes)
+        cand = np.flatnonzero(cnt >= k)
+        if len(exclude):
+            cand = cand[~np.isin(cand, exclude)]
+        if not len(cand):
+            return None
+        return int(cand[np.argmax(np.round(tot[cand], 9))])  # ties: the lowest node
+
+    if n <= topo.max_node:
+        b = best_node(n)
+        return None if b is None else np.sort(idx[order[(node_o == b) & (rank < n)]])
+    whole = np.flatnonzero(cnt == topo.node_size)
+    wtot = np.bincount(node_o, weights=sc_o, minlength=topo.num_nodes)[whole]
+    chosen, need = [], n
+    for nd in whole[np.lexsort((whole, -np.round(wtot, 9)))].tolist():
+        if topo.node_size[nd] <= need:
+            chosen.append(nd)
+            need -= int(topo.node_size[nd])
+            if need == 0:
+                break
+    sel = np.isin(node_o, chosen)
+    if need:
+        b = best_node(need, np.asarray(chosen, np.int64))
+        if b is None:
+            return None
+        sel |= (node_o == b) & (rank < need)
+    return np.sort(idx[order[sel]])
 
 
-def first_free_gpus(gpu_job: np.ndarray, n: int) -> np.ndarray | None:
-    """The ``n`` lowest-index GPUs with no tenant (exclusive gang placement), or None."""
-    idx = np.flatnonzero((gpu_job < 0).all(axis=1))
-    return idx[:n] if len(idx) >= n else None
+def first_free_gpus(gpu_job: np.ndarray, n: int, topo: Topology | None = None) -> np.ndarray | None:
+    """``n`` GPUs with no tenant (exclusive gang placement) that keep the topology rule, or None: the
+    lowest-index ones of the first node with room (:func:`pick_gang`)."""
+    empty = slot_all(gpu_job < 0)
+    return pick_gang(np.zeros(len(empty)), empty, n, topo)

@@ -5,6 +5,11 @@ the simulator runs tens of thousands of rounds; struct-of-arrays keeps every pol
 allocator builds the same view from its domain objects (``elastico.domain.Job``) once per round.
 
 Policies must treat every array as read-only; they plan on their own copies (:meth:`ClusterView.scratch`).
+
+Topology: GPUs live in nodes (:class:`Topology`). A gang that fits one node runs inside one node; a larger
+gang takes whole nodes plus at most one partial node, as Philly-era schedulers place them. Every policy
+picks gangs through :func:`services.allocator.policy.placement.pick_gang`, which keeps that rule, and the
+simulator and the live allocator refuse a decision that breaks it (:meth:`Topology.gang_ok`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,63 @@ class JobTable:
     observed_norm: np.ndarray | None = None
 
 
+@dataclass(frozen=True, eq=False)
+class Topology:
+    """Which node each GPU belongs to; a node's GPUs are contiguous rows, nodes in ascending order."""
+
+    gpu_node: np.ndarray  # [G] int, node of each GPU (non-decreasing)
+    node_start: np.ndarray  # [Nn] int, first GPU row of each node
+    node_size: np.ndarray  # [Nn] int, GPUs of each node
+
+    @classmethod
+    def from_gpu_node(cls, gpu_node) -> Topology:
+        """Topology from each GPU's node label (labels of one node must be contiguous rows).
+
+        Raises:
+            ValueError: a node's GPUs are not contiguous.
+        """
+        lab = np.asarray(gpu_node)
+        if len(lab) == 0:
+            z = np.zeros(0, np.int64)
+            return cls(z, z, z)
+        change = np.flatnonzero(lab[1:] != lab[:-1]) + 1
+        start = np.concatenate([[0], change]).astype(np.int64)
+        if len(set(lab[start].tolist())) != len(start):
+            raise ValueError("topology: the GPUs of a node must be contiguous rows")
+        size = np.diff(np.concatenate([start, [len(lab)]])).astype(np.int64)
+        return cls(np.repeat(np.arange(len(start), dtype=np.int64), size), start, size)
+
+    @classmethod
+    def uniform(cls, gpus: int, node_gpus: int) -> Topology:
+        """``gpus`` GPUs in nodes of ``node_gpus`` (the last node smaller when it does not divide)."""
+        return cls.from_gpu_node(np.arange(gpus) // max(1, int(node_gpus)))
+
+    @property
+    def num_nodes(self) -> int:
+        return int(len(self.node_size))
+
+    @property
+    def max_node(self) -> int:
+        """GPUs of the largest node: a gang up to this size must stay inside one node."""
+        return int(self.node_size.max()) if len(self.node_size) else 0
+
+    @property
+    def flat(self) -> bool:
+        """One node holds every GPU: the topology constrains nothing."""
+        return len(self.node_size) <= 1
+
+    def gang_ok(self, gpus) -> bool:
+        """True when a gang on ``gpus`` keeps the rule: inside one node if it fits one, else whole nodes plus
+        at most one partial node."""
+        g = np.asarray(gpus, np.int64)
+        if len(g) <= 1 or self.flat:
+            return True
+        nodes, counts = np.unique(self.gpu_node[g], return_counts=True)
+        if len(g) <= self.max_node:
+            return len(nodes) == 1
+        return int((counts < self.node_size[nodes]).sum()) <= 1
+
+
 @dataclass(frozen=True)
 class ClusterView:
     """The cluster at one instant, as a scheduling round sees it."""
@@ -53,6 +115,12 @@ class ClusterView:
     pending: np.ndarray  # [P] int, queued job ids in submission order
     running: np.ndarray  # [R] int, running job ids
     types: TypeTable  # job-type profiles
+    topology: Topology | None = None  # GPUs' nodes; None = a flat pool (one node)
+
+    @property
+    def topo(self) -> Topology:
+        """The view's topology (a flat one-node pool when none was given)."""
+        return self.topology if self.topology is not None else Topology.uniform(self.num_gpus, max(1, self.num_gpus))
 
     @property
     def num_gpus(self) -> int:
