@@ -18,8 +18,9 @@
   is its 1-GPU profile's times its per-GPU scaling efficiency ``T(n)/n`` at the count it runs on (capped
   at 1): a gang that scales sub-linearly leaves each of its GPUs partly idle waiting on communication.
 * Throughput ceiling (:func:`throughput_ceiling`): what *no* policy can exceed on a workload, in the two
-  loaded-period readings -- every job starting at its arrival, alone, on the fastest gang it may run on --
-  and, from the same schedule, the average-JCT floor no policy can go below. A throughput target above
+  loaded-period readings and in effective utilisation -- every job starting at its arrival, alone, on the
+  fastest gang it may run on -- and, from the same schedule, the average-JCT floor no policy can go below.
+  These are demand bounds: above load 1 the cluster's capacity binds first, so they are loose there. A throughput target above
   the ceiling, or a JCT ratio above FIFO's JCT over the floor, cannot be met by any scheduler on that
   workload.
 """
@@ -29,9 +30,9 @@ from __future__ import annotations
 import numpy as np
 
 from services.allocator.policy.profiles import TypeTable
-from services.allocator.policy.shapes import allowed_counts, count_speed
+from services.allocator.policy.shapes import allowed_counts, count_speed, relative_tput
 from simulator.engine import SimResult
-from simulator.traces import TrainingJobs
+from simulator.traces import InferenceServices, TrainingJobs
 
 
 def summarise(r: SimResult) -> dict:
@@ -79,23 +80,42 @@ def best_gang_speed(train: TrainingJobs, types: TypeTable) -> np.ndarray:
     return best
 
 
-def throughput_ceiling(train: TrainingJobs, types: TypeTable, window_end_s: float, gpus: int | None = None) -> dict:
-    """Bounds no policy can pass on this workload: upper bounds of ``jobs_per_h_loaded`` and
-    ``work_gpu_h_per_h``, and a lower bound of the average JCT (``avg_jct_floor_h``).
+def throughput_ceiling(train: TrainingJobs, types: TypeTable, window_end_s: float, gpus: int | None = None,
+                       inf: InferenceServices | None = None) -> dict:
+    """Bounds no policy can pass on this workload: upper bounds of ``jobs_per_h_loaded``,
+    ``work_gpu_h_per_h`` and ``eff_util``, and a lower bound of the average JCT (``avg_jct_floor_h``).
 
     Each job is credited as if it started at its arrival, alone (co-location never makes a job faster
     than isolated), on its fastest allowed GPU count (:func:`best_gang_speed`): it completes inside the
     loaded period [0, ``window_end_s``] only if that is fast enough, it can do at most ``num_gpus x speed
     x (window_end - arrival)`` isolated GPU-seconds of work in it, and its JCT is at least ``duration /
-    speed`` (averaged over the jobs that fit ``gpus``, when given: the others never complete). Real
-    schedules share GPUs and queue, so they stay on the far side of all three figures.
+    speed`` (averaged over the jobs that fit ``gpus``, when given: the others never complete). Effective
+    utilisation counts a training job's work at its solo utilisation times its scaling efficiency at the
+    requested count (:mod:`simulator.engine`: whatever its count and co-tenants, a job's effective
+    utilisation per unit of work is that), plus every inference service's mean load over its life in the
+    loaded period (the most it is ever credited); it needs ``gpus`` and is NaN without. Real schedules share
+    GPUs and queue, so they stay on the far side of every figure.
     """
     best = best_gang_speed(train, types)
     left = np.maximum(window_end_s - train.arrival_s, 0.0)
     finish_in = train.duration_s / best <= left + 1e-9
-    work = np.minimum(train.num_gpus * train.duration_s, train.num_gpus * best * left).sum()
+    work_j = np.minimum(train.num_gpus * train.duration_s, train.num_gpus * best * left)
     win_h = max(window_end_s, 1e-9) / 3600.0
     fits = np.ones(len(best), bool) if gpus is None else train.num_gpus <= gpus
     floor = float((train.duration_s / best)[fits].mean() / 3600) if fits.any() else float("nan")
-    return {"jobs_per_h_loaded": float(finish_in.sum() / win_h), "work_gpu_h_per_h": float(work / 3600 / win_h),
-            "avg_jct_floor_h": floor}
+    eff = float("nan")
+    if gpus:
+        if types.scale_tput is not None:
+            per_work = np.array([float(relative_tput(types.scale_tput[t], n)) / n
+                                 for t, n in zip(train.type_idx.tolist(), train.num_gpus.tolist())])
+        else:
+            per_work = np.ones(len(best))
+        eff_s = float((work_j * types.solo_util[train.type_idx] * np.minimum(per_work, 1.0)).sum())
+        if inf is not None and len(inf.start_s):
+            life = np.maximum(np.minimum(inf.end_s, window_end_s) - np.minimum(inf.start_s, window_end_s), 0.0)
+            mean_load = np.array([float((inf.peak_load[i] * inf.profiles[inf.profile[i]]).mean())
+                                  for i in range(len(inf.start_s))])
+            eff_s += float((np.minimum(mean_load, 1.0) * life).sum())
+        eff = float(min(1.0, eff_s / (gpus * max(window_end_s, 1e-9))))
+    return {"jobs_per_h_loaded": float(finish_in.sum() / win_h), "work_gpu_h_per_h": float(work_j.sum() / 3600 / win_h),
+            "eff_util": eff, "avg_jct_floor_h": floor}

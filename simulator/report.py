@@ -18,13 +18,17 @@ COLUMNS = [("policy", "policy", "{:<18}"), ("avg_jct_h", "avgJCT h", "{:>9.2f}")
 
 def table(summaries: list[dict]) -> str:
     """Fixed-width text table, one row per policy."""
-    head = " ".join(f"{h:>{len(f.format(0) if 'd' in f else f.format(0.0)) if k != 'policy' else 18}}" if k != "policy"
-                    else f"{h:<18}" for k, h, f in COLUMNS)
+    wide = max([18] + [len(str(s.get("policy", ""))) for s in summaries])
+    head = " ".join(f"{h:>{len(f.format(0) if 'd' in f else f.format(0.0))}}" if k != "policy"
+                    else f"{h:<{wide}}" for k, h, f in COLUMNS)
     lines = [head]
     for s in summaries:
         cells = []
         for k, _, f in COLUMNS:
             v = s.get(k)
+            if k == "policy":
+                cells.append(f"{v:<{wide}}")
+                continue
             try:
                 cells.append(f.format(v) if v is not None and not (isinstance(v, float) and np.isnan(v))
                              else f"{'n/a':>{len(f.format(0.0)) if 'd' not in f else 5}}")
@@ -78,3 +82,29 @@ def write_outputs(out: Path, summaries: list[dict], results: list, meta: dict) -
     fig.savefig(out / "utilisation.png", dpi=120)
     plt.close(fig)
     return paths + [out / "jct_cdf.png", out / "utilisation.png"]
+
+
+def write_work_plot(path: Path, summaries: list[dict], ceiling: dict, title: str = "") -> Path | None:
+    """Bar chart of each policy's normalised work/h against the workload's ceiling (``throughput_ceiling``)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = [s["policy"] for s in summaries]
+    vals = [s["work_gpu_h_per_h"] for s in summaries]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.bar(range(len(vals)), vals, color=["tab:red" if n == "elastico" else "tab:blue" for n in names])
+    ax.axhline(ceiling["work_gpu_h_per_h"], color="k", ls="--", lw=1, label="ceiling (every job alone from arrival)")
+    ax.set_xticks(range(len(vals)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("normalised work (isolated GPU-h) per hour")
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -12,6 +12,15 @@ from elastico.errors import ConfigError
 ESTIMATORS = ("predictor", "rule")
 
 
+def _policy_default(name: str):
+    """The ElastiCo policy's own default of ``name``: one source for the simulator and the live allocator."""
+    import inspect
+
+    from services.allocator.policy.elastico import ElastiCo
+
+    return inspect.signature(ElastiCo.__init__).parameters[name].default
+
+
 @dataclass(frozen=True)
 class AllocatorSettings(Settings):
     service_name: str = "allocator"
@@ -36,15 +45,14 @@ class AllocatorSettings(Settings):
     estimator: str = "predictor"  # interference estimate: "predictor" (service) or "rule" (utilisation rule, calibrated)
     estimate_refresh_s: float = 300.0  # how often the pair matrix is re-fetched from the predictor, s
     max_tenants: int = 4  # MPS tenants per GPU at most
-    # training co-location floor, fraction of isolated speed. Live default 0.5 (more permissive than the
-    # simulator's policy default 0.85, which was chosen on trace replays with GPU-count shapes on; those are
-    # off by default live, where a job refused co-location can only wait for a whole GPU)
-    train_floor: float = 0.5
-    # ElastiCo GPU-count shapes: run a training job on more GPUs than it asked for while whole GPUs idle
-    # (measured scaling curves), giving them back when jobs wait. Off by default live: the workload must be
-    # able to restart from its checkpoint on a different data-parallel size; even on, a job only runs at the
-    # gang sizes its explicit shapes declare (plan.allowed_gang_sizes).
-    elastic_gpus: bool = False
+    # training co-location floor, fraction of isolated speed: the ElastiCo policy's own default, so the live
+    # allocator runs the configuration the simulator measures
+    train_floor: float = _policy_default("train_floor")
+    # ElastiCo GPU-count shapes: grow gangs onto idle GPUs, shrink queued gangs to halvings that fit (measured
+    # scaling curves), give grown GPUs back when jobs wait. On by default, as in the simulator: a job only
+    # ever runs at the gang sizes its explicit shapes declare (plan.allowed_gang_sizes), so a workload that
+    # cannot restart at another data-parallel size declares one size and is never resized
+    elastic_gpus: bool = _policy_default("elastic_gpus")
     policy_max_attempts: int = 0  # ElastiCo: placement attempts per round at most (bounds a round's cost); 0 = the policy's default
     time_scale: float = 1.0  # policy clock = wall clock x this (demo replays: matches the node agents' scale)
     decide_worker: str = "process"  # where policy.decide runs: "process" (own core, loop keeps serving) or "thread"

@@ -191,3 +191,20 @@ def test_translate_starts_a_job_placed_on_a_grown_gang_on_its_own_gang():
     plan = translate(Decision(place=[(0, np.array([1, 2, 3]), 100.0)]), view, idx)
     assert plan.dropped == [] and [len(p.slices) for _, p in plan.place] == [1]
     assert plan.place[0][1].slices[0].gpu_index == 1
+
+
+def test_view_groups_gpus_by_node_and_translate_drops_a_split_gang():
+    """The live view carries each GPU's node; a 2-GPU gang across two nodes is dropped, inside one it is kept;
+    a job started on a grown gang starts on its own gang inside one node."""
+    a, b = make_job(spec=make_spec(shapes=(Shape(2, 100.0, 16384),))), make_job(spec=make_spec(shapes=(Shape(2, 100.0, 16384),)))
+    c = make_job(spec=make_spec(shapes=(Shape(2, 100.0, 16384),)))
+    view, idx = build_view([a, b, c], [node("n1", gpus=2), node("n2", gpus=4)], TYPES, RESOLVE, NOW, 15)
+    assert view.topo.node_size.tolist() == [2, 4] and view.topo.gpu_node.tolist() == [0, 0, 1, 1, 1, 1]
+    rows = {j.job_id: r for r, j in enumerate(idx.jobs)}
+    d = Decision(place=[(rows[a.job_id], np.array([1, 2]), 100.0), (rows[b.job_id], np.array([2, 3]), 100.0),
+                        (rows[c.job_id], np.array([0, 1, 4, 5]), 100.0)])
+    plan = translate(d, view, idx)
+    placed_on = {j.job_id: [(s.node_id, s.gpu_index) for s in p.slices] for j, p in plan.place}
+    assert plan.dropped == [(a.job_id, "gang breaks the node topology")]
+    assert placed_on[b.job_id] == [("n2", 0), ("n2", 1)]
+    assert placed_on[c.job_id] == [("n1", 0), ("n1", 1)]

@@ -14,7 +14,7 @@ from services.allocator.policy.view import Decision
 from simulator.engine import ARRIVAL, COMPLETE, ROUND, Engine, OversubscribedError, SimConfig
 from simulator.metrics import best_gang_speed, summarise, throughput_ceiling
 from simulator.run import build_workload, run_policies
-from simulator.traces import TraceError
+from simulator.traces import TraceError, ls_gpu_share
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "data" / "traces" / "gavel_philly_vc_traces_seed0.csv"
@@ -24,14 +24,15 @@ INF = [ROOT / "data" / "traces" / f for f in ("alibaba2025_dlrm_inference_gpu_in
 
 @pytest.fixture(scope="module")
 def small_trace(tmp_path_factory) -> Path:
-    """The first 60 Philly jobs with GPU counts capped at 4 (fits a 8-GPU test cluster)."""
+    """The first 60 Philly jobs with GPU counts capped at 6 (fits an 8-GPU test cluster; in two nodes of 4,
+    gangs of 5 and 6 take a whole node and part of the other)."""
     out = tmp_path_factory.mktemp("trace") / "small.csv"
     with open(TRACE, newline="") as fh:
         rows = list(csv.DictReader(fh))
     rows.sort(key=lambda r: float(r["arrival_time_s"]))
     rows = rows[:60]
     for r in rows:
-        r["num_gpus"] = str(min(4, int(r["num_gpus"])))
+        r["num_gpus"] = str(min(6, int(r["num_gpus"])))
         r["duration_v100_s_derived"] = str(min(float(r["duration_v100_s_derived"]), 36000.0))
     with open(out, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
@@ -55,6 +56,7 @@ class Checked(Engine):
         assert ((self.gpu_share > 0) == occupied).all()
         for j in self.running:
             assert all((self.gpu_job[g] == j).sum() == 1 for g in self.gpus[j])
+            assert self.topo.gang_ok(self.gpus[j]), f"job {j} on {self.gpus[j]} breaks the topology"
         if self.observe:  # what a learning policy sees: each co-located job's interference, from the ground truth
             for j in self.running:
                 if self.kind[j] != 0:
@@ -71,7 +73,7 @@ class Checked(Engine):
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_conservation_and_capacity(workload, policy):
     pol = make_policy(policy, workload.estimate, workload.truth.kappa)
-    r = Checked(pol, workload.types, workload.truth, workload.train, workload.inf, SimConfig(gpus=8)).run()
+    r = Checked(pol, workload.types, workload.truth, workload.train, workload.inf, SimConfig(gpus=8, node_gpus=4)).run()
     n = len(workload.train.arrival_s)
     done = ~np.isnan(r.completion_s)
     assert done.sum() == n  # every job fits 8 GPUs, so all complete; none lost
@@ -82,9 +84,10 @@ def test_conservation_and_capacity(workload, policy):
     assert (jct >= r.duration_s / best_gang_speed(workload.train, workload.types) * (1 - 1e-9)).all()
     assert (r.timeline[:, 1] <= 1 + 1e-9).all() and (r.timeline[:, 2] <= 1 + 1e-9).all()
     assert 0.0 <= r.slo_ok_s <= r.slo_total_s
-    s, cap = summarise(r), throughput_ceiling(workload.train, workload.types, r.window_end_s, 8)
+    s, cap = summarise(r), throughput_ceiling(workload.train, workload.types, r.window_end_s, 8, workload.inf)
     assert s["jobs_per_h_loaded"] <= cap["jobs_per_h_loaded"] + 1e-9  # no policy beats the ceiling
     assert s["work_gpu_h_per_h"] <= cap["work_gpu_h_per_h"] * (1 + 1e-9)
+    assert s["eff_util"] <= cap["eff_util"] * (1 + 1e-9)
     assert s["avg_jct_h"] >= cap["avg_jct_floor_h"] * (1 - 1e-9)  # nor the JCT floor
 
 
@@ -213,6 +216,23 @@ def test_event_order_same_instant_is_arrival_then_completion_then_round():
     assert order == [(1.0, ROUND), (5.0, ARRIVAL), (5.0, COMPLETE), (5.0, ROUND)]
 
 
+def test_a_split_gang_is_refused(workload):
+    class Split:
+        name, mps_limits, needs_periodic_rounds = "split", False, False
+
+        def decide(self, view):
+            d = Decision()
+            for j in view.pending:  # the first gang of 2-4 GPUs, across the two nodes (GPUs 0-3 and 4-7)
+                n = int(view.jobs.num_gpus[j])
+                if 2 <= n <= 4:
+                    d.place.append((int(j), np.arange(4 - n // 2, 4 - n // 2 + n), 100.0))
+                    break
+            return d
+
+    with pytest.raises(OversubscribedError, match="topology"):
+        Engine(Split(), workload.types, workload.truth, workload.train, workload.inf, SimConfig(gpus=8, node_gpus=4)).run()
+
+
 def test_oversubscribing_decision_is_refused(workload):
     class Greedy:
         name, mps_limits, needs_periodic_rounds = "bad", True, False
@@ -271,3 +291,32 @@ PINNED = {  # (rounds, training restarts, inference restarts, allocated GPU-s, h
     "mps-equal-share": (98, 0, 0, 1449605.3, "294bc8ce8efc13b6"),
     "lucid": (104, 0, 0, 1409596.3, "f025f7c86e7cce9a"),
 }
+
+
+def test_inference_share_from_the_pod_list(tmp_path):
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,num_gpu,gpu_milli,qos,creation_time,deletion_time,scheduled_time\n"
+                    "a,1,1000,LS,0,100,0\n"  # LS, one GPU for 100 s
+                    "b,1,500,BE,0,100,0\n"  # BE, half a GPU for 100 s
+                    "c,1,1000,LS,0,,\n")  # LS, never scheduled: counted by count, not by lifetime
+    got = ls_gpu_share(pods)
+    assert got["by_count"] == pytest.approx(2 / 2.5) and got["by_lifetime"] == pytest.approx(100 / 150)
+    real = ls_gpu_share(ROOT / "data" / "traces" / "alibaba2023_openb_pod_list_default.csv")
+    assert round(real["by_count"], 2) == 0.64 and round(real["by_lifetime"], 2) == 0.80
+    (tmp_path / "bad.csv").write_text("name,num_gpu\na,1\n")
+    with pytest.raises(TraceError, match="gpu_milli"):
+        ls_gpu_share(tmp_path / "bad.csv")
+
+
+@pytest.mark.parametrize("share", [0.25, 0.75])
+def test_load_counts_training_work_against_the_gpus_static_allocation_leaves(small_trace, share):
+    w = build_workload(str(small_trace), 16, [str(p) for p in INF], seed=0, load=1.0, inference_fraction=share,
+                       estimator="rule")
+    span = float(w.train.arrival_s.max())
+    t = np.linspace(0, span, 20001)[:-1] + span / 40000  # midpoints: time-average of the live services
+    live = ((w.inf.start_s[:, None] <= t) & (w.inf.end_s[:, None] > t)).sum(axis=0).mean()
+    assert w.static_inference_gpus == pytest.approx(live, rel=1e-2)
+    assert 0 < w.static_inference_gpus <= share * 16
+    work = float((w.train.num_gpus * w.train.duration_s).sum())
+    assert work / (span * w.training_gpus) == pytest.approx(1.0)
+    assert (w.inf.end_s <= span + 1e-6).all()  # services end with the trace at the latest

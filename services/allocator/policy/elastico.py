@@ -254,15 +254,16 @@ class ElastiCo(Policy):
     mps_limits = True
     needs_periodic_rounds = True
 
-    def __init__(self, estimate: np.ndarray, kappa: float, train_floor: float = 0.85, slo_factor: float = 10.0,
+    def __init__(self, estimate: np.ndarray, kappa: float, train_floor: float = 0.75, slo_factor: float = 10.0,
                  age_scale_s: float = 86400.0, las_scale_gpu_s: float = 3600.0, max_candidates: int = 256,
                  max_attempts: int = 8, shrink_after_s: float = 1800.0, inference_headroom: float = 1.0,
                  shares_pct: tuple[int, ...] = SHARES_PCT, solver=None, use_estimates: bool = True,
                  size_scale_gpu_s: float = 3600.0, price_depth: float = 4.0, preempt_ratio: float = 2.0,
                  min_run_s: float = 1800.0, max_preempt_jobs: int = 4, restart_s: float = 60.0,
                  expand_gain: float = 4.0, reprice_interval_s: float = 1800.0, preempt_interval_s: float = 300.0,
-                 elastic_gpus: bool = True, shrink_gpus: bool = False, min_count_speed: float = 0.25,
-                 keep_heavy_growth: bool = True, gang_exponent: float = 1.5, learn_observed: bool = True):
+                 elastic_gpus: bool = True, shrink_gpus: bool = True, min_count_speed: float = 0.25,
+                 keep_heavy_growth: bool = True, gang_exponent: float = 1.5, learn_observed: bool = True,
+                 pricing: bool = True):
         self.M = estimate  # [T, T] estimated pair matrix (NaN = utilisation rule)
         self.kappa = kappa  # contention factor of the rule
         self.train_floor = train_floor  # training floor, fraction of isolated speed (1 / max slowdown)
@@ -295,6 +296,7 @@ class ElastiCo(Policy):
         # learn_observed: lower estimates of pairs seen running together slower (:meth:`learn`); the engine
         # computes JobTable.observed_norm only for a policy that uses it
         self.uses_observations = learn_observed
+        self.pricing = pricing  # shadow prices choose the shapes; False = each job its best shape (ablation)
         self._counts_cache: dict = {}  # (type table, type, requested GPUs) -> (allowed counts, speeds)
         self._prices: np.ndarray | None = None
         self._priced_at_s = -np.inf  # when the posted prices were last solved, s
@@ -571,8 +573,9 @@ class ElastiCo(Policy):
         demand = np.stack([n * sh[None, :], n], axis=2)
         cap = np.array([free_share, float(free_slots)])
         best = np.argmax(np.where(ok, utility, -1.0), axis=1)  # ties -> smallest share (shares ascending)
-        if (demand[np.arange(len(cand)), best].sum(axis=0) <= cap + 1e-9).all():
-            # uncontested: every job's best shape fits, so all prices are 0 and the solver would agree
+        if not self.pricing or (demand[np.arange(len(cand)), best].sum(axis=0) <= cap + 1e-9).all():
+            # uncontested: every job's best shape fits, so all prices are 0 and the solver would agree (without
+            # pricing, each job simply offers its best shape, in weight order: the greedy ablation)
             choice = best
         elif self._prices is not None and view.now_s - self._priced_at_s < self.reprice_interval_s:
             # posted prices still fresh: each job best-responds to them (the market's decentralised step);
@@ -593,6 +596,8 @@ class ElastiCo(Policy):
                 self._prices = prices
                 self._priced_at_s = view.now_s
             d.info["pricing"] = info
+        # a service's slowdown is bounded by its SLO check (tenant_ok), not weighed as lost utility
+        Wt = np.where(jobs.kind == INFERENCE, 0.0, W)
         attempts = 0
         failed: set = set()
         state = None  # built on the first prediction (most rounds fail the capacity precheck first)
@@ -628,7 +633,7 @@ class ElastiCo(Policy):
                 if state is None:
                     gj_rows = gj[rows]
                     state = self._tenant_state(jobs, rows, gj_rows, gs[rows])
-                    tw = tenant_weights(gj_rows, W)
+                    tw = tenant_weights(gj_rows, Wt)
                 pred = state.join(t, float(jobs.solo_util[j]), share, self.train_floor, self.slo_factor)
                 feas = (pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok
                         & (pred.new_norm >= self.train_floor - 1e-9))
@@ -644,7 +649,7 @@ class ElastiCo(Policy):
                 gj_rows = gj[rows]
                 self._state_cache = None  # changed below: no longer what its key says
                 state.refresh(gl, gj_rows, gs[rows])
-                tw[gl] = tenant_weights(gj_rows[gl], W)
+                tw[gl] = tenant_weights(gj_rows[gl], Wt)
                 d.place.append((j, g, share))
                 free_share -= nj * share
                 free_slots -= nj
