@@ -1,217 +1,54 @@
 """The ElastiCo policy: shapes -> elastic shadow pricing -> interference-aware gang placement.
 
-One round (:meth:`ElastiCo.decide`), the same for the simulator and the live allocator:
+One round (:meth:`ElastiCo.decide`), the same for the simulator and the live allocator. Gangs always keep
+the node topology (:func:`placement.pick_gang`). Measurements behind every default: ``docs/results.md``.
 
-1. **Inference first, sized to demand.** Each running service's MPS share is re-sized to the smallest
-   offered share that meets its SLO at its *forecast* load (the engine/allocator supplies it; the
-   simulator uses the recent peak) given the *predicted* interference of its current co-tenants
-   (:mod:`inference`). Growing evicts the lowest-utility training tenants of that GPU if needed (they
-   requeue with their progress; restart cost applies). Shrinking waits ``shrink_after_s`` since the last
-   change (each resize is a restart: MPS limits are fixed at launch). New services go to the GPU where they
-   fit with all tenants above their floors, packing the fullest GPUs first.
-2. **Pricing.** Queued training jobs (the ``max_candidates`` with the highest weight) offer their shape
-   family (:mod:`shapes`: shares 25/50/75/100 % whose speed keeps the slowdown floor). Utility of a shape
-   = normalised throughput x weight, with
+1. **Inference first, training in the slack.** Each running service's MPS share is re-sized (in
+   ``inference_shares_pct`` steps) to the smallest share that meets its SLO at its *forecast* load given
+   the *predicted* interference of its current co-tenants (:mod:`inference`). A service alone on its GPU
+   is sized for one training co-tenant instead, when that leaves at least the smallest training share
+   free (``slack``): the share it then holds costs nothing, since the GPU's rest would idle, and a
+   training job can join without breaking its SLO. Growing evicts the lowest-weight training tenants of
+   the GPU (they requeue with their progress; restart cost applies) -- never the service. Shrinking waits
+   ``shrink_after_s`` since the last change (MPS limits are fixed at launch). New services go to the GPU
+   where they fit with every tenant above its floor, fullest GPU first.
+2. **Pricing.** Queued training jobs (the ``max_candidates`` heaviest) offer their shape family
+   (:mod:`shapes`: MPS shares 25/50/75/100 % whose speed keeps ``train_floor``, on their requested gang
+   and on its halvings, ``shrink_gpus``). Utility of a shape = normalised speed x weight,
 
-       weight = priority x (1 + waiting_s / age_scale_s) x size_term
+       weight = priority x (1 + waiting_s / age_scale_s) x size_term,
+       size_term = 1 / (1 + num_gpus ** gang_exponent x remaining_s / size_scale_gpu_s)
 
-   -- a waiting-age factor that grows without bound while a job waits (no starvation: any queued job
-   eventually outweighs every running one) times a short-job preference:
+   -- shortest remaining GPU-work first (a big gang counted super-linearly: it needs that many GPUs free
+   at once), with a waiting-age factor that grows without bound (no starvation). Without runtime
+   estimates the size term is least attained service (``las_scale_gpu_s``). Pools: free MPS share and
+   free tenant slots; the pricer core solves "one shape or wait per job, maximise utility" and its prices
+   are warm-started; only the head of the queue is priced (``price_depth``), and prices are re-solved at
+   most every ``reprice_interval_s`` (in between, jobs best-respond to the posted prices).
+3. **Placement.** In weight order, each priced job goes to the gang that maximises its predicted speed x
+   weight minus the weighted speed its new training co-tenants lose (a service's slowdown is bounded by
+   its SLO check instead), among GPUs where every tenant keeps its floor (training: ``train_floor`` of
+   isolated speed or no worse than now; inference: SLO at forecast). A full gang is tried before a
+   shrunk one; ties go to the fullest GPU, keeping whole GPUs free for gangs.
+4. **Preemption by value, with hysteresis.** A waiting job that outweighs running ones by
+   ``preempt_ratio`` empties the cheapest gang of GPUs whose tenants all ran ``min_run_s`` since their
+   last change (victims keep their progress and pay ``restart_s``).
+5. **Slack.** Jobs still waiting, lightest first, take the share services leave on GPUs hosting only
+   services, as long as they keep ``slack_floor`` of their speed there (at most every
+   ``slack_interval_s``: the slack moves with the services' forecasts, slowly).
+6. **Elastic expand.** When nobody waits, share-capped jobs grow their share in place, and gangs grow
+   onto idle GPUs up to their type's largest measured count (``elastic_gpus``; measured scaling curves,
+   read pessimistically: :func:`shapes.count_speed`), most speed-up per added GPU first, when the time
+   saved exceeds ``expand_gain`` restarts. When jobs wait, grown gangs lighter than them are given back,
+   lightest first and only as many GPUs as the waiting jobs need, not within ``min_run_s`` of their last
+   change.
+7. **Observed interference corrects the estimate** (``learn_observed``, :meth:`ElastiCo.learn`): a
+   training pair seen running together slower than estimated is not co-located again on the estimate's
+   word.
 
-   * **information parity** (``use_estimates=True``, default): when the caller supplies
-     ``JobTable.remaining_est_s`` (the simulator hands the *same* numbers to EASY backfilling and Lucid;
-     the live allocator fills it from its estimator), ``size_term = 1 / (1 + num_gpus ** gang_exponent x
-     remaining_est_s / size_scale_gpu_s)`` -- shortest remaining GPU-work first, with a gang counted
-     super-linearly (``gang_exponent = 1.5``): a big gang costs more than its area, because it needs that
-     many GPUs free at once and, once preempted, waits long for them again (at 512 GPUs @ load 1, 2000
-     jobs, 8-GPU victims waited 14 h on average before restarting). Measured (predictor estimate before
-     its monotone encoding constraint, seed 0, avg JCT at exponent 1 -> 1.5): 64 GPUs, 400 jobs, @ 0.25/
-     0.5/1/2: 99.24/117.92/162.15/248.07 -> 99.54/117.76/159.39/249.13 h; 512 GPUs, 2000 jobs: 44.75/49.01/
-     64.43/99.20 -> 44.75/48.78/63.97/98.74 h; 512 @ 1 with inference seed 1: 64.47 -> 64.44 h; jobs
-     arriving 1000-3000 h: 512 @ 1 24.58 -> 24.72 h, 64 @ 1 28.04 -> 27.14 h (better in 7 of 11 cells by
-     0.1-3.2 %, worse in 3 by 0.3-0.6 %).
-     Exponent 0.5 / 0.75 / 1.25 / 2 at 512 @ 1: 66.28 / 64.80 / 64.16 / 64.40 h; 2 at 512 @ 2: 100.53 h.
-     Rows with NaN fall back to
-   * **non-clairvoyant** ``size_term = 1 / (1 + attained_gpu_s / las_scale_gpu_s)`` (least attained
-     service, as in Tiresias).
-
-   Starvation bound with the defaults (``age_scale_s`` = 1 day, ``size_scale_gpu_s`` = 1 GPU-hour): a
-   queued job of size S = num_gpus ** 1.5 x remaining hours outranks every freshly arrived job once it has
-   waited about S days (its weight ``(1 + wait/1 d) / (1 + S)`` reaches 1, the most a fresh job can
-   have); the day-scale ageing keeps the shortest-remaining-work order intact over normal queueing times
-   (an hour-scale ageing measured 352 h vs 333 h avg JCT at 64 GPUs, load 2, 300 jobs).
-
-   Pools: free MPS share (percent, summed over GPUs) and free tenant slots. The pricer core solves "one shape or wait per job, maximise utility" and returns the
-   shapes; its prices are warm-started across rounds. Only the head of the weight-ordered queue is
-   priced (candidates whose minimal demand covers ``price_depth`` x the free share, at most
-   ``max_candidates``): jobs further back cannot win capacity this round, and leaving them out keeps a
-   512-GPU round cheap. Prices are re-solved at most every ``reprice_interval_s`` of (virtual or wall)
-   time; in between, jobs best-respond to the posted prices (``argmax utility - prices . demand``, the
-   market's decentralised step), and jobs priced out keep their best shape but queue behind every job
-   with positive surplus, so stale prices never leave capacity idle. Default interval 30 min (was 1 h):
-   predictor estimate, seed 0, avg JCT 3600 -> 1800 / 900 s: 512 GPUs @ 1, 2000 jobs, inference seeds
-   0/1/2: 64.18/64.44/64.21 -> 63.95/64.21/63.83 / 63.96/64.18/63.94 h; 64 GPUs, 400 jobs, @ 0.25/0.5/1/2:
-   99.54/117.76/159.39/249.13 -> 99.54/117.76/159.43/248.60 h (900 s: 159.48/248.39); 512 @ 0.25/0.5/2:
-   44.75/48.77/98.85 h (was 44.75/48.78/98.89). Each re-solve costs: the whole trace at 512 GPUs took
-   85 / 98 / 130 s at 3600 / 1800 / 900 s, measured one after the other.
-3. **Placement.** In weight order, each priced job goes to the gang of GPUs that maximises predicted
-   utility: its own predicted speed x weight minus the weighted speed its new co-tenants lose, among
-   GPUs with a free slot and share where every tenant stays above its floor (training: ``train_floor``
-   of isolated speed or no worse than now; inference: SLO at forecast). If the priced share does not
-   fit anywhere, the job's other shapes are tried. Multi-GPU jobs are gang-placed and run at their
-   slowest GPU's pace (the engine enforces it; the placement scores each GPU). Default
-   ``train_floor = 0.85``: a co-location that leaves a training tenant below 85 % of its isolated speed
-   rarely pays for itself -- two such tenants together barely beat one GPU of work, and with GPU-count
-   shapes (6) a slowed job is better off waiting for, or growing onto, whole GPUs. Measured (predictor
-   estimate, seed 0, avg JCT at 0.7 -> 0.85): 64 GPUs, 400 jobs, @ load 0.25/0.5/1/2: 99.17/121.98/169.21/
-   254.09 -> 99.15/120.60/165.45/253.73 h; 512 GPUs, 2000 jobs: 44.87/49.23/65.98/103.18 -> 44.74/48.97/
-   64.44/101.31 h; 512 @ 1 with inference seed 1: 66.01 -> 64.58 h; jobs arriving 1000-3000 h: 512 @ 1
-   25.23 -> 24.73 h, 64 @ 1 28.08 -> 28.37 h (the one cell of eleven where it is worse). Other floors at
-   512 @ 1: 0.6 70.94, 0.8 64.72, 0.9 64.81, 0.95 65.14 h. (Older, without GPU-count shapes: 64 GPUs @ load
-   2, 300 jobs, 333 h at 0.5 vs 314 h at 0.7.) Predictions are made
-   only on GPUs with room for the smallest share (under contention a handful of the 512).
-
-4. **Preemption by value (elastic shrink to zero), with hysteresis.** If the highest-weight queued
-   training jobs still wait, running training jobs whose weight is below ``1 / preempt_ratio`` of the
-   waiting job's and that have run at least ``min_run_s`` since their last placement/resize are
-   preempted to empty the ``num_gpus`` GPUs whose tenants weigh least (every tenant of such a GPU must be
-   such a victim, and all victims together must still weigh under ``1 / preempt_ratio`` of the waiting
-   job); the waiting job is placed there at its full-speed share, and GPUs its victims leave elsewhere are
-   refilled by a second placement pass in the same round. The victim keeps
-   its progress and pays ``restart_s`` (checkpoint/relaunch) when it runs again. The ratio (default 2)
-   and the minimum run time are the hysteresis: a job just (re)started is never displaced, and a
-   preempted job must out-age the ratio before it can displace its displacer, so shapes do not thrash.
-   Ratio 4 -> 2 (with ``train_floor`` 0.85; predictor estimate, seed 0, avg JCT): 64 GPUs, 400 jobs, @
-   0.25/0.5/1/2: 99.15/120.60/165.45/253.73 -> 99.24/117.92/162.15/248.07 h; 512 GPUs, 2000 jobs:
-   44.74/48.97/64.44/101.31 -> 44.75/49.01/64.43/99.20 h; 512 @ 1, inference seed 1: 64.58 -> 64.47 h;
-   jobs arriving 1000-3000 h, 512 @ 1: 24.73 -> 24.58 h, 64 @ 1: 28.37 -> 28.04 h (better in 7 of 11
-   cells by 0.2-2.2 %, within 0.1 % in the other 4).
-   At most ``max_preempt_jobs`` waiting jobs are served this way per pass, and the pass runs at most every
-   ``preempt_interval_s`` (its triggers -- ageing, minimum run time -- move slowly).
-5. **Elastic expand.** A running training job whose MPS share caps its speed (placed small under
-   contention) is resized up to the smallest share at which it runs at full speed (or the largest that
-   fits) when its GPUs have the free share, no waiting job was left unplaced this round, it ran
-   ``min_run_s`` since its last change, and the predicted saving ``remaining x (1 - old/new speed)``
-   exceeds ``expand_gain`` x ``restart_s`` (the resize restarts it).
-6. **GPU-count shapes (elastic gangs, ``elastic_gpus``).** The GPU count is a shape dimension too
-   (:func:`shapes.count_speed`: measured scaling curves of each job type, read pessimistically). Running
-   jobs are relaunched on more GPUs -- up to their type's largest measured count (8) -- onto GPUs left
-   empty by the round: all jobs when nobody waits, else only jobs heavier than every waiting job (shortest
-   remaining work first applied to GPUs: the short job finishing sooner is worth more than the long one
-   starting). A job is offered the count with the most time saved per added GPU, only when the saving
-   exceeds ``expand_gain`` restarts, and offers go in decreasing *speed-up per added GPU* (``(T(c)/T(cur) -
-   1) / (c - cur)``, from the measured curve): idle GPUs go where they add the most throughput each,
-   whatever the job's length. (Ordering by time saved per added GPU, which grows with the remaining
-   time, handed idle GPUs to the longest jobs, which then hold them longest; predictor estimate, seed 0,
-   400/2000 jobs, avg JCT before -> after: 64 GPUs @ 0.25/0.5/1/2: 100.4/121.9/169.0/257.2 ->
-   99.2/122.0/169.1/255.5 h; 512 GPUs: 45.3/50.1/66.6/103.5 -> 44.8/49.1/65.4/103.2 h.) GPUs still idle
-   then upgrade the offered jobs further. When jobs wait, gangs grown beyond their request that weigh
-   less than the heaviest waiting job are given back to their requested size (one restart each; which
-   ones and when: below) and the queue is placed again. Only empty GPUs are added, so no co-tenant is
-   affected. Measured (rule estimator, seed 0, avg JCT without -> with): 64 GPUs @ load 1, 300 jobs:
-   235.5 -> 199.3 h; @ load 2: 304.6 -> 293.3 h; 512 GPUs @ load 1, 1200 jobs: 102.0 -> 70.7 h; @ load 2:
-   98.4 h; 512 @ 0.25: 89.4 -> 50.5 h (exclusive backfill 89.6 h). Giving back every grown gang as soon as
-   anyone waits, and growing only when nobody waits: 220.3 h (64 @ 1), 308.7 h (64 @ 2), 73.8 h (512 @ 1).
-
-   Jobs placed in a round that leaves GPUs empty (nobody waits) are offered the same growth before they
-   start, and start on the larger gang: no restart, and no ``min_run_s`` at the requested size first.
-   Measured (predictor estimate, seed 0, avg JCT growing only after launch -> also at launch): 64 GPUs, 400
-   jobs, @ 0.25/0.5/1/2: 96.60/115.23/158.96/248.27 -> 96.20/115.13/158.25/248.27 h; 512 GPUs, 2000 jobs:
-   44.67/47.82/61.98/94.49 -> 44.44/47.42/61.74/94.41 h, @ 1 with inference seeds 1/2: 62.09/62.12 ->
-   62.12/61.54 h; jobs arriving 1000-3000 h @ 1: 64 GPUs 26.63 -> 26.46 h, 512 GPUs 23.08 -> 22.88 h; the
-   resampled trace below, 64 / 512 GPUs @ 1: 26.82/23.04 -> 26.03/22.79 h, @ 2: 41.26/33.44 -> 41.27/33.23
-   h (better in 13 of 16 cells, the other 3 within 0.05 %), restarts -4..-49 % (512 @ 0.25: 1645 -> 845).
-
-   *Give-back, which and when.* A grown gang is given back only once it has run ``min_run_s`` since it
-   last grew or restarted -- the hysteresis preemption and growth use (a job placed or resized less than
-   ``min_run_s`` ago is not changed). Without it a gang grown onto GPUs idle for a moment was shrunk at
-   the next arrival and grew back when that job ended: grow/give-back pairs were 86 % of all restarts at
-   512 GPUs @ load 1. Measured (predictor estimate, seed 0, avg JCT without -> with the hold): 512 GPUs,
-   2000 jobs, @ 0.25/0.5/1/2: 44.75/48.77/63.95/98.85 -> 44.74/48.69/63.28/98.59 h, @ 1 with inference
-   seeds 1/2: 64.21/63.83 -> 63.98/63.49 h; 64 GPUs, 400 jobs: 99.54/117.76/159.43/248.60 -> 99.57/117.87/
-   159.18/247.79 h; jobs arriving 1000-3000 h @ 1: 512 GPUs 24.75 -> 24.38 h, 64 GPUs 27.14 -> 27.45 h; a
-   resampled trace (3000 Philly rows drawn with replacement, Poisson arrivals), 64 / 512 GPUs @ 1: 28.77/
-   26.05 -> 28.03/25.23 h, @ 2: 40.86/34.82 -> 40.76/34.22 h (better in 13 of 16 cells, worse by 0.03/0.1/
-   1.1 % in 3), with 5-21 % fewer restarts in each loaded cell; a one-hour hold: 63.41 h at 512 @ 1 (seeds
-   1/2: 63.32/63.07 h). Then, lightest first, gangs are shrunk only as many as the waiting jobs need: a
-   gang is given back only while the empty and already freed GPUs do not cover the gangs of the waiting
-   jobs heavier than it. Giving back *every* such gang whenever anyone waited freed, for one waiting 1-GPU
-   job, dozens of GPUs that then idled or went to other growth. Measured (same setup, with the hold, avg
-   JCT every -> needed): 64 GPUs @ 0.25/0.5/1/2: 99.57/117.87/159.18/247.79 -> 96.60/115.23/158.96/248.27
-   h; 512 GPUs: 44.74/48.69/63.28/98.59 -> 44.67/47.82/61.98/94.49 h, @ 1 with inference seeds 1/2: 63.98/
-   63.49 -> 62.09/62.12 h; jobs arriving 1000-3000 h @ 1: 64 GPUs 27.45 -> 26.63 h, 512 GPUs 24.38 -> 23.08
-   h; the resampled trace, 64 / 512 GPUs @ 1: 28.03/25.23 -> 26.82/23.04 h, @ 2: 40.76/34.22 -> 41.26/33.44
-   h (better in 14 of 16 cells, worse by 0.2/1.2 % in 2), with 25-45 % fewer restarts in the loaded cells
-   (512 @ 1: 6825 -> 4401).
-   ``shrink_gpus`` also offers queued jobs halvings of their gang (tried after every full-gang shape): it
-   raises work done per hour where scaling is sub-linear (64 @ 2: 50.9 -> 55.4 GPU-h/h) but costs average
-   JCT (64 @ 1: 227.8 h, 64 @ 2: 312.9 h; 512 @ 1: 77.3 h), because the shrunk jobs are mostly long ones
-   that then run slowly for most of their lives; so it is off by default.
-
-7. **Observed interference corrects the estimate** (``learn_observed``, :meth:`ElastiCo.learn`). The
-   estimate is a model's; a pair it overrates slows both tenants for as long as they share the GPU, and
-   without feedback the policy would make the same mistake with every later job of those types. Each
-   round, a training job alone on one GPU with one other training job is a measurement of that pair (the
-   simulator supplies the ground-truth interference; live, the node agents' ``norm_throughput``), and a
-   value below the estimate replaces it. Measured (predictor estimate, seed 0, avg JCT without -> with),
-   with the ground truth the predictor was trained on (Gavel's ``coloc_gavel_pairs.csv``): 64 GPUs, 400
-   jobs, @ 0.25/0.5/1/2: 96.20/115.13/158.25/248.27 -> 96.20/115.13/158.73/248.54 h; 512 GPUs, 2000 jobs:
-   44.44/47.42/61.74/94.41 -> 44.44/47.58/61.53/94.18 h (within 0.3 % either way: the estimate is close to
-   that truth); with Gavel's *other* measurement campaign as ground truth (``--pairs
-   data/coloc_gavel_oracle_pairs.csv``, where many pairs the first campaign stored as exactly isolated
-   speed run at 0.45-0.8): 64 GPUs 96.37/115.20/162.18/256.89 -> 96.27/115.07/160.16/255.58 h, 512 GPUs
-   45.39/49.45/67.57/104.69 -> 44.77/48.36/65.05/101.17 h (better in all 8 cells, up to 3.7 %; an oracle
-   estimate, the measured values themselves, gives 64.33 h at 512 @ 1). Raising estimates too (pairs that
-   run better than predicted): 64 @ 1 159.25 h, 512 @ 1 61.54 h with the first truth, the same 160.16 /
-   65.05 h with the second -- not adopted.
-
-State across rounds: the posted prices and when they were solved, when the preemption pass last ran,
-the estimate as corrected by observations, and two skip caches (the state of the last round whose
-training pass placed nothing / whose inference pass changed nothing, which would decide the same again). All of it is driven by the view's clock, so
-simulated runs stay deterministic.
-
-Tried, measured, not adopted (rule estimator, seed 0; avg JCT, this version in brackets):
-
-* observed-speed feedback -- move a running training job whose *observed* speed is < 0.95 to idle whole
-  GPUs when nobody waits and the time saved exceeds 4 restarts -- together with placing new inference
-  services on the GPU that loses the least predicted training speed: 64 GPUs @ load 1: 235.7 h [235.5],
-  @ load 2: 308.3 h [304.6]; 512 GPUs @ load 0.25, 1200 jobs: 89.4 h [89.4];
-* displacing a gang only for a gang at least as large: 64 GPUs @ load 1: 240.8 h [235.5];
-* refusing a slowed start (predicted speed < 1) when waiting for whole GPUs (EASY's shadow time from the
-  same estimates) would finish sooner, plus moving a growing inference service to an idle GPU instead of
-  evicting training: 64 GPUs @ 1: 234.4 h [235.5], @ 2: 306.3 h [304.6]; 512 @ 0.25: 89.38 h [89.37];
-* a minimum wait before a job may displace others (30 min / 2 h): 512 @ 0.25: 89.37 / 89.41 h [89.37];
-* predictor estimate, 2000 jobs, 512 GPUs @ load 1 [66.56 h before the speed-up ordering of 6]: *moving*
-  a running job slowed by co-tenants or its share cap onto empty GPUs at its full-speed share (as a
-  GPU-count offer next to growing): 65.75 h there, but 0.2-0.6 % worse at 64 GPUs; shrinking a preempted
-  gang onto its GPUs outside the preemptor's instead of requeueing it: 66.51 h (it then runs slowly for
-  the rest of its long life, worse than waiting ~15 h for a whole gang again); weighting a GPU's
-  preemption cost by its tenants' gang sizes: 68.25 h (x GPUs) / 71.70 h (x GPUs^2); preempt_ratio 2 / 8 /
-  16: 65.60 / 66.95 / 67.28 h (2 adopted later, with train_floor 0.85: see 4); max_preempt_jobs 16:
-  65.80 h; min_run_s 600: 65.74 h; no preemption:
-  74.67 h; inference shares in 10 % / 5 % steps: 65.93 / 65.84 h (the freed fragments sit on GPUs that
-  training gangs cannot use); ordering growth by waiting weight (shortest first): 67.13 h. In that cell
-  every GPU is busy whenever a growable job is below its largest count (time-average of min(empty GPUs,
-  growth headroom) 1.5 GPUs), so the remaining JCT there is capacity, not idle GPUs;
-  no preemption at all: 89.51 h (that cell is bound by run times: every scheduler's queueing delay there
-  is under 0.6 h of ~89 h).
-* with the needed-only give-back of 6 (predictor estimate, seed 0; 64 GPUs @ 1 / 512 GPUs @ 1 [158.96 /
-  61.98 h]): shrinking a gang only down to the largest allowed count that frees enough, not to its
-  request: 158.92 / 61.97 h; leaving 1 % / 3 % of the GPUs empty when growing (room for the next
-  arrivals): 160.04 / 66.75 h, 163.26 / 67.10 h -- growth onto idle GPUs is most of the gain at 512 @ 1;
-  lifting the give-back hold for a waiting job 16x heavier: 157.48 / 61.76 h, but mixed over the 16 cells
-  of 6 (-1.8 % to +1.2 %); preempt_ratio 1.5: 157.36 / 61.65 h, better in 11 of the 16 cells (up to
-  -2.7 %), worse in 4 (up to +0.7 %), with 5-30 % more restarts (64 @ 2: 1508 -> 1932) -- not worth the
-  churn a real restart costs; min_run_s 900 / 3600: 158.05 / 62.08 h, 158.85 / 61.86 h; gang_exponent
-  1.25 / 2: 159.69 / 62.45 h, 161.31 / 62.25 h; age_scale_s 2 days: 159.04 / 62.11 h.
-* with growth at launch (6; [158.25 / 61.74 h]): while jobs wait, letting a job placed this round start
-  grown only if it is heavier than every waiting job, as for running jobs: 158.21 / 61.78 h, and 64 @ 2
-  249.51 h [248.27], 512 @ 0.5 / 2 47.56 / 94.72 h [47.42 / 94.41], resampled 64 @ 2 40.91 h [41.27] --
-  mixed, slightly worse, so a job placed this round may grow onto GPUs left empty whatever its weight.
-
-Not done (yet): inference forecasts tighter than the engine's one-hour peak; growing a gang onto GPUs that
-have tenants (only empty GPUs are added; at 512 GPUs @ load 1 the free share on occupied GPUs while nobody
-waits and some job could grow averages 6.6 GPU-equivalents, about 1 % of the cluster).
+State across rounds (all driven by the view's clock, so simulated runs stay deterministic): the posted
+prices and when they were solved, when the preemption pass last ran, the estimate as corrected by
+observations, and skip caches of rounds that would decide the same again.
 """
 
 from __future__ import annotations
@@ -222,6 +59,7 @@ import numpy as np
 
 from services.allocator.policy.baselines import Policy
 from services.allocator.policy.inference import required_share_pct, slo_margin
+from services.allocator.policy.interference import utilisation_rule
 from services.allocator.policy.placement import TenantState, pick_gang, predict_join, tenant_weights, weighted_loss
 from services.allocator.policy.pricing import choose_shapes
 from services.allocator.policy.shapes import (
@@ -254,16 +92,17 @@ class ElastiCo(Policy):
     mps_limits = True
     needs_periodic_rounds = True
 
-    def __init__(self, estimate: np.ndarray, kappa: float, train_floor: float = 0.75, slo_factor: float = 10.0,
+    def __init__(self, estimate: np.ndarray, kappa: float, train_floor: float = 0.7, slo_factor: float = 10.0,
                  age_scale_s: float = 86400.0, las_scale_gpu_s: float = 3600.0, max_candidates: int = 256,
                  max_attempts: int = 8, shrink_after_s: float = 1800.0, inference_headroom: float = 1.0,
                  shares_pct: tuple[int, ...] = SHARES_PCT, solver=None, use_estimates: bool = True,
                  size_scale_gpu_s: float = 3600.0, price_depth: float = 4.0, preempt_ratio: float = 2.0,
                  min_run_s: float = 1800.0, max_preempt_jobs: int = 4, restart_s: float = 60.0,
-                 expand_gain: float = 4.0, reprice_interval_s: float = 1800.0, preempt_interval_s: float = 300.0,
+                 expand_gain: float = 4.0, reprice_interval_s: float = 3600.0, preempt_interval_s: float = 300.0,
                  elastic_gpus: bool = True, shrink_gpus: bool = True, min_count_speed: float = 0.25,
                  keep_heavy_growth: bool = True, gang_exponent: float = 1.5, learn_observed: bool = True,
-                 pricing: bool = True):
+                 pricing: bool = True, inference_shares_pct: tuple[int, ...] = tuple(range(5, 101, 5)),
+                 slack: bool = True, slack_floor: float = 0.25, slack_interval_s: float = 1800.0):
         self.M = estimate  # [T, T] estimated pair matrix (NaN = utilisation rule)
         self.kappa = kappa  # contention factor of the rule
         self.train_floor = train_floor  # training floor, fraction of isolated speed (1 / max slowdown)
@@ -297,6 +136,10 @@ class ElastiCo(Policy):
         # computes JobTable.observed_norm only for a policy that uses it
         self.uses_observations = learn_observed
         self.pricing = pricing  # shadow prices choose the shapes; False = each job its best shape (ablation)
+        self.inference_shares_pct = inference_shares_pct  # shares a service is sized in, percent (ascending)
+        self.slack = slack  # size lone services for a training co-tenant and fill that slack with waiting jobs
+        self.slack_floor = slack_floor  # a job placed in a service's slack keeps at least this of its speed
+        self.slack_interval_s = slack_interval_s  # the slack pass runs at most this often, s
         self._counts_cache: dict = {}  # (type table, type, requested GPUs) -> (allowed counts, speeds)
         self._prices: np.ndarray | None = None
         self._priced_at_s = -np.inf  # when the posted prices were last solved, s
@@ -306,6 +149,8 @@ class ElastiCo(Policy):
         self._inf_recheck_s = np.inf  # when a deferred inference shrink becomes due, s
         self._state_cache: tuple | None = None  # (inputs, TenantState) of the last training placement state
         self._learn_due = False  # this round's readings not yet learnt (:meth:`learn`)
+        self._slack_sig: tuple | None = None  # state of the last slack pass that placed nobody
+        self._slack_checked_s = -np.inf  # when the slack pass last ran (at most every slack_interval_s), s
 
     # ------------------------------------------------------------------------------------------------
     def weights(self, view: ClusterView, idx: np.ndarray) -> np.ndarray:
@@ -389,6 +234,10 @@ class ElastiCo(Policy):
             self._idle_sig = None
             self._training(view, gj, gs, W, d, queued)  # fill what the victims left beyond the served gangs
             waiting = self._waiting_training(queued, d)
+        if len(waiting) and self.slack and view.now_s - self._slack_checked_s >= self.slack_interval_s:
+            self._slack_checked_s = view.now_s
+            self._fill_slack(view, gj, gs, W, d, waiting)
+            waiting = self._waiting_training(queued, d)
         if len(waiting) == 0:
             self._expand(view, gj, gs, d)
         elif self.keep_heavy_growth and self._count_shapes(view):
@@ -453,8 +302,12 @@ class ElastiCo(Policy):
             slot = np.argmax(slot_mask, axis=1)
             nu = 1.0 / (1.0 + st.extra[pos, slot])
             cur = gs[g_of, slot]
-            reqs = required_share_pct(jobs.load_forecast[run] * self.inference_headroom, self.slo_factor, nu,
-                                      self.shares_pct)
+            load = jobs.load_forecast[run] * self.inference_headroom
+            reqs = required_share_pct(load, self.slo_factor, nu, self.inference_shares_pct)
+            alone = has & (st.extra[pos, slot] == 0)
+            if self.slack and alone.any():
+                room = self._slack_share(load[alone], jobs.solo_util[run][alone])
+                reqs[alone] = np.where(np.isfinite(room), np.maximum(reqs[alone], room), reqs[alone])
             grow = has & (reqs > cur + 1e-9)
             shrink = has & (reqs < cur - 1e-9) & (view.now_s - jobs.last_change_s[run] >= self.shrink_after_s)
             later = has & (reqs < cur - 1e-9) & ~shrink
@@ -477,7 +330,7 @@ class ElastiCo(Policy):
             j = int(j)
             load = float(jobs.load_forecast[j] * self.inference_headroom)
             placed = False
-            for share in self.shares_pct:
+            for share in self.inference_shares_pct:
                 if share / 100.0 - load < slo_margin(self.slo_factor) - 1e-9:
                     continue
                 pred = predict_join(self.M, self.kappa, gj, gs, jobs, view.types.inference_index, load, share,
@@ -486,12 +339,15 @@ class ElastiCo(Policy):
                 ok = pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok & cap_ok
                 g = pick_gang(-pred.share_free + pred.new_norm, ok, 1)
                 if g is not None:
+                    if self.slack and not (gj[g[0]] >= 0).any():  # alone: leave room for a training co-tenant
+                        room = float(self._slack_share(np.array([load]), jobs.solo_util[[j]])[0])
+                        share = max(share, room) if np.isfinite(room) else share
                     occupy(gj, gs, j, g, float(share))
                     d.place.append((j, g, float(share)))
                     placed = True
                     break
             if not placed:  # LS service first: clear the GPU whose training tenants weigh least
-                req = float(required_share_pct(load, self.slo_factor, 1.0, self.shares_pct))
+                req = float(required_share_pct(load, self.slo_factor, 1.0, self.inference_shares_pct))
                 tw = np.where(gj >= 0, W[np.maximum(gj, 0)], 0.0).sum(axis=1)
                 tw[(gj >= 0).any(axis=1) & (np.where(gj >= 0, jobs.kind[np.maximum(gj, 0)], 0) == INFERENCE).any(axis=1)] = np.inf
                 g = int(np.argmin(tw))
@@ -507,6 +363,69 @@ class ElastiCo(Policy):
         else:
             self._inf_key = None
         self._inf_recheck_s = recheck
+
+    def _slack_share(self, load: np.ndarray, util: np.ndarray) -> np.ndarray:
+        """[n] smallest inference share keeping the SLO at ``load`` next to one training co-tenant of at most
+        the complement's utilisation (the estimate's rule for an unmeasured inference pair), where that
+        complement is at least the smallest training share; NaN where there is none (the service then gets
+        what it needs alone)."""
+        sh = np.asarray(self.inference_shares_pct, float) / 100.0
+        comp = 1.0 - sh
+        nu = utilisation_rule(np.asarray(util, float)[:, None], comp[None, :], self.kappa)
+        ok = ((sh[None, :] * nu - np.asarray(load, float)[:, None] >= slo_margin(self.slo_factor) - 1e-9)
+              & (comp[None, :] * 100.0 >= min(self.shares_pct) - 1e-9))
+        return np.where(ok.any(axis=1), sh[np.argmax(ok, axis=1)] * 100.0, np.nan)
+
+    def _fill_slack(self, view: ClusterView, gj, gs, W, d: Decision, waiting: np.ndarray) -> None:
+        """Waiting training jobs, lightest first, take the share services leave on GPUs hosting only services:
+        the largest training share that fits, where the services keep their SLO and the job at least
+        ``slack_floor`` of its speed (that share would idle otherwise). Lightest first: a long job that would
+        wait long anyway gains most from slow progress, while a short one waits for a full-speed place."""
+        jobs = view.jobs
+        occ = gj >= 0
+        svc = occ & (jobs.kind[np.where(occ, gj, 0)] == INFERENCE)
+        free = 100.0 - slot_sum(gs)
+        small = float(min(self.shares_pct))
+        rows = np.flatnonzero(slot_any(svc) & ~slot_any(occ & ~svc) & slot_any(~occ) & (free >= small - 1e-9))
+        if len(rows) == 0:
+            return
+        # the same slack next to the same services, offered to the same queue, as a pass that placed nobody
+        sig = (rows.tobytes(), gj[rows].tobytes(), gs[rows].tobytes(), waiting.tobytes(),
+               jobs.load_forecast[np.where(gj[rows] >= 0, gj[rows], 0)].tobytes())
+        if sig == self._slack_sig:
+            return
+        placed_before = len(d.place)
+        state = TenantState(self.M, self.kappa, gj[rows], gs[rows], jobs, True)
+        failed: set = set()
+        attempts = 0
+        shares = sorted(self.shares_pct, reverse=True)
+        room = free[rows]
+        n_room = {sh: int((room >= sh - 1e-9).sum()) for sh in shares}  # slack GPUs with room for each share
+        for j in waiting[np.argsort(W[waiting], kind="stable")].tolist():
+            if attempts >= self.max_attempts or n_room[small] == 0:
+                break
+            n, t, u = int(jobs.num_gpus[j]), int(jobs.type_idx[j]), float(jobs.solo_util[j])
+            for share in shares:
+                key = (t, n, share)
+                if key in failed or n_room[share] < n or share / 100.0 < self.slack_floor * u - 1e-9:
+                    continue
+                attempts += 1
+                pred = state.join(t, u, float(share), self.train_floor, self.slo_factor)
+                feas = (pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok
+                        & (pred.new_norm >= self.slack_floor - 1e-9))
+                gl = pick_gang(pred.new_norm, feas, n, view.topo, rows)
+                if gl is None:
+                    failed.add(key)
+                    continue
+                g = rows[gl]
+                occupy(gj, gs, j, g, float(share))
+                d.place.append((j, g, float(share)))
+                free[g] -= share
+                room = free[rows]
+                n_room = {sh: int((room >= sh - 1e-9).sum()) for sh in shares}
+                state.refresh(gl, gj[rows], gs[rows])
+                break
+        self._slack_sig = sig if len(d.place) == placed_before else None
 
     @staticmethod
     def _services_key(jobs, gj, gs, run: np.ndarray, forecasts: bytes, pend: np.ndarray) -> tuple:
@@ -700,24 +619,32 @@ class ElastiCo(Policy):
         req = jobs.num_gpus[cand].astype(np.int64)
         S = len(self.shares_pct)
         C = 4 if self._count_shapes(view) and self.shrink_gpus else 1
-        cnt = np.repeat(req[:, None], C, axis=1)
-        valid = np.zeros((len(cand), C), bool)
-        valid[:, 0] = True
         if C > 1:
-            for i, r in enumerate(req):
-                opts = count_options(int(r), C - 1)
-                cnt[i, :len(opts)] = opts
-                valid[i, :len(opts)] = True
-            cspeed = count_speed(view.types.scale_tput[jobs.type_idx[cand]], cnt, req[:, None])
+            rows = [self._shrink_row(view, t, r) for t, r in zip(jobs.type_idx[cand].tolist(), req.tolist())]
+            cnt = np.array([r[0] for r in rows], np.int64).reshape(len(cand), C)
+            valid = np.array([r[1] for r in rows], bool).reshape(len(cand), C)
+            cspeed = np.array([r[2] for r in rows], float).reshape(len(cand), C)
         else:
-            cspeed = np.ones((len(cand), 1))
-        valid &= cspeed >= self.min_count_speed - 1e-9
-        valid[:, 0] = True
+            cnt, valid, cspeed = req[:, None], np.ones((len(cand), 1), bool), np.ones((len(cand), 1))
         speed = (cspeed[:, :, None] * sp[:, None, :]).reshape(len(cand), C * S)
         ok = (valid[:, :, None] & okp[:, None, :]).reshape(len(cand), C * S)
         gpus = np.repeat(cnt, S, axis=1).astype(float)
         share = np.tile(np.asarray(self.shares_pct, float), C)
         return gpus, share, speed, ok, np.repeat(cspeed, S, axis=1)
+
+    def _shrink_row(self, view: ClusterView, type_idx: int, req: int) -> tuple:
+        """(counts [4], feasible [4], GPU-count speed [4]) of a job type's gang and its halvings (a repeat of
+        the gang where there are fewer than three), cached per type table, type and requested size."""
+        key = ("shrink", id(view.types), type_idx, req)
+        hit = self._counts_cache.get(key)
+        if hit is None:
+            opts = count_options(req, 3)
+            cnt = np.array(list(opts) + [req] * (4 - len(opts)), np.int64)
+            sp = count_speed(view.types.scale_tput[type_idx], cnt, req)
+            ok = (np.arange(4) < len(opts)) & (sp >= self.min_count_speed - 1e-9)
+            ok[0] = True
+            hit = self._counts_cache[key] = (cnt.tolist(), ok.tolist(), sp.tolist())
+        return hit
 
     # ------------------------------------------------------------------------------------------------
     def _preempt(self, view: ClusterView, gj, gs, W, d: Decision, waiting: np.ndarray) -> bool:

@@ -199,11 +199,20 @@ def pick_gang(score: np.ndarray, feasible: np.ndarray, n: int, topo: Topology | 
         order = np.argsort(-score[idx], kind="stable")[:n]
         return np.sort(idx[order])
     node = topo.gpu_node[idx if rows is None else np.asarray(rows)[idx]]
+    cnt = np.bincount(node, minlength=topo.num_nodes)
     sc = np.asarray(score, float)[idx]
+    flat_score = sc.min() == sc.max()  # e.g. exclusive placement: every free GPU alike
+    if n <= topo.max_node:
+        fits = np.flatnonzero(cnt >= n)
+        if len(fits) == 0:
+            return None
+        if flat_score:  # the first node with room, its first n GPUs
+            return idx[node == fits[0]][:n]
+        keep = np.isin(node, fits)
+        idx, node, sc = idx[keep], node[keep], sc[keep]
     order = np.lexsort((-sc, node))  # by node, best score first within a node (stable: lowest position on ties)
     node_o, sc_o = node[order], sc[order]
     rank = np.arange(len(order)) - np.searchsorted(node_o, node_o, side="left")
-    cnt = np.bincount(node_o, minlength=topo.num_nodes)
 
     def best_node(k: int, exclude=()) -> int | None:
         take = rank < k
@@ -217,8 +226,10 @@ def pick_gang(score: np.ndarray, feasible: np.ndarray, n: int, topo: Topology | 
 
     if n <= topo.max_node:
         b = best_node(n)
-        return None if b is None else np.sort(idx[order[(node_o == b) & (rank < n)]])
+        return np.sort(idx[order[(node_o == b) & (rank < n)]])
     whole = np.flatnonzero(cnt == topo.node_size)
+    if int(topo.node_size[whole].sum()) < n - topo.max_node:
+        return None  # not enough whole nodes, whatever the remainder
     wtot = np.bincount(node_o, weights=sc_o, minlength=topo.num_nodes)[whole]
     chosen, need = [], n
     for nd in whole[np.lexsort((whole, -np.round(wtot, 9)))].tolist():
