@@ -17,3 +17,7 @@ def test_headline_smoke(tmp_path):
     assert "information parity" in p.stdout
     assert (tmp_path / "headline.json").exists()
     assert any(tmp_path.glob("*/jct_cdf.png")) and any(tmp_path.glob("*/utilisation.png"))
+    assert any(tmp_path.glob("*/work_vs_ceiling.png")) and (tmp_path / "headline.md").exists()
+    for metric in ("leads on avg JCT", "leads on jobs/h", "leads on work/h", "leads on eff util"):
+        assert metric in p.stdout  # every metric has its leader, with PASS or FAIL
+    assert "trace-derived inference share" in p.stdout and "ablation elastico/no-prices" in p.stdout
