@@ -116,6 +116,35 @@ async def test_elastic_gpus_start_a_job_grown_by_the_policy_on_its_own_gang(stor
     assert rep.placed == [job.job_id] and got.state is JobState.PLACED and len(got.placement.slices) == 1
 
 
+@pytest.mark.parametrize("policy", ["elastico", "exclusive-fifo", "lucid"])
+async def test_a_gang_that_fits_one_node_is_never_split_across_nodes(store, policy):
+    """Two nodes of two GPUs, one GPU taken on each: a 2-GPU job waits rather than span both nodes; once a
+    node has two free GPUs it starts there."""
+    await heartbeat(store, "n1", "n2", gpus=2)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(policy=policy), lease)
+    whole = make_spec(shapes=(Shape(1, 100.0, 16384),), training=TrainingWork(total_steps=10**8))
+    singles = [(await store.create_job(make_job(spec=whole)))[0] for _ in range(4)]
+    await sch.round(epoch)
+    on = {j.job_id: (await store.get_job(j.job_id)).placement.slices[0] for j in singles}
+    assert len({(s.node_id, s.gpu_index) for s in on.values()}) == 4
+
+    async def finish(job_ids):
+        for n in ("n1", "n2"):
+            await agent_reports(store, n, "succeeded", StateReason.COMPLETED, only=set(job_ids))
+        await sch.round(epoch)
+
+    await finish([j for j, s in on.items() if s.gpu_index == 0])  # GPU 0 of each node becomes free
+    gang = make_spec(shapes=(Shape(2, 100.0, 16384),), training=TrainingWork(total_steps=10**6))
+    job, _ = await store.create_job(make_job(spec=gang))
+    await sch.round(epoch)
+    assert (await store.get_job(job.job_id)).placement is None  # one free GPU per node: it waits
+    await finish([j for j, s in on.items() if s.node_id == "n1" and s.gpu_index == 1])  # node n1 empties
+    await sch.round(epoch)
+    got = (await store.get_job(job.job_id)).placement
+    assert got is not None and {s.node_id for s in got.slices} == {"n1"} and len(got.slices) == 2
+
+
 async def test_stale_node_gets_nothing_and_its_jobs_are_requeued_after_grace(store):
     await heartbeat(store, "n1", gpus=1)
     lease, epoch = await leader(store, "a")
