@@ -50,8 +50,13 @@ class TraceJob:
     spec: tpb.JobSpec
 
 
-def trace_jobs(workload, gpu_type: str = "v100", gpu_mem_mib: int = 16384, train_floor: float = 0.5) -> list[TraceJob]:
-    """The workload's training jobs as API specs (see the module docstring for the mapping)."""
+def trace_jobs(workload, gpu_type: str = "v100", gpu_mem_mib: int = 16384, train_floor: float | None = None) -> list[TraceJob]:
+    """The workload's training jobs as API specs (see the module docstring for the mapping); their shapes keep
+    ``train_floor`` (default: the live allocator's, which is the policy's)."""
+    if train_floor is None:
+        from services.allocator.settings import AllocatorSettings
+
+        train_floor = AllocatorSettings.train_floor
     truth = ColocationTruth.default()
     types, tr = workload.types, workload.train
     out = []
