@@ -53,6 +53,9 @@ class AllocatorSettings(Settings):
     # ever runs at the gang sizes its explicit shapes declare (plan.allowed_gang_sizes), so a workload that
     # cannot restart at another data-parallel size declares one size and is never resized
     elastic_gpus: bool = _policy_default("elastic_gpus")
+    # the objective knob between JCT and work done: the least fraction of its isolated speed a queued gang
+    # may shrink to (lower: more work per GPU where scaling is sub-linear; higher: each job finishes sooner)
+    min_count_speed: float = _policy_default("min_count_speed")
     policy_max_attempts: int = 0  # ElastiCo: placement attempts per round at most (bounds a round's cost); 0 = the policy's default
     time_scale: float = 1.0  # policy clock = wall clock x this (demo replays: matches the node agents' scale)
     decide_worker: str = "process"  # where policy.decide runs: "process" (own core, loop keeps serving) or "thread"
@@ -86,6 +89,8 @@ class AllocatorSettings(Settings):
             raise ConfigError(f"ELASTICO_POLICY_MAX_ATTEMPTS={self.policy_max_attempts}: must be >= 0")
         if not 0 < self.train_floor <= 1:
             raise ConfigError(f"ELASTICO_TRAIN_FLOOR={self.train_floor}: must be in (0, 1]")
+        if not 0 < self.min_count_speed <= 1:
+            raise ConfigError(f"ELASTICO_MIN_COUNT_SPEED={self.min_count_speed}: must be in (0, 1]")
         for name in ("pricer_address", "predictor_address"):
             value = getattr(self, name)
             if value and ":" not in value:
