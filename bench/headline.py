@@ -83,12 +83,6 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def live_options() -> dict:
-    """The live allocator's policy configuration (its settings' defaults), as policy options."""
-    d = {f.name: f.default for f in dataclasses.fields(AllocatorSettings)}
-    return {"train_floor": d["train_floor"], "elastic_gpus": d["elastic_gpus"], "min_count_speed": d["min_count_speed"]}
-
-
 def run_cell(spec: dict, common: dict) -> dict:
     """Every policy (and, when asked, the ablations) on one cell's workload; picklable result."""
     w = build_workload(common["trace"], spec["gpus"], common["inference"], common["seed"], spec["load"], None,
@@ -120,13 +114,19 @@ def _ratio(e: float, other: float, higher: bool) -> float:
     return other / e if e > 0 else float("inf")
 
 
+def leaders(cell: dict) -> tuple[dict, list[str]]:
+    """(metric -> the best baseline's summary among those keeping the SLO, the baselines that do not)."""
+    baselines = [s for s in cell["sums"] if s["policy"] in POLICY_NAMES and s["policy"] != "elastico"]
+    keep = [s for s in baselines if not s["slo_attainment"] < TARGET_SLO]  # NaN (no inference) keeps
+    best = {key: (max if higher else min)(keep, key=lambda s, k=key: s[k]) for key, _, higher in METRICS}
+    return best, [s["policy"] for s in baselines if s not in keep]
+
+
 def evaluate(cell: dict) -> tuple[list[str], list[tuple[str, bool]]]:
     """Leader lines and PASS/FAIL checks of one cell."""
     by = {s["policy"]: s for s in cell["sums"]}
     e, f, c = by["elastico"], by["exclusive-fifo"], cell["ceiling"]
-    baselines = [s for s in cell["sums"] if s["policy"] in POLICY_NAMES and s["policy"] != "elastico"]
-    keep = [s for s in baselines if not s["slo_attainment"] < TARGET_SLO]  # NaN (no inference) keeps
-    dropped = [s["policy"] for s in baselines if s not in keep]
+    lead, dropped = leaders(cell)
     lines = [f"  ceiling (every job alone from its arrival on its fastest gang): {c['jobs_per_h_loaded']:.3f} jobs/h, "
              f"{c['work_gpu_h_per_h']:.1f} work/h, effective util {c['eff_util']:.1%}, avg JCT floor "
              f"{c['avg_jct_floor_h']:.1f} h"]
@@ -138,7 +138,7 @@ def evaluate(cell: dict) -> tuple[list[str], list[tuple[str, bool]]]:
     ceil_of = {"avg_jct_h": c["avg_jct_floor_h"], "jobs_per_h_loaded": c["jobs_per_h_loaded"],
                "work_gpu_h_per_h": c["work_gpu_h_per_h"], "eff_util": c["eff_util"]}
     for key, label, higher in METRICS:
-        best = (max if higher else min)(keep, key=lambda s: s[key])
+        best = lead[key]
         x = _ratio(e[key], best[key], higher)
         to_ceiling = e[key] / ceil_of[key] if higher else ceil_of[key] / e[key]
         fmt = (lambda v: f"{v:.1%}") if key == "eff_util" else (lambda v: f"{v:.3f}" if v < 1 else f"{v:.2f}")
@@ -202,12 +202,8 @@ def summary_rows(cells: list[dict]) -> list[str]:
             continue
         by = {s["policy"]: s for s in cell["sums"]}
         e, f, c = by["elastico"], by["exclusive-fifo"], cell["ceiling"]
-        keep = [s for s in cell["sums"] if s["policy"] in POLICY_NAMES and s["policy"] != "elastico"
-                and not s["slo_attainment"] < TARGET_SLO]
-        lead = []
-        for key, _, higher in METRICS:
-            b = (max if higher else min)(keep, key=lambda s: s[key])
-            lead.append(f"{b['policy']} {_ratio(e[key], b[key], higher):.3f}x")
+        best, _ = leaders(cell)
+        lead = [f"{best[key]['policy']} {_ratio(e[key], best[key][key], higher):.3f}x" for key, _, higher in METRICS]
         rows.append(f"| {cell['gpus']} | {cell['share']:.2f}{'*' if cell['main'] else ''} | {cell['load']:g} | "
                     f"{e['avg_jct_h']:.1f} h | {f['avg_jct_h'] / e['avg_jct_h']:.2f}x | " + " | ".join(lead) +
                     f" | {f['work_gpu_h_per_h']:.1f} → {e['work_gpu_h_per_h']:.1f} [{c['work_gpu_h_per_h']:.1f}] | "
@@ -258,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.smoke:
         a.sizes, a.loads, a.jobs_64, a.skip_speed = [16], [1.0], 40, True
         extra = extra[:1]
-    options = live_options()
+    options = AllocatorSettings().policy_options()
     print(f"policy configuration = the live allocator's defaults (services/allocator/settings.py): "
           + ", ".join(f"{k}={v}" for k, v in options.items()) + f"; tenants per GPU {AllocatorSettings.max_tenants}", flush=True)
     print("information parity: exclusive-backfill, lucid and elastico receive the same (exact) remaining-run-time "

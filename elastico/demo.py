@@ -109,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     gpus = a.nodes * a.gpus_per_node
     policies = [p.strip() for p in a.policies.split(",") if p.strip()]
     w = build_workload(a.trace, gpus, window=tuple(a.window), max_jobs=a.jobs, estimator="rule")
-    jobs = trace_jobs(w)
+    from services.allocator.settings import AllocatorSettings
+
+    live_opts = AllocatorSettings().policy_options()  # the live allocator's, so both rows run the same policy
+    jobs = trace_jobs(w, train_floor=live_opts["train_floor"])
     span_h = float(w.train.arrival_s.max()) / 3600
     print(f"== slice: {len(jobs)} Philly jobs ({a.trace}, arrivals [{a.window[0]:.0f}, {a.window[1]:.0f}) s, "
           f"{span_h:.2f} h), gang sizes {dict(zip(*np.unique(w.train.num_gpus, return_counts=True)))}, "
@@ -120,11 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         _, s = run_live(p, jobs, a.nodes, a.gpus_per_node, a.time_scale, a.timeout_s, run_root)
         live.append(s)
     print("\n== simulator: same jobs, same policies, same estimate (in-process)")
-    from services.allocator.settings import AllocatorSettings
-
-    # the live allocator's policy options (its settings' defaults), so both rows run the same policy
-    live_opts = {"train_floor": AllocatorSettings.train_floor, "elastic_gpus": AllocatorSettings.elastic_gpus}
-    _, sims = run_policies(w, policies, SimConfig(gpus=gpus, round_interval_s=300.0), live_opts)
+    sim = SimConfig(gpus=gpus, round_interval_s=300.0)
+    _, sims = run_policies(w, policies, sim, live_opts)
     for s in sims:
         s["policy"] = f"{s['policy']} (sim)"
     rows = [r for pair in zip(sims, live, strict=True) for r in pair]

@@ -50,13 +50,9 @@ class TraceJob:
     spec: tpb.JobSpec
 
 
-def trace_jobs(workload, gpu_type: str = "v100", gpu_mem_mib: int = 16384, train_floor: float | None = None) -> list[TraceJob]:
+def trace_jobs(workload, *, train_floor: float, gpu_type: str = "v100", gpu_mem_mib: int = 16384) -> list[TraceJob]:
     """The workload's training jobs as API specs (see the module docstring for the mapping); their shapes keep
-    ``train_floor`` (default: the live allocator's, which is the policy's)."""
-    if train_floor is None:
-        from services.allocator.settings import AllocatorSettings
-
-        train_floor = AllocatorSettings.train_floor
+    ``train_floor`` (the live allocator's)."""
     truth = ColocationTruth.default()
     types, tr = workload.types, workload.train
     out = []

@@ -107,9 +107,8 @@ class Engine:
         self.end_inf = np.concatenate([np.full(Jt, np.nan), inf.end_s if Ji else np.zeros(0)])
         util = types.solo_util[self.type_idx].copy()
         if Ji:
-            self.prof_scaled = [inf.peak_load[i] * inf.profiles[inf.profile[i]] for i in range(Ji)]
-            mean_load = np.array([p.mean() for p in self.prof_scaled])
-            util[Jt:] = mean_load
+            self.prof_scaled = [inf.demand(i) for i in range(Ji)]
+            util[Jt:] = inf.mean_load()
             W = max(1, int(round(cfg.forecast_window_s / BIN_S)))
             # circular max over the last W bins, per bin, padded into one array [Ji, longest profile] so a
             # LOAD tick reads every live service's forecast at once

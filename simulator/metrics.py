@@ -113,9 +113,7 @@ def throughput_ceiling(train: TrainingJobs, types: TypeTable, window_end_s: floa
         eff_s = float((work_j * types.solo_util[train.type_idx] * np.minimum(per_work, 1.0)).sum())
         if inf is not None and len(inf.start_s):
             life = np.maximum(np.minimum(inf.end_s, window_end_s) - np.minimum(inf.start_s, window_end_s), 0.0)
-            mean_load = np.array([float((inf.peak_load[i] * inf.profiles[inf.profile[i]]).mean())
-                                  for i in range(len(inf.start_s))])
-            eff_s += float((np.minimum(mean_load, 1.0) * life).sum())
+            eff_s += float((np.minimum(inf.mean_load(), 1.0) * life).sum())
         eff = float(min(1.0, eff_s / (gpus * max(window_end_s, 1e-9))))
     return {"jobs_per_h_loaded": float(finish_in.sum() / win_h), "work_gpu_h_per_h": float(work_j.sum() / 3600 / win_h),
             "eff_util": eff, "avg_jct_floor_h": floor}

@@ -28,7 +28,6 @@ class Workload:
     inf: object
     gpus: int = 0  # cluster size
     static_inference_gpus: float = 0.0  # time-averaged GPUs static allocation gives inference
-    inference_fraction: float = 0.0  # peak share of GPUs inference holds under static allocation (0 = none)
 
     @property
     def training_gpus(self) -> float:
@@ -84,7 +83,7 @@ def build_workload(trace: str, gpus: int, inference_traces: list[str] | None = N
     if inference_traces:
         inf = load_inference(inference_traces, gpus, float(train.arrival_s.max()) or 1.0, seed, inference_fraction,
                              slo_factor)
-    return Workload(types, truth, est, name, train, inf, gpus, static, inference_fraction if inf is not None else 0.0)
+    return Workload(types, truth, est, name, train, inf, gpus, static)
 
 
 def run_policies(w: Workload, policies: list[str], cfg: SimConfig, policy_options: dict | None = None):

@@ -87,6 +87,14 @@ class InferenceServices:
     profiles: list  # list of [P] float arrays, normalised per-bin demand (max 1)
     names: list  # profile names
 
+    def demand(self, i: int) -> np.ndarray:
+        """[P] load of service ``i`` per bin of its (looped) profile, fraction of one GPU."""
+        return self.peak_load[i] * self.profiles[self.profile[i]]
+
+    def mean_load(self) -> np.ndarray:
+        """[I] each service's mean load over its profile, fraction of one GPU."""
+        return np.array([self.demand(i).mean() for i in range(len(self.start_s))])
+
 
 TRAINING_COLUMNS = ("arrival_time_s", "job_type", "num_gpus")  # plus a duration: see load_training
 

@@ -37,7 +37,7 @@ from elastico.domain import (
 from elastico.state.store import FULL_GPU_SHARE_UNITS, share_units
 from services.allocator.policy import INFERENCE, TRAINING, ClusterView, Decision, JobTable, TypeTable
 from services.allocator.policy.inference import slo_margin
-from services.allocator.policy.placement import TenantState, pick_gang
+from services.allocator.policy.placement import TenantState, pick_gang, sub_gang
 from services.allocator.policy.shapes import SHARES_PCT, share_speed
 from services.allocator.policy.view import Topology, occupy, vacate
 
@@ -413,9 +413,7 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
             n = int(view.jobs.num_gpus[int(r)])
             sub = None
             if int(r) not in running and n in allowed and len(g) >= n:
-                # a job starting on a grown gang starts on its own gang instead (its first GPUs in the topology)
-                first = pick_gang(-np.arange(len(g), dtype=float), np.ones(len(g), bool), n, topo, g)
-                sub = None if first is None else g[first]
+                sub = sub_gang(g, n, topo)  # a job starting on a grown gang starts on its own gang instead
             if sub is None:
                 bad.add(int(r))
                 continue

@@ -264,8 +264,7 @@ class Scheduler:
         key = f"{mode}:{id(matrix)}"
         pol = self._policies.get(key)
         if pol is None:
-            opts: dict = {"train_floor": self.s.train_floor, "elastic_gpus": self.s.elastic_gpus,
-                          "min_count_speed": self.s.min_count_speed}
+            opts: dict = self.s.policy_options()
             if self.s.policy_max_attempts:
                 opts["max_attempts"] = self.s.policy_max_attempts
             if matrix is None:  # degraded: the same policy on whole GPUs with a matrix that forbids sharing

@@ -96,6 +96,11 @@ class AllocatorSettings(Settings):
             if value and ":" not in value:
                 raise ConfigError(f"ELASTICO_{name.upper()}={value!r}: must be host:port")
 
+    def policy_options(self) -> dict:
+        """The options the policy runs with (the simulator's runs of the live configuration use the same)."""
+        return {"train_floor": self.train_floor, "elastic_gpus": self.elastic_gpus,
+                "min_count_speed": self.min_count_speed}
+
     @property
     def effective_replica_id(self) -> str:
         return self.replica_id or f"{socket.gethostname()}-{os.getpid()}"

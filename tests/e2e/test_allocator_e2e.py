@@ -20,6 +20,7 @@ import pytest
 from elastico import cluster
 from elastico.redis_embedded import free_port
 from elastico.replay import Replay, trace_jobs
+from services.allocator.settings import AllocatorSettings
 from elastico.v1 import allocator_pb2, allocator_pb2_grpc
 from elastico.v1 import types_pb2 as tpb
 
@@ -32,7 +33,7 @@ def slice_jobs():
     from simulator.run import build_workload
 
     w = build_workload("data/traces/gavel_philly_vc_traces_seed0.csv", 8, window=WINDOW, max_jobs=50, estimator="rule")
-    return trace_jobs(w)
+    return trace_jobs(w, train_floor=AllocatorSettings().train_floor)
 
 
 @pytest.fixture

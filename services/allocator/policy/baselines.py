@@ -7,7 +7,7 @@ Shared conventions (documented once):
   its peak, never preempted); ``mps-equal-share`` gives it one MPS replica like any pod.
 * **Gang placement**: a multi-GPU job starts only when all its GPUs are available at once, inside one node
   when it fits one, else on whole nodes plus at most one partial node (:func:`placement.pick_gang`: the
-  best-fitting node, lowest GPUs first).
+  first node with room, lowest GPUs first).
 * **Runtime estimates**: EASY backfilling and Lucid need job-duration estimates. They receive the true
   remaining isolated run time (``JobTable.remaining_est_s``), i.e. *perfect* estimates -- generous to the
   baselines, never the reverse. Tiresias and ElastiCo are non-clairvoyant.

@@ -60,7 +60,14 @@ import numpy as np
 from services.allocator.policy.baselines import Policy
 from services.allocator.policy.inference import required_share_pct, slo_margin
 from services.allocator.policy.interference import utilisation_rule
-from services.allocator.policy.placement import TenantState, pick_gang, predict_join, tenant_weights, weighted_loss
+from services.allocator.policy.placement import (
+    TenantState,
+    pick_gang,
+    predict_join,
+    sub_gang,
+    tenant_weights,
+    weighted_loss,
+)
 from services.allocator.policy.pricing import choose_shapes
 from services.allocator.policy.shapes import (
     SHARES_PCT,
@@ -399,8 +406,11 @@ class ElastiCo(Policy):
         failed: set = set()
         attempts = 0
         shares = sorted(self.shares_pct, reverse=True)
-        room = free[rows]
-        n_room = {sh: int((room >= sh - 1e-9).sum()) for sh in shares}  # slack GPUs with room for each share
+
+        def rooms() -> dict:  # slack GPUs with room for each share
+            return {sh: int((free[rows] >= sh - 1e-9).sum()) for sh in shares}
+
+        n_room = rooms()
         for j in waiting[np.argsort(W[waiting], kind="stable")].tolist():
             if attempts >= self.max_attempts or n_room[small] == 0:
                 break
@@ -421,8 +431,7 @@ class ElastiCo(Policy):
                 occupy(gj, gs, j, g, float(share))
                 d.place.append((j, g, float(share)))
                 free[g] -= share
-                room = free[rows]
-                n_room = {sh: int((room >= sh - 1e-9).sum()) for sh in shares}
+                n_room = rooms()
                 state.refresh(gl, gj[rows], gs[rows])
                 break
         self._slack_sig = sig if len(d.place) == placed_before else None
@@ -638,12 +647,11 @@ class ElastiCo(Policy):
         key = ("shrink", id(view.types), type_idx, req)
         hit = self._counts_cache.get(key)
         if hit is None:
-            opts = count_options(req, 3)
-            cnt = np.array(list(opts) + [req] * (4 - len(opts)), np.int64)
-            sp = count_speed(view.types.scale_tput[type_idx], cnt, req)
-            ok = (np.arange(4) < len(opts)) & (sp >= self.min_count_speed - 1e-9)
-            ok[0] = True
-            hit = self._counts_cache[key] = (cnt.tolist(), ok.tolist(), sp.tolist())
+            counts, speed, _ = self._count_table(view, type_idx, req)
+            opts = [c for c in counts if c <= req]  # the gang and its halvings, as count_options gives them
+            cnt = opts + [req] * (4 - len(opts))
+            ok = [i == 0 or (i < len(opts) and speed[c] >= self.min_count_speed - 1e-9) for i, c in enumerate(cnt)]
+            hit = self._counts_cache[key] = (cnt, ok, [speed[c] for c in cnt])
         return hit
 
     # ------------------------------------------------------------------------------------------------
@@ -858,12 +866,7 @@ class ElastiCo(Policy):
             need = int(nq[wq > W[j]].sum()) if self.keep_heavy_growth else int(nq.sum())
             if room >= need:
                 continue  # the waiting jobs this gang would make room for fit already
-            own = np.asarray(jobs.gpus[j])
-            first = np.zeros(len(gj))
-            first[own] = -np.arange(len(own))  # its first GPUs that keep the topology
-            mask = np.zeros(len(gj), bool)
-            mask[own] = True
-            target = pick_gang(first, mask, int(jobs.num_gpus[j]), view.topo)
+            target = sub_gang(jobs.gpus[j], int(jobs.num_gpus[j]), view.topo)  # its first GPUs in the topology
             if target is None:
                 continue
             self._relaunch(view, gj, gs, d, j, target)

@@ -247,6 +247,13 @@ def pick_gang(score: np.ndarray, feasible: np.ndarray, n: int, topo: Topology | 
     return np.sort(idx[order[sel]])
 
 
+def sub_gang(gpus: np.ndarray, n: int, topo: Topology | None = None) -> np.ndarray | None:
+    """The first ``n`` of a gang's GPUs (in the order given) that keep the topology rule, or None."""
+    gpus = np.asarray(gpus)
+    first = pick_gang(-np.arange(len(gpus), dtype=float), np.ones(len(gpus), bool), n, topo, gpus)
+    return None if first is None else gpus[first]
+
+
 def first_free_gpus(gpu_job: np.ndarray, n: int, topo: Topology | None = None) -> np.ndarray | None:
     """``n`` GPUs with no tenant (exclusive gang placement) that keep the topology rule, or None: the
     lowest-index ones of the first node with room (:func:`pick_gang`)."""
