@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         _, s = run_live(p, jobs, a.nodes, a.gpus_per_node, a.time_scale, a.timeout_s, run_root)
         live.append(s)
     print("\n== simulator: same jobs, same policies, same estimate (in-process)")
-    sim = SimConfig(gpus=gpus, round_interval_s=300.0)
+    sim = SimConfig(gpus=gpus, node_gpus=a.gpus_per_node, round_interval_s=300.0)  # the live nodes' topology
     _, sims = run_policies(w, policies, sim, live_opts)
     for s in sims:
         s["policy"] = f"{s['policy']} (sim)"
