@@ -9,8 +9,10 @@ service with a wrong setting refuses to start instead of misbehaving later. Unit
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import typing
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Self
@@ -20,6 +22,31 @@ from elastico.errors import ConfigError
 ENV_PREFIX = "ELASTICO_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "json", "console")
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine can reach (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def redis_has_password(url: str) -> bool:
+    """Whether a Redis URL carries credentials (``redis://[user]:password@...`` or ``?password=``)."""
+    parts = urllib.parse.urlsplit(url)
+    return bool(parts.password) or "password" in urllib.parse.parse_qs(parts.query)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for logs and error messages)."""
+    parts = urllib.parse.urlsplit(url)
+    if not parts.password:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def _parse(raw: str, tp: Any, var: str) -> Any:
@@ -55,6 +82,21 @@ class Settings:
     shutdown_grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM
     redis_url: str = ""  # redis://host:port/db of the shared state; "" = service does not use Redis
     port_file: str = ""  # if set, the bound gRPC port is written here (for supervisors using port 0)
+    # --- transport security (docs/security.md) ---------------------------------------------------------
+    # mTLS is the default: this process's certificate and key (its identity: the certificate's common name,
+    # e.g. "allocator" or "node/<node id>") and the CA its peers' certificates must chain to. The files are
+    # re-read when they change (rotation without restart).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    # the server demands a client certificate (mTLS); off only for a public API port whose callers
+    # authenticate with tokens alone
+    tls_require_client_cert: bool = True
+    # plaintext gRPC and an unauthenticated Redis, for a loopback-only development run: logged as a warning
+    # at start, and a non-loopback bind address is refused
+    insecure: bool = False
+    # accept a Redis URL without a password (a Redis reachable only by this suite); said so at start
+    redis_allow_no_auth: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Self:
@@ -89,7 +131,22 @@ class Settings:
         if self.shutdown_grace_s < 0:
             raise ConfigError(f"ELASTICO_SHUTDOWN_GRACE_S={self.shutdown_grace_s}: must be >= 0")
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"ELASTICO_REDIS_URL={self.redis_url!r}: must start with redis://, rediss:// or unix://")
+            raise ConfigError(f"ELASTICO_REDIS_URL={redact_url(self.redis_url)!r}: must start with redis://, rediss:// or unix://")
+        if self.insecure:
+            if not is_loopback(self.host):
+                raise ConfigError(f"ELASTICO_INSECURE=1 serves plaintext: it binds loopback only, not ELASTICO_HOST={self.host!r}")
+        else:
+            missing = [f"ELASTICO_{n.upper()}" for n in ("tls_cert_file", "tls_key_file", "tls_ca_file") if not getattr(self, n)]
+            if missing:
+                raise ConfigError(f"{', '.join(missing)} required: every ElastiCo server runs mTLS "
+                                  "(or set ELASTICO_INSECURE=1 for plaintext on loopback)")
+            for n in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
+                if not os.path.isfile(getattr(self, n)):
+                    raise ConfigError(f"ELASTICO_{n.upper()}={getattr(self, n)!r}: no such file")
+        if self.redis_url and not (self.insecure or self.redis_allow_no_auth) and not redis_has_password(self.redis_url):
+            raise ConfigError(f"ELASTICO_REDIS_URL={redact_url(self.redis_url)!r} carries no password: ElastiCo refuses an "
+                              "unauthenticated Redis (redis://user:password@host:port/db), unless "
+                              "ELASTICO_REDIS_ALLOW_NO_AUTH=1 says the Redis is private")
 
     def require_redis(self) -> None:
         """Fail fast for services that cannot work without shared state."""

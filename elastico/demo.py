@@ -66,7 +66,8 @@ def run_live(policy: str, jobs, nodes: int, gpus_per_node: int, scale: float, ti
         try:
             alloc = next(p["address"] for p in state["procs"] if p["name"] == "allocator")
             agents = [p["address"] for p in state["procs"] if p["name"].startswith("node-")]
-            obs = Replay(alloc, agents, jobs, scale, f"demo-{policy}-{uuid.uuid4().hex[:6]}").run(timeout_s)
+            obs = Replay(alloc, agents, jobs, scale, f"demo-{policy}-{uuid.uuid4().hex[:6]}",
+                         tls=cluster.client_tls(state)).run(timeout_s)
         finally:
             cluster.down(quiet=True)
     finally:

@@ -78,5 +78,21 @@ class NotImplementedYet(ElasticoError):
     code_name = "UNIMPLEMENTED"
 
 
+class Unauthenticated(ElasticoError):
+    """The caller presented no credentials, or credentials that are unknown, revoked or malformed."""
+
+    code_name = "UNAUTHENTICATED"
+
+
+class PermissionDenied(ElasticoError):
+    """The caller is known but its identity does not allow this call. ``field`` names the request field, if any."""
+
+    code_name = "PERMISSION_DENIED"
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+
+
 class ConfigError(ValueError):
     """Start-up configuration is invalid. Raised by ``Settings.from_env``; the process exits with it."""

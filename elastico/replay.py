@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import dataclasses
 from dataclasses import dataclass, field
 
 import grpc
@@ -101,7 +102,11 @@ class Replay:
 
     def __init__(self, allocator: str | list[str], node_agents: list[str], jobs: list[TraceJob], time_scale: float,
                  run_id: str, sample_every_s: float = 0.25, progress_every_s: float = 3.0, out=print,
-                 on_tick=None) -> None:
+                 on_tick=None, tls=None) -> None:
+        """``tls``: the caller's ``ClientTLS`` (certificate and token; ``cluster.client_tls()``); None = plaintext."""
+        from elastico.rpc.security import ClientTLS
+
+        self.tls = tls or ClientTLS(None)
         self.allocators = [allocator] if isinstance(allocator, str) else list(allocator)
         self.on_tick = on_tick  # called with the wall seconds since start on every loop (fault injection in tests)
         self._current = 0
@@ -226,10 +231,11 @@ class Replay:
         Raises:
             InvalidViolation: an invariant failed (also listed in ``Observed.violations``).
         """
-        chs = [grpc.insecure_channel(a) for a in self.allocators]
+        chs = [self.tls.channel(a) for a in self.allocators]
         self._stubs = [allocator_pb2_grpc.AllocatorStub(c) for c in chs]
         stub = self._stubs[0]
-        agent_chs = [grpc.insecure_channel(a) for a in self.agents]
+        agent_tls = dataclasses.replace(self.tls, token="")  # agents take certificates only; the token stays with the allocator
+        agent_chs = [agent_tls.channel(a) for a in self.agents]
         agents = [node_agent_pb2_grpc.NodeAgentStub(c) for c in agent_chs]
         t0 = time.time()
         threads = [threading.Thread(target=self._watch, args=(stub, t0), daemon=True),

@@ -3,6 +3,9 @@
 Servicers raise domain errors (``elastico.errors``); this interceptor maps them to their status code
 (INVALID_ARGUMENT carries the offending field in the message and in the ``field`` trailing metadata).
 Anything unexpected is logged with a traceback and answered INTERNAL with an incident id, never UNKNOWN.
+Before the handler runs, the caller is authenticated and authorised (``elastico.rpc.security.authorize``:
+certificate, then token), so UNAUTHENTICATED and PERMISSION_DENIED take the same path and the handler never
+starts for a refused call. Every mutating call is written to the audit log with the caller and its outcome.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram
 
-from elastico.errors import ElasticoError, InvalidSpec
+from elastico.errors import ElasticoError, InvalidSpec, PermissionDenied
 from elastico.logging import get_logger
+from elastico.rpc.security import Access, Caller, authorize, bind_caller
 
 REQUESTS = Counter("elastico_grpc_requests_total", "gRPC calls handled", ["service", "method", "code"])
 LATENCY = Histogram(
@@ -29,6 +33,10 @@ LATENCY = Histogram(
 )
 
 log = get_logger(component="rpc")
+audit_log = get_logger(component="audit")
+
+# methods that change state: each call is audited (caller, job, outcome)
+MUTATING = frozenset({"SubmitJob", "CancelJob", "Sync", "ReportObservation"})
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -42,8 +50,12 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
     """Wraps unary and server-streaming handlers with error mapping, logging and metrics."""
 
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, access: dict[str, Access] | None = None, secure: bool = False) -> None:
+        """``access`` maps a full service name to who may call it (absent: any certificate of the CA)."""
         self._service = service
+        self._access = access or {}
+        self._default_access = Access()
+        self._secure = secure
         self._bound_log = None
         self._handlers: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
@@ -84,14 +96,28 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         self._handlers[method] = (handler, wrapped)
         return wrapped
 
-    async def _fail(self, method: str, exc: BaseException, context: grpc.aio.ServicerContext, started: float) -> None:
+    def _authorize(self, method: str, context: grpc.aio.ServicerContext) -> Caller:
+        service = method[1:].split("/", 1)[0]
+        return authorize(self._access.get(service, self._default_access), method, context, self._secure)
+
+    def _audit(self, method: str, caller: Caller | None, request: Any, result: Any, code: grpc.StatusCode) -> None:
+        name = method.rsplit("/", 1)[-1]
+        if name not in MUTATING:
+            return
+        job_id = getattr(request, "job_id", "") or getattr(getattr(result, "job", None), "job_id", "")
+        audit_log.info("audit", method=name, outcome=code.name, job_id=job_id,
+                       request_id=getattr(request, "request_id", ""), **(caller or Caller()).describe())
+
+    async def _fail(self, method: str, exc: BaseException, context: grpc.aio.ServicerContext, started: float,
+                    caller: Caller | None = None, request: Any = None) -> None:
         code, message = status_for(exc)
         self._record(method, code, started)
+        self._audit(method, caller, request, None, code)
         if code is grpc.StatusCode.INTERNAL:
             log.error("rpc failed", method=method, code=code.name, detail=message, exc_info=exc)
         else:
             log.info("rpc rejected", method=method, code=code.name, detail=message)
-        if isinstance(exc, InvalidSpec):
+        if isinstance(exc, InvalidSpec | PermissionDenied) and exc.field:
             context.set_trailing_metadata((("field", exc.field),))
         await context.abort(code, message)
 
@@ -102,16 +128,20 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
     def _wrap_unary(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
+            caller = None
             try:
+                caller = self._authorize(method, context)
+                bind_caller(caller)
                 result = behavior(request, context)
                 if inspect.isawaitable(result):
                     result = await result
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
             except Exception as exc:  # noqa: BLE001 - this is the one error channel
-                await self._fail(method, exc, context, started)
+                await self._fail(method, exc, context, started, caller, request)
                 raise AssertionError("unreachable: context.abort raises") from exc  # pragma: no cover
             self._record(method, grpc.StatusCode.OK, started)
+            self._audit(method, caller, request, result, grpc.StatusCode.OK)
             self._log().debug("rpc ok", method=method)
             return result
 
@@ -121,6 +151,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             started = time.perf_counter()
             try:
+                bind_caller(self._authorize(method, context))
                 async for item in behavior(request, context):
                     yield item
             except (asyncio.CancelledError, grpc.aio.AbortError):

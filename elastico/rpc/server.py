@@ -1,7 +1,8 @@
 """Server bootstrap shared by every service.
 
-``create_server`` builds a ``grpc.aio`` server with the health service, reflection, the error/metrics
-interceptor and (optionally) a Prometheus ``/metrics`` endpoint. ``serve`` runs it until SIGTERM/SIGINT
+``create_server`` builds a ``grpc.aio`` server with the health service, reflection, the error/metrics/auth
+interceptor, mTLS on its port (plaintext only with ``ELASTICO_INSECURE=1``, on loopback) and (optionally) a
+Prometheus ``/metrics`` endpoint. ``serve`` runs it until SIGTERM/SIGINT
 and shuts down gracefully: health flips to NOT_SERVING first (load balancers stop routing), in-flight
 calls get ``shutdown_grace_s`` to finish, then the service's own cleanup runs.
 """
@@ -24,6 +25,7 @@ from prometheus_client import start_http_server
 from elastico.config import Settings
 from elastico.logging import configure_logging, get_logger
 from elastico.rpc.interceptors import ErrorMappingInterceptor
+from elastico.rpc.security import Access, TLSFiles, server_credentials
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -36,6 +38,7 @@ class ServiceBinding:
     name: str  # full service name, e.g. "elastico.v1.Pricer"
     servicer: Any
     add_to_server: Callable[[Any, grpc.aio.Server], None]
+    access: Access = field(default_factory=Access)  # who may call it (default: any certificate of the CA)
 
 
 @dataclass
@@ -74,8 +77,10 @@ async def create_server(settings: Settings, bindings: Sequence[ServiceBinding]) 
     Returns:
         The server (not yet started) and the bound port (the real one when ``settings.port`` is 0).
     """
+    files = TLSFiles.from_settings(settings)
+    access = {b.name: b.access for b in bindings}
     server = grpc.aio.server(
-        interceptors=[ErrorMappingInterceptor(settings.service_name)],
+        interceptors=[ErrorMappingInterceptor(settings.service_name, access, secure=files is not None)],
         options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 * 1024 * 1024)],
     )
     for b in bindings:
@@ -84,7 +89,13 @@ async def create_server(settings: Settings, bindings: Sequence[ServiceBinding]) 
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     names = tuple(b.name for b in bindings)
     reflection.enable_server_reflection((*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    address = f"{settings.host}:{settings.port}"
+    if files is None:
+        get_logger(component="security").warning(
+            "ELASTICO_INSECURE=1: plaintext gRPC without client certificates, loopback only", address=address)
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, server_credentials(files, settings.tls_require_client_cert))
     if port == 0:
         raise OSError(f"could not bind {settings.host}:{settings.port}")
     es = ElasticoServer(grpc_server=server, health=health, service_names=names)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sys
 
+from elastico.auth import TokenStore
 from elastico.logging import get_logger
+from elastico.rpc.security import Access, ClientTLS, PeerPolicy, roles
 from elastico.rpc.server import ServiceBinding, run_main
 from elastico.state.redis_store import RedisStore
 from elastico.v1 import allocator_pb2, allocator_pb2_grpc
@@ -21,22 +23,28 @@ def build(settings: AllocatorSettings):
         store = RedisStore.from_url(settings.redis_url, namespace=settings.redis_namespace)
         await store.ping()  # fail fast on a wrong URL instead of on the first call
         scheduler = lease = None
+        tls = ClientTLS.from_settings(settings)
         if settings.schedule:
             lease = LeaderLease(store, settings.effective_replica_id, ttl_s=settings.lease_ttl_s)
-            solver = GrpcSolver(settings.pricer_address, settings.pricer_timeout_s) if settings.pricer_address else None
+            solver = GrpcSolver(settings.pricer_address, settings.pricer_timeout_s, tls) if settings.pricer_address else None
             if solver is None and settings.policy == "elastico":
                 log.warning("no ELASTICO_PRICER_ADDRESS: pricing runs in-process (services.pricer.core)")
-            predictor = (PredictorClient(settings.predictor_address, settings.predictor_timeout_s)
+            predictor = (PredictorClient(settings.predictor_address, settings.predictor_timeout_s, tls)
                          if settings.predictor_address and settings.estimator == "predictor" else None)
             scheduler = Scheduler(store, settings, lease, solver=solver, predictor=predictor,
-                                  nudger=AgentNudger(settings.sync_timeout_s))
+                                  nudger=AgentNudger(settings.sync_timeout_s, tls))
             lease.start()
             scheduler.start()
             log.info("scheduling enabled", replica=lease.holder, policy=settings.policy, estimator=settings.estimator,
                      round_interval_s=settings.round_interval_s, time_scale=settings.time_scale)
         servicer = AllocatorServicer(store, settings, on_change=scheduler.wake if scheduler else None)
+        tokens = TokenStore(settings.auth_tokens_file) if settings.auth_tokens_file else None
+        if tokens is None:
+            log.warning("no ELASTICO_AUTH_TOKENS_FILE: the Allocator API takes calls without tokens (ELASTICO_INSECURE=1)")
+        # any certificate of the cluster's CA (tenants' clients included), and a token on every call
+        access = Access(PeerPolicy(roles("allocator", "pricer", "predictor", "kube", "operator", "node")), tokens)
         binding = ServiceBinding(allocator_pb2.DESCRIPTOR.services_by_name["Allocator"].full_name,
-                                 servicer, allocator_pb2_grpc.add_AllocatorServicer_to_server)
+                                 servicer, allocator_pb2_grpc.add_AllocatorServicer_to_server, access)
         tune_gc()  # start-up objects frozen: a full collection no longer walks them inside a round
 
         async def cleanup() -> None:

@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 
 from elastico.errors import Unavailable
+from elastico.rpc.security import ClientTLS
 from elastico.v1 import node_agent_pb2 as npb
 from elastico.v1 import node_agent_pb2_grpc, predictor_pb2_grpc, pricer_pb2_grpc
 from elastico.v1 import predictor_pb2 as prpb
@@ -63,10 +64,12 @@ class GrpcSolver:
     reports it in logs, metrics and GetClusterState. The next successful call clears it.
     """
 
-    def __init__(self, address: str, timeout_s: float = 1.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 1.0, tls: ClientTLS | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address)
+        self.tls = tls or ClientTLS(None)
+        self._stamp = self.tls.stamp()
+        self._channel = self.tls.channel(address)
         self._stub = pricer_pb2_grpc.PricerStub(self._channel)
         self.last_prices: np.ndarray | None = None  # prices of the last successful solve
         self.last_capacity: np.ndarray | None = None
@@ -75,6 +78,10 @@ class GrpcSolver:
 
     def __call__(self, problem: PricingProblem, options=None, warm_prices: np.ndarray | None = None) -> PricingResult:
         req, maps = _request(problem, options, warm_prices)
+        if self.tls.stamp() != self._stamp:  # certificates rotated: the next connection presents the new ones
+            self._channel.close()
+            self._stamp, self._channel = self.tls.stamp(), self.tls.channel(self.address)
+            self._stub = pricer_pb2_grpc.PricerStub(self._channel)
         try:
             resp = self._stub.ComputeAllocation(req, timeout=self.timeout_s)
         except grpc.RpcError as exc:
@@ -127,10 +134,10 @@ class GrpcSolver:
 class PredictorClient:
     """Pair matrix of the policy's type table from ``Predictor.PredictInterference`` (one batched call)."""
 
-    def __init__(self, address: str, timeout_s: float = 3.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 3.0, tls: ClientTLS | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = (tls or ClientTLS(None)).aio_channel(address)
         self._stub = predictor_pb2_grpc.PredictorStub(self._channel)
 
     async def pair_matrix(self, types, timeout_s: float | None = None) -> np.ndarray:
@@ -169,17 +176,22 @@ class PredictorClient:
 class AgentNudger:
     """Best-effort ``NodeAgent.Sync`` after a commit, with a deadline; the agents poll anyway (level-triggered)."""
 
-    def __init__(self, timeout_s: float = 2.0) -> None:
+    def __init__(self, timeout_s: float = 2.0, tls: ClientTLS | None = None) -> None:
         self.timeout_s = timeout_s
+        self.tls = tls or ClientTLS(None)
+        self._stamp = self.tls.stamp()
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.failures = 0
 
     async def sync(self, address: str, min_generation: int = 0) -> bool:
         if not address:
             return False
+        if self.tls.stamp() != self._stamp:  # certificates rotated: new channels present the new ones
+            self._stamp = self.tls.stamp()
+            await self.close()
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address)
+            ch = self._channels[address] = self.tls.aio_channel(address)
         try:
             await node_agent_pb2_grpc.NodeAgentStub(ch).Sync(npb.SyncRequest(min_generation=min_generation),
                                                             timeout=self.timeout_s)

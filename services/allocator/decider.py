@@ -47,7 +47,7 @@ class PolicySpec:
     matrix: np.ndarray  # [T, T] pair estimate
     kappa: float
     options: dict[str, Any]  # make_policy options except the solver
-    pricer: tuple[str, float] | None  # (address, timeout_s) of the pricer service; None = in-process pricing
+    pricer: tuple | None  # (address, timeout_s, ClientTLS) of the pricer service; None = in-process pricing
 
 
 # --- worker process side ------------------------------------------------------------------------------
@@ -81,7 +81,7 @@ def _decide_in_worker(spec: PolicySpec, view) -> tuple[Any, tuple | None]:
         solver = _WORKER.get("solver")
         if spec.pricer is None:
             solver = None
-        elif solver is None or (solver.address, solver.timeout_s) != spec.pricer:
+        elif solver is None or (solver.address, solver.timeout_s, solver.tls) != spec.pricer:
             from services.allocator.clients import GrpcSolver
 
             solver = GrpcSolver(*spec.pricer)

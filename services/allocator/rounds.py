@@ -273,7 +273,7 @@ class Scheduler:
             pol = make_policy(self.s.policy, matrix, self.kappa, solver=self.solver, **opts)
             self._policies = {key: pol}  # a new matrix or mode starts a fresh policy (warm prices only)
             self._policy_key += 1
-            pricer = (self.solver.address, self.solver.timeout_s) if isinstance(self.solver, GrpcSolver) else None
+            pricer = (self.solver.address, self.solver.timeout_s, self.solver.tls) if isinstance(self.solver, GrpcSolver) else None
             # the worker process can build the same policy unless the solver is something it cannot rebuild
             self._spec = (PolicySpec(self._policy_key, self.s.policy, matrix, self.kappa, opts, pricer)
                           if self._decider is not None and (self.solver is None or pricer is not None) else None)

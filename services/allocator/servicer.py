@@ -18,12 +18,14 @@ from dataclasses import replace
 import grpc
 
 from elastico.domain import Job, JobState, StateReason, validate_request_id
-from elastico.errors import Conflict, InvalidSpec, WrongState
+from elastico.errors import Conflict, InvalidSpec, NotFound, PermissionDenied, WrongState
 from elastico.logging import get_logger
 from elastico.rpc import convert
+from elastico.rpc.security import current_caller
 from elastico.state.store import Store
 from elastico.v1 import allocator_pb2 as apb
 from elastico.v1 import allocator_pb2_grpc
+from services.allocator import access
 from services.allocator.settings import AllocatorSettings
 
 log = get_logger(component="allocator")
@@ -110,9 +112,12 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         validate_request_id(request.request_id)
         if not request.HasField("spec"):
             raise InvalidSpec("spec", "is required")
-        spec = convert.job_spec_from_pb(request.spec)
+        identity = current_caller().identity
+        spec = access.submission_spec(identity, convert.job_spec_from_pb(request.spec), request.spec.tenant)
         job = Job(job_id=f"j-{os.urandom(8).hex()}", request_id=request.request_id, spec=spec)  # 64 random bits
         stored, created = await self._submits.submit(job)
+        if not created and access.visible_tenant(identity) not in (None, stored.spec.tenant):
+            raise PermissionDenied("this request id names another tenant's job", "request_id")
         if created:
             self._log().info("job submitted", job_id=stored.job_id, request_id=stored.request_id, tenant=spec.tenant, kind=spec.kind.value)
             self._on_change("arrival")
@@ -120,8 +125,9 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
     async def CancelJob(self, request: apb.CancelJobRequest, context: grpc.aio.ServicerContext) -> apb.CancelJobResponse:
         job_id = _require_job_id(request.job_id)
+        identity = current_caller().identity
         for _ in range(CAS_RETRIES):
-            job = await self._store.get_job(job_id)
+            job = access.check_job(identity, await self._store.get_job(job_id))
             if job.state.terminal:
                 raise WrongState(f"job {job_id} is already {job.state.value}")
             try:
@@ -137,7 +143,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         raise Conflict(f"job {job_id} kept changing; retry the cancel")
 
     async def GetJob(self, request: apb.GetJobRequest, context: grpc.aio.ServicerContext) -> apb.GetJobResponse:
-        return apb.GetJobResponse(job=convert.job_to_pb(await self._store.get_job(_require_job_id(request.job_id))))
+        job = await self._store.get_job(_require_job_id(request.job_id))
+        return apb.GetJobResponse(job=convert.job_to_pb(access.check_job(current_caller().identity, job)))
 
     async def ListJobs(self, request: apb.ListJobsRequest, context: grpc.aio.ServicerContext) -> apb.ListJobsResponse:
         if request.page_size > MAX_PAGE_SIZE:
@@ -145,7 +152,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         if request.page_token and not request.page_token.isdigit():
             raise InvalidSpec("page_token", "is not a token returned by ListJobs")
         states = [convert.state_from_pb(s, f"states[{i}]") for i, s in enumerate(request.states)]
-        jobs, token = await self._store.list_jobs(states=states, tenant=request.tenant,
+        tenant = access.list_tenant(current_caller().identity, request.tenant)
+        jobs, token = await self._store.list_jobs(states=states, tenant=tenant,
                                                   page_size=request.page_size or 100, page_token=request.page_token)
         return apb.ListJobsResponse(jobs=[convert.job_to_pb(j) for j in jobs], next_page_token=token)
 
@@ -153,19 +161,35 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         after = request.after_event_id
         if after and not all(part.isdigit() for part in after.split("-", 1)):
             raise InvalidSpec("after_event_id", "is not an event id returned by WatchJobs")
+        identity = current_caller().identity
+        tenant = access.visible_tenant(identity)
         if not after:
             after = await self._store.last_event_id()
         wanted = set(request.job_ids)
+        owners: dict[str, bool] = {}  # job id -> the caller's tenant owns it (a tenant's watch sees only its jobs)
         while not context.done():
             for ev in await self._store.read_events(after, limit=500, block_s=self._settings.watch_poll_s):
                 after = ev.event_id
                 if wanted and ev.job_id not in wanted:
                     continue
+                if tenant is not None and not await self._owned(ev.job_id, tenant, owners):
+                    continue
                 yield apb.JobEvent(event_id=ev.event_id, job_id=ev.job_id, state=convert.state_to_pb(ev.state),
                                    reason=convert.reason_to_pb(ev.reason), message=ev.message, version=ev.version,
                                    time_unix_s=ev.time_s)
 
+    async def _owned(self, job_id: str, tenant: str, owners: dict[str, bool]) -> bool:
+        if job_id not in owners:
+            if len(owners) > 100_000:
+                owners.clear()
+            try:
+                owners[job_id] = (await self._store.get_job(job_id)).spec.tenant == tenant
+            except NotFound:
+                owners[job_id] = False
+        return owners[job_id]
+
     async def GetClusterState(self, request: apb.GetClusterStateRequest, context: grpc.aio.ServicerContext) -> apb.GetClusterStateResponse:
+        tenant = access.visible_tenant(current_caller().identity)
         now = time.time()
         nodes = await self._store.list_nodes()
         holder, epoch = await self._store.current_leader()
@@ -175,6 +199,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             jobs, token = await self._store.list_jobs(states=[JobState.PENDING, JobState.PLACED, JobState.RUNNING],
                                                       page_size=MAX_PAGE_SIZE, page_token=token)
             for j in jobs:
+                if tenant is not None and j.spec.tenant != tenant:
+                    continue  # a tenant sees its own usage only
                 u = usage[j.spec.tenant]
                 u.tenant = j.spec.tenant
                 if j.state is JobState.PENDING:
@@ -196,8 +222,11 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             age = now - float(status.get("time_s", 0.0))
             if age > 3 * float(status.get("round_interval_s", self._settings.round_interval_s)) + 5:
                 degraded.append(f"scheduling rounds stalled: the last one ended {age:.0f}s ago")
+        nodes = [replace(n, ready=n.ready and now - n.last_heartbeat_s <= self._settings.node_stale_s) for n in nodes]
+        if tenant is not None:  # agents' addresses are the cluster's internals, not a tenant's business
+            nodes = [replace(n, address="") for n in nodes]
         return apb.GetClusterStateResponse(
-            nodes=[convert.node_to_pb(replace(n, ready=n.ready and now - n.last_heartbeat_s <= self._settings.node_stale_s)) for n in nodes],
+            nodes=[convert.node_to_pb(n) for n in nodes],
             tenants=[usage[t] for t in sorted(usage)], leader_epoch=epoch, leader_id=holder or "", degraded=degraded,
             prices=[apb.PoolPrice(pool=p["pool"], price=p["price"], capacity=p["capacity"]) for p in status.get("prices", [])],
             last_round_gap=float(status.get("gap") or 0.0), last_round_time_unix_s=float(status.get("time_s", 0.0)),

@@ -58,6 +58,8 @@ class AllocatorSettings(Settings):
     min_count_speed: float = _policy_default("min_count_speed")
     policy_max_attempts: int = 0  # ElastiCo: placement attempts per round at most (bounds a round's cost); 0 = the policy's default
     time_scale: float = 1.0  # policy clock = wall clock x this (demo replays: matches the node agents' scale)
+    # the Allocator API's bearer tokens (hashed; python -m elastico.auth): required unless ELASTICO_INSECURE=1
+    auth_tokens_file: str = ""
     decide_worker: str = "process"  # where policy.decide runs: "process" (own core, loop keeps serving) or "thread"
 
     def validate(self) -> None:
@@ -91,6 +93,12 @@ class AllocatorSettings(Settings):
             raise ConfigError(f"ELASTICO_TRAIN_FLOOR={self.train_floor}: must be in (0, 1]")
         if not 0 < self.min_count_speed <= 1:
             raise ConfigError(f"ELASTICO_MIN_COUNT_SPEED={self.min_count_speed}: must be in (0, 1]")
+        if self.auth_tokens_file:
+            if not os.path.isfile(self.auth_tokens_file):
+                raise ConfigError(f"ELASTICO_AUTH_TOKENS_FILE={self.auth_tokens_file!r}: no such file")
+        elif not self.insecure:
+            raise ConfigError("ELASTICO_AUTH_TOKENS_FILE is required: every Allocator API call carries a bearer token "
+                              "(python -m elastico.auth issue ...), unless ELASTICO_INSECURE=1")
         for name in ("pricer_address", "predictor_address"):
             value = getattr(self, name)
             if value and ":" not in value:

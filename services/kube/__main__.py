@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import sys
 
-import grpc
 from prometheus_client import start_http_server
 
 from elastico.config import ConfigError
 from elastico.logging import configure_logging
+from elastico.rpc.security import ClientTLS, read_token
 from elastico.rpc.server import wait_for_stop_signal
 from elastico.v1 import allocator_pb2_grpc, predictor_pb2_grpc
 from services.kube import app
@@ -24,10 +24,11 @@ async def serve(settings: KubeSettings) -> None:
     if settings.role in ("extender", "both"):
         from services.kube.kubeapi import KubeApi
 
-        channels = [grpc.aio.insecure_channel(settings.allocator_address)]
+        token = read_token(settings.client_token_file) if settings.client_token_file else ""
+        channels = [ClientTLS.from_settings(settings, token).aio_channel(settings.allocator_address)]
         predictor = None
         if settings.predictor_address:
-            channels.append(grpc.aio.insecure_channel(settings.predictor_address))
+            channels.append(ClientTLS.from_settings(settings).aio_channel(settings.predictor_address))
             predictor = predictor_pb2_grpc.PredictorStub(channels[-1])
         extender = Extender(settings, allocator_pb2_grpc.AllocatorStub(channels[0]), predictor, KubeApi(settings))
         if settings.reap_interval_s > 0:

@@ -19,6 +19,8 @@ class KubeSettings(Settings):
     tls_cert_file: str = ""  # PEM certificate; with tls_key_file the server speaks HTTPS (required for the webhook role)
     tls_key_file: str = ""  # PEM private key of tls_cert_file
     allocator_address: str = ""  # host:port of the allocator (required by the extender)
+    # the extender's bearer token for the Allocator API (a "scheduler" token: python -m elastico.auth issue)
+    client_token_file: str = ""
     predictor_address: str = ""  # host:port of the predictor; "" = prioritize without interference predictions
     allocator_timeout_s: float = 2.0  # deadline of each allocator call
     predictor_timeout_s: float = 1.0  # deadline of each PredictInterference call
@@ -46,6 +48,11 @@ class KubeSettings(Settings):
                 raise ConfigError(f"{var}={path!r}: no such file")
         if self.role in ("extender", "both") and not self.allocator_address:
             raise ConfigError("ELASTICO_ALLOCATOR_ADDRESS is required by the extender (role extender or both)")
+        if self.role in ("extender", "both") and not (self.client_token_file or self.insecure):
+            raise ConfigError("ELASTICO_CLIENT_TOKEN_FILE is required by the extender: the Allocator API takes a "
+                              "bearer token on every call (unless ELASTICO_INSECURE=1)")
+        if self.client_token_file and not os.path.isfile(self.client_token_file):
+            raise ConfigError(f"ELASTICO_CLIENT_TOKEN_FILE={self.client_token_file!r}: no such file")
         for var, v in (("ELASTICO_ALLOCATOR_TIMEOUT_S", self.allocator_timeout_s),
                        ("ELASTICO_PREDICTOR_TIMEOUT_S", self.predictor_timeout_s),
                        ("ELASTICO_BIND_TIMEOUT_S", self.bind_timeout_s), ("ELASTICO_BIND_POLL_S", self.bind_poll_s),

@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import sys
 
+from elastico.errors import ConfigError
+from elastico.rpc.security import Access, ClientTLS, PeerPolicy, certificate_name, roles
 from elastico.rpc.server import ServiceBinding, run_main
 from elastico.state.redis_store import RedisStore
 from elastico.v1 import node_agent_pb2, node_agent_pb2_grpc
@@ -26,6 +28,10 @@ from services.node_agent.settings import NodeAgentSettings
 def build(settings: NodeAgentSettings):
     async def _build():
         node_id = settings.effective_node_id
+        tls = ClientTLS.from_settings(settings)
+        if tls.files is not None and certificate_name(tls.files.cert_file) != f"node/{node_id}":
+            raise ConfigError(f"ELASTICO_TLS_CERT_FILE names {certificate_name(tls.files.cert_file)!r}; the agent of node "
+                              f"{node_id!r} needs a certificate for 'node/{node_id}' (its identity to its peers)")
         backend = make_backend(settings.gpu_backend, node_id, settings.sim_gpu_type, settings.sim_gpu_count, settings.sim_gpu_mem_mib,
                                settings.sim_time_scale)
         try:
@@ -38,7 +44,7 @@ def build(settings: NodeAgentSettings):
         await store.ping()
         address = settings.advertise_address or f"{settings.host}:{settings.port}"
         gpu_type = next((g.gpu_type for g in backend.gpus()), "")
-        reporter = PredictorReporter(settings.predictor_address, gpu_type, settings.predictor_timeout_s) if settings.predictor_address else None
+        reporter = PredictorReporter(settings.predictor_address, gpu_type, settings.predictor_timeout_s, tls) if settings.predictor_address else None
         reconciler = Reconciler(store, backend, mps, node_id, settings.effective_state_dir,
                                 stop_grace_s=settings.stop_grace_s, fault_holddown_s=settings.mps_fault_holddown_s,
                                 observation_interval_s=settings.observation_interval_s, observation_sink=reporter)
@@ -62,7 +68,8 @@ def build(settings: NodeAgentSettings):
             await store.close()
 
         binding = ServiceBinding(node_agent_pb2.DESCRIPTOR.services_by_name["NodeAgent"].full_name,
-                                 NodeAgentServicer(agent), node_agent_pb2_grpc.add_NodeAgentServicer_to_server)
+                                 NodeAgentServicer(agent), node_agent_pb2_grpc.add_NodeAgentServicer_to_server,
+                                 Access(PeerPolicy(roles("allocator", "operator"))))
         return [binding], cleanup
 
     return _build

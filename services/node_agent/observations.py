@@ -13,6 +13,7 @@ import grpc
 
 from elastico.domain import JobKind
 from elastico.logging import get_logger
+from elastico.rpc.security import ClientTLS
 from elastico.v1 import predictor_pb2, predictor_pb2_grpc, types_pb2
 from services.node_agent.runner import LedgerEntry
 
@@ -38,8 +39,8 @@ def to_observation(a: LedgerEntry, b: LedgerEntry, node_id: str, gpu_type: str) 
 class PredictorReporter:
     """Sends observations over one long-lived channel, each call with ``timeout_s``."""
 
-    def __init__(self, address: str, gpu_type: str, timeout_s: float = 2.0) -> None:
-        self._channel = grpc.aio.insecure_channel(address)
+    def __init__(self, address: str, gpu_type: str, timeout_s: float = 2.0, tls: ClientTLS | None = None) -> None:
+        self._channel = (tls or ClientTLS(None)).aio_channel(address)
         self._stub = predictor_pb2_grpc.PredictorStub(self._channel)
         self._gpu_type = gpu_type
         self._timeout_s = timeout_s

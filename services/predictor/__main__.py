@@ -11,11 +11,18 @@ import contextlib
 import sys
 
 from elastico.logging import get_logger
+from elastico.rpc.security import Access, PeerPolicy, roles
 from elastico.rpc.server import ServiceBinding, run_main
 from elastico.v1 import predictor_pb2, predictor_pb2_grpc
 from services.predictor import observations as obslog
 from services.predictor.servicer import PredictorServicer, load_or_train
 from services.predictor.settings import PredictorSettings
+
+
+# predictions for the allocator and the Kubernetes extender, observations from node agents (each for its own node)
+ACCESS = Access(PeerPolicy(roles("allocator", "kube", "operator"), {
+    "ReportObservation": roles("node", "operator"),
+    "GetModelInfo": roles("allocator", "kube", "operator", "node")}))
 
 
 def build(settings: PredictorSettings):
@@ -37,7 +44,7 @@ def build(settings: PredictorSettings):
             await log_store.close()
 
         binding = ServiceBinding(predictor_pb2.DESCRIPTOR.services_by_name["Predictor"].full_name, servicer,
-                                 predictor_pb2_grpc.add_PredictorServicer_to_server)
+                                 predictor_pb2_grpc.add_PredictorServicer_to_server, ACCESS)
         return [binding], cleanup
 
     return _build

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import grpc
 
-from elastico.errors import InvalidSpec
+from elastico.errors import InvalidSpec, PermissionDenied
+from elastico.rpc.security import current_caller
 from elastico.logging import get_logger
 from elastico.v1 import predictor_pb2 as prpb
 from elastico.v1 import predictor_pb2_grpc
@@ -118,7 +119,10 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
             raise InvalidSpec("observations", f"at most {MAX_OBSERVATIONS_PER_CALL} per call, got {n}")
         entries = []
         now = time.time()
+        peer = current_caller().peer
         for i, o in enumerate(request.observations):
+            if peer is not None and peer.role == "node" and o.node_id != peer.node_id:
+                raise PermissionDenied(f"agent {peer.name!r} reports for its own node only", f"observations[{i}].node_id")
             a, b = pair_from_pb(o, f"observations[{i}]")
             for name in ("norm_tput_a", "norm_tput_b"):
                 v = getattr(o, name)
