@@ -63,10 +63,11 @@ def _grpc_latency(model, pairs, iterations: int) -> list[float]:
     Each call uses fresh model memos (cold), so the figure is transport + conversion + model.
     """
     import asyncio
-
-    import grpc
+    import tempfile
 
     from elastico.logging import configure_logging
+    from elastico import pki
+    from elastico.rpc.security import ClientTLS, TLSFiles
     from elastico.rpc.server import ServiceBinding, create_server
     from elastico.v1 import predictor_pb2 as prpb
     from elastico.v1 import predictor_pb2_grpc
@@ -82,13 +83,15 @@ def _grpc_latency(model, pairs, iterations: int) -> list[float]:
     request = prpb.PredictInterferenceRequest(pairs=[prpb.PairQuery(a=to_pb(a), b=to_pb(b)) for a, b in pairs])
 
     async def run() -> list[float]:
-        settings = PredictorSettings.from_env({}, port=0, refresh_interval_s=0)
+        certs = pki.throwaway(tempfile.mkdtemp(prefix="bench-pki-"), ["predictor", "allocator"])  # mTLS, as shipped
+        settings = PredictorSettings.from_env({}, port=0, refresh_interval_s=0, **pki.tls_settings(certs["predictor"]))
         servicer = PredictorServicer(settings, model, MemoryObservationLog())
         server, port = await create_server(settings, [ServiceBinding(
             "elastico.v1.Predictor", servicer, predictor_pb2_grpc.add_PredictorServicer_to_server)])
         await server.start()
         out = []
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        client = ClientTLS(TLSFiles(certs["allocator"].cert_file, certs["allocator"].key_file, certs["allocator"].ca_file))
+        async with client.aio_channel(f"127.0.0.1:{port}") as ch:
             stub = predictor_pb2_grpc.PredictorStub(ch)
             await stub.PredictInterference(request, timeout=30)  # connect + warm up
             for _ in range(iterations):

@@ -116,6 +116,7 @@ class Settings:
                 values[f.name] = _parse(env[var], hints[f.name], var)
         settings = cls(**values)
         settings.validate()
+        settings.validate_security()
         return settings
 
     def validate(self) -> None:
@@ -132,6 +133,9 @@ class Settings:
             raise ConfigError(f"ELASTICO_SHUTDOWN_GRACE_S={self.shutdown_grace_s}: must be >= 0")
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(f"ELASTICO_REDIS_URL={redact_url(self.redis_url)!r}: must start with redis://, rediss:// or unix://")
+
+    def validate_security(self) -> None:
+        """Refuse plaintext and unauthenticated Redis unless explicitly allowed (checked after the fields' ranges)."""
         if self.insecure:
             if not is_loopback(self.host):
                 raise ConfigError(f"ELASTICO_INSECURE=1 serves plaintext: it binds loopback only, not ELASTICO_HOST={self.host!r}")

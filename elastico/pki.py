@@ -108,6 +108,17 @@ def issue(directory: str | Path, name: str, hosts: Sequence[str] = LOCAL_HOSTS, 
     return Issued(str(d / f"{stem}.crt"), str(d / f"{stem}.key"), str(d / "ca.crt"))
 
 
+def throwaway(directory: str | Path, names: Sequence[str]) -> dict[str, Issued]:
+    """A CA in ``directory`` and a certificate for each of ``names`` (benches and tests on loopback)."""
+    init_ca(directory)
+    return {name: issue(directory, name) for name in names}
+
+
+def tls_settings(issued: Issued) -> dict[str, str]:
+    """``Settings.from_env`` overrides that make a server use ``issued``."""
+    return {"tls_cert_file": issued.cert_file, "tls_key_file": issued.key_file, "tls_ca_file": issued.ca_file}
+
+
 def tls_env(issued: Issued) -> dict[str, str]:
     """The ``ELASTICO_TLS_*`` variables that make a process use ``issued``."""
     return {"ELASTICO_TLS_CERT_FILE": issued.cert_file, "ELASTICO_TLS_KEY_FILE": issued.key_file,

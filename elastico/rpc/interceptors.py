@@ -51,7 +51,8 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
     """Wraps unary and server-streaming handlers with error mapping, logging and metrics."""
 
     def __init__(self, service: str, access: dict[str, Access] | None = None, secure: bool = False) -> None:
-        """``access`` maps a full service name to who may call it (absent: any certificate of the CA)."""
+        """``access`` maps a full service name to who may call it (absent: any certificate of the CA);
+        ``secure``: client certificates are verified, so peer roles are checked."""
         self._service = service
         self._access = access or {}
         self._default_access = Access()

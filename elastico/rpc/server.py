@@ -80,7 +80,8 @@ async def create_server(settings: Settings, bindings: Sequence[ServiceBinding]) 
     files = TLSFiles.from_settings(settings)
     access = {b.name: b.access for b in bindings}
     server = grpc.aio.server(
-        interceptors=[ErrorMappingInterceptor(settings.service_name, access, secure=files is not None)],
+        interceptors=[ErrorMappingInterceptor(settings.service_name, access,
+                                              secure=files is not None and settings.tls_require_client_cert)],
         options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 * 1024 * 1024)],
     )
     for b in bindings:

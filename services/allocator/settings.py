@@ -93,16 +93,19 @@ class AllocatorSettings(Settings):
             raise ConfigError(f"ELASTICO_TRAIN_FLOOR={self.train_floor}: must be in (0, 1]")
         if not 0 < self.min_count_speed <= 1:
             raise ConfigError(f"ELASTICO_MIN_COUNT_SPEED={self.min_count_speed}: must be in (0, 1]")
+        for name in ("pricer_address", "predictor_address"):
+            value = getattr(self, name)
+            if value and ":" not in value:
+                raise ConfigError(f"ELASTICO_{name.upper()}={value!r}: must be host:port")
+
+    def validate_security(self) -> None:
+        super().validate_security()
         if self.auth_tokens_file:
             if not os.path.isfile(self.auth_tokens_file):
                 raise ConfigError(f"ELASTICO_AUTH_TOKENS_FILE={self.auth_tokens_file!r}: no such file")
         elif not self.insecure:
             raise ConfigError("ELASTICO_AUTH_TOKENS_FILE is required: every Allocator API call carries a bearer token "
                               "(python -m elastico.auth issue ...), unless ELASTICO_INSECURE=1")
-        for name in ("pricer_address", "predictor_address"):
-            value = getattr(self, name)
-            if value and ":" not in value:
-                raise ConfigError(f"ELASTICO_{name.upper()}={value!r}: must be host:port")
 
     def policy_options(self) -> dict:
         """The options the policy runs with (the simulator's runs of the live configuration use the same)."""

@@ -48,11 +48,7 @@ class KubeSettings(Settings):
                 raise ConfigError(f"{var}={path!r}: no such file")
         if self.role in ("extender", "both") and not self.allocator_address:
             raise ConfigError("ELASTICO_ALLOCATOR_ADDRESS is required by the extender (role extender or both)")
-        if self.role in ("extender", "both") and not (self.client_token_file or self.insecure):
-            raise ConfigError("ELASTICO_CLIENT_TOKEN_FILE is required by the extender: the Allocator API takes a "
-                              "bearer token on every call (unless ELASTICO_INSECURE=1)")
-        if self.client_token_file and not os.path.isfile(self.client_token_file):
-            raise ConfigError(f"ELASTICO_CLIENT_TOKEN_FILE={self.client_token_file!r}: no such file")
+
         for var, v in (("ELASTICO_ALLOCATOR_TIMEOUT_S", self.allocator_timeout_s),
                        ("ELASTICO_PREDICTOR_TIMEOUT_S", self.predictor_timeout_s),
                        ("ELASTICO_BIND_TIMEOUT_S", self.bind_timeout_s), ("ELASTICO_BIND_POLL_S", self.bind_poll_s),
@@ -63,3 +59,11 @@ class KubeSettings(Settings):
             raise ConfigError(f"ELASTICO_REAP_INTERVAL_S={self.reap_interval_s}: must be >= 0 (0 = never)")
         if not self.mps_pipe_dir.startswith("/"):
             raise ConfigError(f"ELASTICO_MPS_PIPE_DIR={self.mps_pipe_dir!r}: must be an absolute path")
+
+    def validate_security(self) -> None:
+        super().validate_security()
+        if self.role in ("extender", "both") and not (self.client_token_file or self.insecure):
+            raise ConfigError("ELASTICO_CLIENT_TOKEN_FILE is required by the extender: the Allocator API takes a "
+                              "bearer token on every call (unless ELASTICO_INSECURE=1)")
+        if self.client_token_file and not os.path.isfile(self.client_token_file):
+            raise ConfigError(f"ELASTICO_CLIENT_TOKEN_FILE={self.client_token_file!r}: no such file")

@@ -14,7 +14,6 @@ import time
 import uuid
 from pathlib import Path
 
-import grpc
 import pytest
 
 from elastico import cluster
@@ -72,9 +71,9 @@ def _check(obs, jobs) -> None:
 
 def test_trace_slice_runs_to_completion_through_the_api(suite, slice_jobs):
     obs = Replay(_addr(suite, "allocator"), _agents(suite), slice_jobs, SCALE, f"e2e-{uuid.uuid4().hex[:6]}",
-                 out=lambda *_: None).run(timeout_s=60)
+                 out=lambda *_: None, tls=cluster.client_tls(suite)).run(timeout_s=60)
     _check(obs, slice_jobs)
-    with grpc.insecure_channel(_addr(suite, "allocator")) as ch:
+    with cluster.client_tls(suite).channel(_addr(suite, "allocator")) as ch:
         cs = allocator_pb2_grpc.AllocatorStub(ch).GetClusterState(allocator_pb2.GetClusterStateRequest(), timeout=5)
     assert cs.leader_epoch >= 1 and cs.leader_id and len(cs.nodes) == 2
 
@@ -90,7 +89,7 @@ def test_allocator_killed_mid_run_is_restarted_and_nothing_is_lost_or_duplicated
             cluster.spawn("allocator", "allocator")  # same port; a new replica id: it waits out the old lease
 
     obs = Replay(_addr(suite, "allocator"), _agents(suite), slice_jobs, SCALE, f"kill-{uuid.uuid4().hex[:6]}",
-                 out=lambda *_: None, on_tick=fault).run(timeout_s=90)
+                 out=lambda *_: None, on_tick=fault, tls=cluster.client_tls(suite)).run(timeout_s=90)
     assert killed
     _check(obs, slice_jobs)
     log = (Path(os.environ["ELASTICO_RUN_DIR"]) / "logs" / "allocator.log").read_text()
@@ -114,7 +113,7 @@ def test_paused_leader_is_fenced_and_the_standby_takes_over(suite, slice_jobs):
 
     try:
         obs = Replay([_addr(suite, "allocator"), standby["address"]], _agents(suite), slice_jobs, SCALE,
-                     f"pause-{uuid.uuid4().hex[:6]}", out=lambda *_: None, on_tick=fault).run(timeout_s=90)
+                     f"pause-{uuid.uuid4().hex[:6]}", out=lambda *_: None, on_tick=fault, tls=cluster.client_tls(suite)).run(timeout_s=90)
     finally:
         os.kill(leader_pid, signal.SIGCONT)
     assert len(paused) == 2
@@ -124,6 +123,6 @@ def test_paused_leader_is_fenced_and_the_standby_takes_over(suite, slice_jobs):
     old = (logs / "allocator.log").read_text()
     assert "lost leadership" in old or "round rejected" in old  # it woke up without the lease: no more writes
     time.sleep(0.5)
-    with grpc.insecure_channel(standby["address"]) as ch:
+    with cluster.client_tls(suite).channel(standby["address"]) as ch:
         cs = allocator_pb2_grpc.AllocatorStub(ch).GetClusterState(allocator_pb2.GetClusterStateRequest(), timeout=5)
     assert cs.leader_id and cs.leader_id in (logs / "allocator-2.log").read_text()

@@ -14,7 +14,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from elastico import cluster, pki
 from elastico.redis_embedded import free_port
+from elastico.rpc.security import ClientTLS, TLSFiles
 
 EXPECTED_SERVICE = {
     "allocator": "elastico.v1.Allocator",
@@ -55,8 +57,13 @@ def test_up_serves_everything_and_down_leaves_nothing(cluster_env):
         state = json.loads(state_file.read_text())
         procs = {p["name"]: p for p in state["procs"]}
         assert set(procs) == {"redis", *EXPECTED_SERVICE}
+        tls = cluster.client_tls(state, token=False)  # the operator certificate up issued
         for name, service in EXPECTED_SERVICE.items():
-            with grpc.insecure_channel(procs[name]["address"]) as ch:
+            with grpc.insecure_channel(procs[name]["address"]) as ch:  # secure by default: no plaintext at all
+                with pytest.raises(grpc.RpcError) as refused:
+                    health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+                assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, name
+            with tls.channel(procs[name]["address"]) as ch:
                 for svc in ("", service):
                     resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=svc), timeout=5)
                     assert resp.status == health_pb2.HealthCheckResponse.SERVING, (name, svc)
@@ -83,14 +90,17 @@ def test_services_log_json_and_stop_gracefully_on_sigterm(cluster_env, tmp_path)
     """A service started alone answers health, then on SIGTERM logs shutdown and exits 0."""
     port = free_port()
     port_file = tmp_path / "port"
-    env = {**cluster_env, "ELASTICO_PORT": "0", "ELASTICO_PORT_FILE": str(port_file), "ELASTICO_LOG_FORMAT": "json"}
+    certs = pki.throwaway(tmp_path / "pki", ["pricer", "operator"])
+    env = {**cluster_env, **pki.tls_env(certs["pricer"]), "ELASTICO_PORT": "0", "ELASTICO_PORT_FILE": str(port_file),
+           "ELASTICO_LOG_FORMAT": "json"}
     proc = subprocess.Popen([sys.executable, "-m", "services.pricer"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 20
         while not port_file.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         port = int(port_file.read_text())
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        op = certs["operator"]
+        with ClientTLS(TLSFiles(op.cert_file, op.key_file, op.ca_file)).channel(f"127.0.0.1:{port}") as ch:
             assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
         proc.terminate()
         out, _ = proc.communicate(timeout=20)

@@ -33,7 +33,7 @@ def settings(**kw) -> AllocatorSettings:
     # decide in a thread here (a worker process costs a spawn per scheduler); process mode has its own tests
     base = {"redis_url": "redis://unused:1", "estimator": "rule", "node_stale_s": 5.0, "node_grace_s": 1.0,
             "decide_worker": "thread"}
-    return AllocatorSettings.from_env({}, **{**base, **kw})
+    return AllocatorSettings.from_env({}, insecure=True, **{**base, **kw})
 
 
 async def heartbeat(store, *node_ids: str, gpus: int = 2, age_s: float = 0.0) -> None:
@@ -314,10 +314,10 @@ async def test_marks_encoded_during_a_worker_decide_are_written_for_the_jobs_lef
 @pytest.fixture
 async def services():
     """Pricer and predictor servicers in-process on port 0 (the predictor answers what its build serves)."""
-    s = PricerSettings.from_env({}, port=0)
+    s = PricerSettings.from_env({}, insecure=True, port=0)
     server, port = await create_server(s, [
         ServiceBinding("elastico.v1.Pricer", PricerServicer(s), pricer_pb2_grpc.add_PricerServicer_to_server),
-        ServiceBinding("elastico.v1.Predictor", PredictorServicer(PredictorSettings.from_env({})),
+        ServiceBinding("elastico.v1.Predictor", PredictorServicer(PredictorSettings.from_env({}, insecure=True)),
                        predictor_pb2_grpc.add_PredictorServicer_to_server)])
     await server.start()
     yield f"127.0.0.1:{port}"

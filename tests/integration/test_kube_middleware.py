@@ -143,7 +143,7 @@ def tls_files(tmp_path_factory) -> tuple[str, str]:
 @pytest.fixture
 async def webhook(tls_files) -> AsyncIterator[tuple[str, ssl.SSLContext]]:
     cert, key = tls_files
-    settings = KubeSettings.from_env({}, role="webhook", port=0, tls_cert_file=cert, tls_key_file=key)
+    settings = KubeSettings.from_env({}, insecure=True, role="webhook", port=0, tls_cert_file=cert, tls_key_file=key)
     runner, port = await kube_app.start(settings, None)
     yield f"https://127.0.0.1:{port}", ssl.create_default_context(cafile=cert)
     await runner.cleanup()
@@ -203,14 +203,14 @@ async def cluster(redis_server, model) -> AsyncIterator[dict]:
     store = RedisStore.from_url(redis_server.url, namespace=ns)
     for n in GPU_NODES:
         await NodeAgent(store, SimulatedBackend(n, "v100", 2, 16384), n, "127.0.0.1:1").heartbeat()
-    alloc_settings = AllocatorSettings.from_env({}, redis_url=redis_server.url, port=0, estimator="rule",
+    alloc_settings = AllocatorSettings.from_env({}, insecure=True, redis_url=redis_server.url, port=0, estimator="rule",
                                                 decide_worker="thread", round_interval_s=0.5)
     lease = LeaderLease(store, "kube-test", ttl_s=30)
     scheduler = Scheduler(store, alloc_settings, lease)
     lease.start()
     scheduler.start()
     obs = RedisObservationLog(redis_server.url, namespace=ns)
-    pred_settings = PredictorSettings.from_env({}, port=0, redis_url=redis_server.url, refresh_interval_s=0)
+    pred_settings = PredictorSettings.from_env({}, insecure=True, port=0, redis_url=redis_server.url, refresh_interval_s=0)
     bindings = [ServiceBinding("elastico.v1.Allocator", AllocatorServicer(store, alloc_settings, on_change=scheduler.wake),
                                allocator_pb2_grpc.add_AllocatorServicer_to_server),
                 ServiceBinding("elastico.v1.Predictor", PredictorServicer(pred_settings, model, obs),
@@ -223,7 +223,7 @@ async def cluster(redis_server, model) -> AsyncIterator[dict]:
     site = web.TCPSite(fake_runner, "127.0.0.1", 0)
     await site.start()
     api_port = site._server.sockets[0].getsockname()[1]
-    settings = KubeSettings.from_env({}, role="extender", port=0, allocator_address=f"127.0.0.1:{grpc_port}",
+    settings = KubeSettings.from_env({}, insecure=True, role="extender", port=0, allocator_address=f"127.0.0.1:{grpc_port}",
                                      predictor_address=f"127.0.0.1:{grpc_port}", kube_api_url=f"http://127.0.0.1:{api_port}",
                                      bind_timeout_s=5.0, bind_poll_s=0.05, reap_interval_s=0)
     channel = grpc.aio.insecure_channel(settings.allocator_address)
@@ -322,7 +322,7 @@ async def test_webhook_rejects_missing_memory_annotation():
     p = pod()
     del p["metadata"]["annotations"][a.MEM]
     from services.kube.webhook import review
-    resp = review(admission_review(p), KubeSettings.from_env({}, role="both", allocator_address="x:1"))["response"]
+    resp = review(admission_review(p), KubeSettings.from_env({}, insecure=True, role="both", allocator_address="x:1"))["response"]
     assert resp["allowed"] is False and resp["status"]["message"].endswith(f"{a.MEM}: is required (the pinned GPU memory limit of each GPU, MiB)")
 
 
@@ -359,7 +359,7 @@ async def test_filter_marks_every_node_unresolvable_for_malformed_annotations(cl
 
 
 async def test_filter_fails_closed_for_opted_pods_when_the_allocator_is_unreachable(cluster):
-    settings = KubeSettings.from_env({}, role="extender", allocator_address="127.0.0.1:1", allocator_timeout_s=0.5)
+    settings = KubeSettings.from_env({}, insecure=True, role="extender", allocator_address="127.0.0.1:1", allocator_timeout_s=0.5)
     async with grpc.aio.insecure_channel(settings.allocator_address) as ch:
         ext = Extender(settings, allocator_pb2_grpc.AllocatorStub(ch))
         out = await ext.filter({"Pod": pod(), "NodeNames": list(GPU_NODES)})

@@ -27,7 +27,7 @@ def base_model() -> InterferenceModel:
 
 @pytest.fixture
 async def served(redis_server, base_model, tmp_path) -> AsyncIterator[tuple[predictor_pb2_grpc.PredictorStub, PredictorServicer]]:
-    settings = PredictorSettings.from_env({}, port=0, model_path=str(tmp_path / "model.json"), max_batch_pairs=300,
+    settings = PredictorSettings.from_env({}, insecure=True, port=0, model_path=str(tmp_path / "model.json"), max_batch_pairs=300,
                                           redis_url=redis_server.url, refresh_interval_s=0)
     log = RedisObservationLog(redis_server.url, namespace=f"pred-{uuid.uuid4().hex[:8]}")
     servicer = PredictorServicer(settings, base_model, log)

@@ -18,7 +18,7 @@ from services.pricer.settings import PricerSettings
 
 @pytest.fixture
 async def pricer() -> AsyncIterator[pricer_pb2_grpc.PricerStub]:
-    settings = PricerSettings.from_env({}, port=0, max_jobs=1000)
+    settings = PricerSettings.from_env({}, insecure=True, port=0, max_jobs=1000)
     server, port = await create_server(settings, [ServiceBinding("elastico.v1.Pricer", PricerServicer(settings), pricer_pb2_grpc.add_PricerServicer_to_server)])
     await server.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:

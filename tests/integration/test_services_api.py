@@ -39,11 +39,11 @@ async def suite(redis_server) -> AsyncIterator[dict]:
     store = RedisStore.from_url(redis_server.url, namespace=f"api-{uuid.uuid4().hex[:8]}")
     agent = NodeAgent(store, SimulatedBackend("n1", "v100", 2, 16384), "n1", "127.0.0.1:0")
     await agent.heartbeat()
-    settings = AllocatorSettings.from_env({}, redis_url=redis_server.url, port=0, metrics_port=0, watch_poll_s=0.2)
+    settings = AllocatorSettings.from_env({}, insecure=True, redis_url=redis_server.url, port=0, metrics_port=0, watch_poll_s=0.2)
     bindings = [
         ServiceBinding("elastico.v1.Allocator", AllocatorServicer(store, settings), allocator_pb2_grpc.add_AllocatorServicer_to_server),
         ServiceBinding("elastico.v1.NodeAgent", NodeAgentServicer(agent), node_agent_pb2_grpc.add_NodeAgentServicer_to_server),
-        ServiceBinding("elastico.v1.Pricer", PricerServicer(PricerSettings.from_env({})), pricer_pb2_grpc.add_PricerServicer_to_server),
+        ServiceBinding("elastico.v1.Pricer", PricerServicer(PricerSettings.from_env({}, insecure=True)), pricer_pb2_grpc.add_PricerServicer_to_server),
     ]
     server, port = await create_server(settings, bindings)
     await server.start()
@@ -177,7 +177,7 @@ async def test_unexpected_exception_is_internal_with_incident_id(redis_server):
         async def GetJob(self, request, context):
             raise KeyError("boom")
 
-    server, port = await create_server(Settings(service_name="t"), [ServiceBinding("elastico.v1.Allocator", Broken(), allocator_pb2_grpc.add_AllocatorServicer_to_server)])
+    server, port = await create_server(Settings(service_name="t", insecure=True), [ServiceBinding("elastico.v1.Allocator", Broken(), allocator_pb2_grpc.add_AllocatorServicer_to_server)])
     await server.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         err = await expect_code(allocator_pb2_grpc.AllocatorStub(ch).GetJob(allocator_pb2.GetJobRequest(job_id="x"), timeout=5), grpc.StatusCode.INTERNAL)
@@ -187,7 +187,7 @@ async def test_unexpected_exception_is_internal_with_incident_id(redis_server):
 
 async def test_redis_outage_is_unavailable(redis_server):
     store = RedisStore.from_url("redis://127.0.0.1:1/0", timeout_s=0.5)
-    settings = AllocatorSettings.from_env({}, redis_url="redis://127.0.0.1:1/0", port=0)
+    settings = AllocatorSettings.from_env({}, insecure=True, redis_url="redis://127.0.0.1:1/0", port=0)
     server, port = await create_server(settings, [ServiceBinding("elastico.v1.Allocator", AllocatorServicer(store, settings), allocator_pb2_grpc.add_AllocatorServicer_to_server)])
     await server.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:

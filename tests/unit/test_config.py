@@ -12,10 +12,13 @@ from services.pricer.settings import PricerSettings
 from services.predictor.settings import PredictorSettings
 
 
+INSECURE = {"ELASTICO_INSECURE": "1"}
+
+
 def test_defaults_and_overrides_parse_types():
-    s = PricerSettings.from_env({"ELASTICO_PORT": "6000", "ELASTICO_SHUTDOWN_GRACE_S": "1.5", "ELASTICO_LOG_FORMAT": "json"})
+    s = PricerSettings.from_env({**INSECURE, "ELASTICO_PORT": "6000", "ELASTICO_SHUTDOWN_GRACE_S": "1.5", "ELASTICO_LOG_FORMAT": "json"})
     assert (s.port, s.shutdown_grace_s, s.log_format, s.service_name) == (6000, 1.5, "json", "pricer")
-    assert PredictorSettings.from_env({}).port == 50052
+    assert PredictorSettings.from_env(INSECURE).port == 50052
 
 
 @pytest.mark.parametrize(
@@ -46,7 +49,7 @@ def test_bool_parsing():
     class WithFlag(Settings):
         flag: bool = False
 
-    assert WithFlag.from_env({"ELASTICO_FLAG": "yes"}).flag is True
+    assert WithFlag.from_env({**INSECURE, "ELASTICO_FLAG": "yes"}).flag is True
     with pytest.raises(ConfigError, match="ELASTICO_FLAG"):
         WithFlag.from_env({"ELASTICO_FLAG": "maybe"})
 
@@ -55,7 +58,7 @@ def test_service_refuses_to_start_on_bad_config(tmp_path):
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "services.allocator"], env={"PATH": "/usr/bin:/bin"},
+    r = subprocess.run([sys.executable, "-m", "services.allocator"], env={"PATH": "/usr/bin:/bin", **INSECURE},
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "ELASTICO_REDIS_URL is required" in r.stderr
