@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from elastico.auth import TokenStore
 from elastico.logging import get_logger
-from elastico.rpc.security import Access, ClientTLS, PeerPolicy, roles
+from elastico.rpc.security import ClientTLS
 from elastico.rpc.server import ServiceBinding, run_main
 from elastico.state.redis_store import RedisStore
 from elastico.v1 import allocator_pb2, allocator_pb2_grpc
 from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient
 from services.allocator.leader import LeaderLease
 from services.allocator.rounds import Scheduler, tune_gc
-from services.allocator.servicer import AllocatorServicer
+from services.allocator.servicer import AllocatorServicer, api_access
 from services.allocator.settings import AllocatorSettings
 
 
@@ -38,11 +37,9 @@ def build(settings: AllocatorSettings):
             log.info("scheduling enabled", replica=lease.holder, policy=settings.policy, estimator=settings.estimator,
                      round_interval_s=settings.round_interval_s, time_scale=settings.time_scale)
         servicer = AllocatorServicer(store, settings, on_change=scheduler.wake if scheduler else None)
-        tokens = TokenStore(settings.auth_tokens_file) if settings.auth_tokens_file else None
-        if tokens is None:
+        access = api_access(settings)
+        if access.tokens is None:
             log.warning("no ELASTICO_AUTH_TOKENS_FILE: the Allocator API takes calls without tokens (ELASTICO_INSECURE=1)")
-        # any certificate of the cluster's CA (tenants' clients included), and a token on every call
-        access = Access(PeerPolicy(roles("allocator", "pricer", "predictor", "kube", "operator", "node")), tokens)
         binding = ServiceBinding(allocator_pb2.DESCRIPTOR.services_by_name["Allocator"].full_name,
                                  servicer, allocator_pb2_grpc.add_AllocatorServicer_to_server, access)
         tune_gc()  # start-up objects frozen: a full collection no longer walks them inside a round

@@ -21,7 +21,8 @@ from elastico.domain import Job, JobState, StateReason, validate_request_id
 from elastico.errors import Conflict, InvalidSpec, NotFound, PermissionDenied, WrongState
 from elastico.logging import get_logger
 from elastico.rpc import convert
-from elastico.rpc.security import current_caller
+from elastico.auth import TokenStore
+from elastico.rpc.security import Access, PeerPolicy, current_caller, roles
 from elastico.state.store import Store
 from elastico.v1 import allocator_pb2 as apb
 from elastico.v1 import allocator_pb2_grpc
@@ -89,6 +90,13 @@ class SubmitBatcher:
                             fut.set_result(result)
         finally:
             self._writer = None
+
+
+def api_access(settings: AllocatorSettings) -> Access:
+    """Who may call the Allocator API: any certificate of the cluster's CA, and a bearer token on every call
+    (none only with ELASTICO_INSECURE=1 and no tokens file)."""
+    tokens = TokenStore(settings.auth_tokens_file) if settings.auth_tokens_file else None
+    return Access(PeerPolicy(roles("allocator", "pricer", "predictor", "kube", "operator", "node")), tokens)
 
 
 class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):

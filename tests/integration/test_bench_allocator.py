@@ -14,3 +14,5 @@ def test_allocator_bench_smoke_prints_its_figures():
     assert m and int(m.group(2)) >= int(m.group(1)) > 0 and int(m.group(3)) > 0, out.stdout
     m = re.search(r"2\. round latency, 512 GPUs / (\d+) pending .* median (\d+) ms", out.stdout)
     assert m and int(m.group(1)) > 0, out.stdout
+    assert out.stdout.index("-- mTLS + tokens") < out.stdout.index("-- plaintext")  # both modes, side by side
+    assert re.search(r"secure / plaintext: placement rate [\d.]+x", out.stdout), out.stdout
