@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +67,18 @@ def make_node(node_id: str = "node-1", gpus: int = 2, mem_mib: int = 16384, gpu_
 
 def half_gpu_shape() -> Shape:
     return Shape(num_gpus=1, compute_share_pct=50.0, mem_mib=8192)
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A temporary directory every user can enter (mode 0755, parents included), removed afterwards.
+
+    Local clusters run as root drop their workloads to ``nobody``, which must reach the run directory;
+    pytest's own ``tmp_path`` lies under a 0700 directory.
+    """
+    d = Path(tempfile.mkdtemp(prefix="elastico-test-"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

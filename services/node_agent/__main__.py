@@ -11,8 +11,10 @@ import argparse
 import asyncio
 import contextlib
 import sys
+from pathlib import Path
 
 from elastico.errors import ConfigError
+from elastico.logging import get_logger
 from elastico.rpc.security import Access, ClientTLS, PeerPolicy, certificate_name, roles
 from elastico.rpc.server import ServiceBinding, run_main
 from elastico.state.redis_store import RedisStore
@@ -22,12 +24,30 @@ from services.node_agent.mps import make_mps
 from services.node_agent.observations import PredictorReporter
 from services.node_agent.reconcile import Reconciler
 from services.node_agent.servicer import NodeAgent, NodeAgentServicer
-from services.node_agent.settings import NodeAgentSettings
+from services.node_agent.runner import REPO_ROOT
+from services.node_agent.settings import NodeAgentSettings, WorkloadPolicy, blocking_dir
+
+log = get_logger(component="node_agent")
+
+
+def log_workload_policy(p: WorkloadPolicy) -> None:
+    """Say at start who workloads run as; loudly when it is root or when they cannot reach the synthetic workload."""
+    log.info("workloads run as", uid=p.uid, gid=p.gid, user=p.user, commands_allowed=p.allow_commands,
+             rlimits=dict(p.rlimits))
+    if p.uid == 0:
+        log.warning("WORKLOADS RUN AS ROOT (ELASTICO_ALLOW_ROOT_WORKLOADS=1): every job command has full control of "
+                    "this node; set ELASTICO_WORKLOAD_USER to an unprivileged user")
+    for what, path in (("the Python interpreter", Path(p.python).resolve()), ("the repository", REPO_ROOT)):
+        blocked = blocking_dir(path, p.uid, p.gid) if p.drops_privileges else None
+        if blocked is not None:
+            log.warning(f"the workload user cannot reach {what}: jobs without a command (synthetic workloads) will "
+                        "fail to start", path=str(path), blocked_at=str(blocked), uid=p.uid)
 
 
 def build(settings: NodeAgentSettings):
     async def _build():
         node_id = settings.effective_node_id
+        log_workload_policy(settings.workload_policy)
         tls = ClientTLS.from_settings(settings)
         if tls.files is not None and certificate_name(tls.files.cert_file) != f"node/{node_id}":
             raise ConfigError(f"ELASTICO_TLS_CERT_FILE names {certificate_name(tls.files.cert_file)!r}; the agent of node "
@@ -47,7 +67,8 @@ def build(settings: NodeAgentSettings):
         reporter = PredictorReporter(settings.predictor_address, gpu_type, settings.predictor_timeout_s, tls) if settings.predictor_address else None
         reconciler = Reconciler(store, backend, mps, node_id, settings.effective_state_dir,
                                 stop_grace_s=settings.stop_grace_s, fault_holddown_s=settings.mps_fault_holddown_s,
-                                observation_interval_s=settings.observation_interval_s, observation_sink=reporter)
+                                observation_interval_s=settings.observation_interval_s, observation_sink=reporter,
+                                policy=settings.workload_policy)
         await reconciler.recover()
         agent = NodeAgent(store, backend, node_id, address, reconciler)
         await agent.heartbeat()  # register before serving, so the allocator sees the GPUs at once

@@ -13,9 +13,10 @@ lost nudge, a restart or a Redis blip can delay but never lose or duplicate work
 3. **Stop** what is running but no longer desired (or desired with another placement: MPS limits are
    fixed at launch, so a new shape is a restart): SIGTERM to its process group, SIGKILL after
    ``stop_grace_s``. Ended workloads that are no longer desired are forgotten.
-4. **Start** what is desired and has no workload yet. A placement that already ran here (same
-   ``placement_id``) is never started again, whatever its outcome: the allocator re-places a job to run it
-   again, which gives it a new placement id.
+4. **Start** what is desired and has no workload yet, as the unprivileged workload user (``WorkloadPolicy``).
+   A placement that already ran here (same ``placement_id``) is never started again, whatever its outcome:
+   the allocator re-places a job to run it again, which gives it a new placement id. A job whose command
+   cannot start (unparsable, or commands refused by ``ELASTICO_ALLOW_COMMANDS=0``) is reported failed.
 5. **Measure and report**: emulated rates (simulated GPUs), progress, throughput, co-tenants; the ledger
    is saved atomically, the node's actual state goes to the store, co-located observations to the predictor.
 
@@ -57,6 +58,7 @@ from services.node_agent.runner import (
     synthetic_argv,
     workload_dir,
 )
+from services.node_agent.settings import WorkloadPolicy
 
 log = get_logger(component="reconcile")
 
@@ -88,13 +90,14 @@ class Reconciler:
 
     def __init__(self, store: Store, backend: GpuBackend, mps: MpsController, node_id: str, state_dir: Path, *,
                  stop_grace_s: float = 10.0, fault_holddown_s: float = 5.0, observation_interval_s: float = 30.0,
-                 observation_sink: ObservationSink | None = None, truth: ColocationTruth | None = None) -> None:
+                 observation_sink: ObservationSink | None = None, truth: ColocationTruth | None = None,
+                 policy: WorkloadPolicy | None = None) -> None:
         self.store = store
         self.backend = backend
         self.mps = mps
         self.node_id = node_id
         self.state_dir = Path(state_dir)
-        self.runner = Runner(self.state_dir)
+        self.runner = Runner(self.state_dir, policy)  # None = the default policy (never root)
         self.ledger = LedgerFile.load(self.state_dir / "ledger.json")
         self.stop_grace_s = stop_grace_s
         self.fault_holddown_s = fault_holddown_s
@@ -333,12 +336,15 @@ class Reconciler:
             env = self.mps.client_env(gpus, share, mem)
             try:
                 if spec.command:
+                    if not self.runner.policy.allow_commands:
+                        raise ValueError("this node runs no job commands (ELASTICO_ALLOW_COMMANDS=0; on Kubernetes "
+                                         "the job's pod is its workload)")
                     argv = self.runner.command_argv(spec.command)
                     if not argv:
                         raise ValueError("command is blank")
                 else:
                     total = spec.training.total_steps if spec.kind is JobKind.TRAINING and spec.training else 0
-                    argv = synthetic_argv(total, job.progress_steps)
+                    argv = synthetic_argv(total, job.progress_steps, self.runner.policy.python)
                     env["ELASTICO_SIM_RATE_FILE"] = entry.rate_file
                 entry = await asyncio.to_thread(self.runner.start, entry, argv, env)
             except (OSError, ValueError) as exc:  # unparsable command line, unwritable state dir...

@@ -6,10 +6,14 @@ a directory ``<state_dir>/workloads/<job_id>/<placement_id>/`` holding:
 
 - ``launch.json``  the ledger entry as it was at launch (written *before* the process starts)
 - ``workload.log`` stdout and stderr of the workload
-- ``progress``     written by the workload, optional (``ELASTICO_PROGRESS_FILE``): a number of steps
+- ``work/``        the workload's own directory and working directory: owned by the workload user, mode 0700
+- ``work/progress`` written by the workload, optional (``ELASTICO_PROGRESS_FILE``): a number of steps
                    done, or JSON ``{"steps": ..}``; programs that write nothing still run, without progress
 - ``rate``         simulated GPUs only: steps/s the synthetic workload must run at (``ELASTICO_SIM_RATE_FILE``)
 - ``child.json``, ``exit.json``  written by the shim: the real command's pid, and its exit status
+
+The workload directory itself stays the agent's: a workload (run as ``WorkloadPolicy``'s unprivileged
+user, see ``shim.py``) can write only ``work/``, never its launch record or the exit status the agent trusts.
 
 A process is identified by (pid, start time from ``/proc/<pid>/stat``), so a recycled pid is never
 mistaken for a workload. Every shim carries ``ELASTICO_WORKLOAD_TAG=<state_dir>|<job_id>|<placement_id>``
@@ -23,6 +27,7 @@ import json
 import os
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -33,6 +38,7 @@ from elastico.domain import Placement, StateReason
 from elastico.logging import get_logger
 from elastico.state import codec
 from services.node_agent.mps import read_environ
+from services.node_agent.settings import WorkloadPolicy
 
 log = get_logger(component="runner")
 
@@ -41,6 +47,8 @@ TAG_VAR = "ELASTICO_WORKLOAD_TAG"
 PROGRESS_VAR = "ELASTICO_PROGRESS_FILE"
 RATE_VAR = "ELASTICO_SIM_RATE_FILE"
 OOM_MARKERS = ("out of memory", "cuda_error_out_of_memory", "outofmemoryerror")
+WORK_DIR = "work"  # the workload's writable sub-directory of its workdir
+MAX_PROGRESS_BYTES = 65536
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,9 @@ class LedgerEntry:
 
     @property
     def progress_file(self) -> str:
-        return str(Path(self.workdir) / "progress")
+        work = Path(self.workdir) / WORK_DIR
+        # workloads launched before work/ existed (re-adopted after an agent upgrade) write it in the workdir
+        return str(work / "progress") if work.is_dir() else str(Path(self.workdir) / "progress")
 
     @property
     def rate_file(self) -> str:
@@ -199,16 +209,17 @@ def workload_dir(state_dir: Path, job_id: str, placement_id: str) -> Path:
     return state_dir / "workloads" / job_id / safe
 
 
-def synthetic_argv(total_steps: float, start_steps: float) -> list[str]:
-    return [sys.executable, "-m", "services.node_agent.synthetic", "--total-steps", repr(float(total_steps)),
+def synthetic_argv(total_steps: float, start_steps: float, python: str = sys.executable) -> list[str]:
+    return [python, "-m", "services.node_agent.synthetic", "--total-steps", repr(float(total_steps)),
             "--start-steps", repr(float(start_steps))]
 
 
 class Runner:
     """Starts, observes and stops workload processes for one agent (one state dir)."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, policy: WorkloadPolicy | None = None) -> None:
         self.state_dir = Path(state_dir)
+        self.policy = policy or WorkloadPolicy.default()
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # shims we started: reaped by poll()
 
     def start(self, entry: LedgerEntry, argv: list[str], extra_env: dict[str, str]) -> LedgerEntry:
@@ -217,8 +228,12 @@ class Runner:
         ``launch.json`` is written first, so a crash right after the fork still leaves a record that
         the restarted agent can match with the tagged process.
         """
-        workdir = Path(entry.workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir, policy = Path(entry.workdir), self.policy
+        (workdir / WORK_DIR).mkdir(mode=0o700, parents=True, exist_ok=True)
+        if policy.drops_privileges:
+            os.chown(workdir / WORK_DIR, policy.uid, policy.gid)
+            for d in (self.state_dir, self.state_dir / "workloads", workdir.parent, workdir):  # enterable, whatever our umask
+                os.chmod(d, stat.S_IMODE(os.stat(d).st_mode) | 0o111)
         for stale in ("exit.json", "child.json"):
             (workdir / stale).unlink(missing_ok=True)
         atomic_write(workdir / "launch.json", json.dumps(codec.to_jsonable(entry)))
@@ -230,8 +245,12 @@ class Runner:
         env["ELASTICO_JOB_ID"] = entry.job_id
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(HOME=policy.home, USER=policy.user, LOGNAME=policy.user)
+        opts = ["--cwd", str(workdir / WORK_DIR), *(f"--rlimit={n}={v}" for n, v in policy.rlimits)]
+        if policy.drops_privileges:
+            opts += ["--uid", str(policy.uid), "--gid", str(policy.gid)]
         with open(entry.log_path, "ab") as logf:
-            proc = subprocess.Popen([sys.executable, "-m", "services.node_agent.shim", str(workdir), "--", *argv],
+            proc = subprocess.Popen([sys.executable, "-m", "services.node_agent.shim", *opts, str(workdir), "--", *argv],
                                     env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=logf,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         self._children[proc.pid] = proc
@@ -291,12 +310,24 @@ class Runner:
 
     @staticmethod
     def read_progress(path: str) -> tuple[float, float] | None:
-        """(steps, time written) from a progress file; None when absent or unreadable."""
+        """(steps, time written) from a progress file; None when absent or unreadable.
+
+        The workload owns the file: a symlink, a FIFO or a huge file must not make the agent read
+        elsewhere, block or run out of memory.
+        """
         try:
-            raw = Path(path).read_text().strip()
-            mtime = os.stat(path).st_mtime
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            raw, mtime = os.read(fd, MAX_PROGRESS_BYTES).decode(errors="replace").strip(), st.st_mtime
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
         if not raw:
             return None
         try:
@@ -312,6 +343,7 @@ class Runner:
         path = Path(entry.rate_file)
         tmp = path.with_name("rate.tmp")
         tmp.write_text(f"{steps_per_s!r}\n")
+        os.chmod(tmp, 0o644)  # read by the workload user
         os.replace(tmp, path)
 
     @staticmethod

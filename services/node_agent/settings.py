@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
+import shutil
 import socket
+import stat
+import sys
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from elastico.config import Settings
@@ -12,6 +18,92 @@ from elastico.errors import ConfigError
 
 GPU_BACKENDS = ("simulated", "nvml", "auto")
 MPS_MODES = ("auto", "real", "simulated", "off")
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class WorkloadPolicy:
+    """Who workloads run as and what they may do (docs/security.md "Workloads"), resolved once at start."""
+
+    uid: int
+    gid: int
+    user: str  # USER/LOGNAME of workloads (the uid as text when it has no passwd entry)
+    home: str  # HOME of workloads
+    rlimits: tuple[tuple[str, int], ...] = (("core", 0), ("nofile", 65536))  # (name, value), set by the shim before exec
+    allow_commands: bool = True  # False: jobs with a command line are refused
+    python: str = sys.executable  # the interpreter of synthetic workloads (one the workload user can run)
+
+    @property
+    def drops_privileges(self) -> bool:
+        """True when workloads run as another user or group than the agent (the agent is then root)."""
+        return (self.uid, self.gid) != (os.getuid(), os.getgid())
+
+    @classmethod
+    def default(cls) -> WorkloadPolicy:
+        """The policy of an agent with default settings: its own user, or ``nobody`` when it is root."""
+        uid, gid, user, home = resolve_workload_user("", "")
+        return cls(uid, gid, user, home, python=workload_python(uid, gid))
+
+
+def resolve_workload_user(user: str, group: str) -> tuple[int, int, str, str]:
+    """(uid, gid, name, home) of ``ELASTICO_WORKLOAD_USER``/``_GROUP``; "" = this process's user, ``nobody`` for root.
+
+    Raises:
+        ConfigError: unknown user or group, naming the variable.
+    """
+    me = os.getuid()
+    spec = user or ("nobody" if me == 0 else str(me))
+    try:
+        pw: pwd.struct_passwd | None = pwd.getpwuid(int(spec)) if spec.isdigit() else pwd.getpwnam(spec)
+    except KeyError:
+        if not spec.isdigit():
+            default = "" if user else " (the default for an agent running as root)"
+            raise ConfigError(f"ELASTICO_WORKLOAD_USER={spec!r}{default}: no such user; give a user name or a numeric uid") from None
+        pw = None
+    uid = pw.pw_uid if pw else int(spec)
+    if group:
+        try:
+            gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise ConfigError(f"ELASTICO_WORKLOAD_GROUP={group!r}: no such group; give a group name or a numeric gid") from None
+    elif uid == me:
+        gid = os.getgid()  # the agent's own identity (its passwd entry may name another group)
+    elif pw is not None:
+        gid = pw.pw_gid
+    else:
+        raise ConfigError(f"ELASTICO_WORKLOAD_USER={spec}: uid without a passwd entry, so no primary group: set ELASTICO_WORKLOAD_GROUP")
+    home = pw.pw_dir if pw else os.environ.get("HOME", "/") if uid == me else "/"
+    return uid, gid, pw.pw_name if pw else str(uid), home
+
+
+def workload_python(uid: int, gid: int) -> str:
+    """An interpreter ``uid`` can run for the synthetic workload (standard library only): the agent's own, else
+    the system's ``python3`` (the agent's may sit in a private home, e.g. a pyenv under /root)."""
+    for cand in (sys.executable, shutil.which("python3"), "/usr/bin/python3"):
+        if not cand:
+            continue
+        real = Path(cand).resolve()
+        try:
+            st = real.stat()
+        except OSError:
+            continue
+        bit = stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid == gid else stat.S_IXOTH
+        if (uid == os.getuid() or blocking_dir(real.parent, uid, gid) is None) and st.st_mode & bit:
+            return cand
+    return sys.executable
+
+
+def blocking_dir(path: Path, uid: int, gid: int) -> Path | None:
+    """The first existing directory on the way to ``path`` that ``uid``/``gid`` may not enter (mode bits; ACLs ignored)."""
+    for d in reversed([path, *path.parents]):
+        try:
+            st = d.stat()
+        except OSError:
+            return None  # the agent creates the rest
+        bit = stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid == gid else stat.S_IXOTH
+        if stat.S_ISDIR(st.st_mode) and not st.st_mode & bit:
+            return d
+    return None
 
 
 @dataclass(frozen=True)
@@ -27,7 +119,7 @@ class NodeAgentSettings(Settings):
     sim_gpu_mem_mib: int = 16384  # simulated backend: memory of each GPU, MiB
     sim_time_scale: float = 1.0  # simulated backend: simulated seconds per wall second (trace replays); 1 = real time
     heartbeat_interval_s: float = 2.0  # how often node status and counters go to Redis
-    state_dir: str = ""  # ledger, workload logs and MPS pipes; "" = $XDG_STATE_HOME/elastico/<node_id>
+    state_dir: str = ""  # ledger, workload logs and MPS pipes; "" = $XDG_STATE_HOME/elastico/<node_id> (root: /var/lib/elastico/<node_id>)
     reconcile_interval_s: float = 2.0  # desired-state poll period (a Sync call reconciles at once)
     stop_grace_s: float = 10.0  # SIGTERM -> SIGKILL delay when stopping a workload
     mps: str = "auto"  # auto (real MPS on NVML GPUs, simulated on simulated GPUs), real, simulated, off
@@ -40,6 +132,15 @@ class NodeAgentSettings(Settings):
     predictor_timeout_s: float = 2.0  # deadline of each ReportObservation call
     observation_interval_s: float = 30.0  # at most one observation per co-located pair per interval
     stop_workloads_on_exit: bool = False  # SIGTERM also stops workloads and MPS (local clusters); default: leave them running
+    # --- workloads (docs/security.md "Workloads") ------------------------------------------------------
+    workload_user: str = ""  # user name or uid workloads run as; "" = the agent's user, or `nobody` when the agent is root
+    workload_group: str = ""  # group name or gid of workloads; "" = the workload user's primary group
+    allow_root_workloads: bool = False  # the only way workloads may run as uid 0 (said loudly at start)
+    allow_commands: bool = True  # false = refuse jobs with a command line (Kubernetes: the pods are the workloads)
+    workload_rlimit_nofile: int = 65536  # open files per workload process; 0 = the agent's
+    workload_rlimit_nproc: int = 0  # processes of the workload user; 0 = the agent's
+    workload_rlimit_core_mib: int = 0  # core dump size, MiB; 0 = no core dumps
+    workload_rlimit_as_mib: int = 0  # address space per workload process, MiB; 0 = unlimited
 
     def validate(self) -> None:
         super().validate()
@@ -70,6 +171,34 @@ class NodeAgentSettings(Settings):
             raise ConfigError(f"ELASTICO_OBSERVATION_INTERVAL_S={self.observation_interval_s}: must be >= 0")
         if self.predictor_address and ":" not in self.predictor_address:
             raise ConfigError(f"ELASTICO_PREDICTOR_ADDRESS={self.predictor_address!r}: must be host:port")
+        for name in ("nofile", "nproc", "core_mib", "as_mib"):
+            if getattr(self, f"workload_rlimit_{name}") < 0:
+                raise ConfigError(f"ELASTICO_WORKLOAD_RLIMIT_{name.upper()}={getattr(self, f'workload_rlimit_{name}')}: must be >= 0")
+        p = self.workload_policy
+        if p.uid == 0 and not self.allow_root_workloads:
+            raise ConfigError(f"workloads would run as root (ELASTICO_WORKLOAD_USER={self.workload_user or 'root'!r}): set "
+                              "ELASTICO_WORKLOAD_USER to an unprivileged user, or ELASTICO_ALLOW_ROOT_WORKLOADS=1 to accept "
+                              "that every job command gets full control of this node")
+        if os.getuid() != 0 and p.uid != os.getuid():
+            raise ConfigError(f"ELASTICO_WORKLOAD_USER={self.workload_user!r}: only an agent running as root can run "
+                              f"workloads as another user (this agent runs as uid {os.getuid()})")
+        if os.getuid() != 0 and p.gid != os.getgid():
+            raise ConfigError(f"ELASTICO_WORKLOAD_GROUP={self.workload_group!r}: only an agent running as root can run "
+                              f"workloads in another group (this agent runs as gid {os.getgid()})")
+        blocked = blocking_dir(self.effective_state_dir, p.uid, p.gid) if p.drops_privileges else None
+        if blocked is not None:
+            raise ConfigError(f"ELASTICO_STATE_DIR={str(self.effective_state_dir)!r}: the workload user {p.user} (uid {p.uid}) "
+                              f"cannot enter {blocked} (mode {stat.S_IMODE(blocked.stat().st_mode):04o}), so workloads could "
+                              "not write their progress files: set ELASTICO_STATE_DIR to a directory it can reach")
+
+    @cached_property
+    def workload_policy(self) -> WorkloadPolicy:
+        """Workload uid/gid/home and resource limits (rlimit values in the unit of ``setrlimit``: bytes for sizes)."""
+        uid, gid, user, home = resolve_workload_user(self.workload_user, self.workload_group)
+        optional = (("nofile", self.workload_rlimit_nofile), ("nproc", self.workload_rlimit_nproc),
+                    ("as", self.workload_rlimit_as_mib * MIB))  # 0 = leave as is
+        rlimits = (("core", self.workload_rlimit_core_mib * MIB), *((n, v) for n, v in optional if v))  # core 0 = none
+        return WorkloadPolicy(uid, gid, user, home, rlimits, self.allow_commands, workload_python(uid, gid))
 
     @property
     def effective_node_id(self) -> str:
@@ -79,7 +208,9 @@ class NodeAgentSettings(Settings):
     def effective_state_dir(self) -> Path:
         if self.state_dir:
             return Path(self.state_dir).resolve()
-        base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        # root's home is private (0700): its workloads' user could not reach their files there
+        fallback = "/var/lib" if os.getuid() == 0 else str(Path.home() / ".local" / "state")
+        base = os.environ.get("XDG_STATE_HOME") or fallback
         return Path(base) / "elastico" / self.effective_node_id
 
     @property

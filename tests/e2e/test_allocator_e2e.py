@@ -36,11 +36,11 @@ def slice_jobs():
 
 
 @pytest.fixture
-def suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def suite(open_tmp: Path, monkeypatch: pytest.MonkeyPatch):
     """A running cluster (as `make up` starts it) with fast timers; stopped afterwards whatever happens."""
     for k in [k for k in os.environ if k.startswith("ELASTICO_")]:
         monkeypatch.delenv(k)
-    env = {"ELASTICO_RUN_DIR": str(tmp_path / "run"), "ELASTICO_BASE_PORT": str(free_port()), "ELASTICO_ESTIMATOR": "rule",
+    env = {"ELASTICO_RUN_DIR": str(open_tmp / "run"), "ELASTICO_BASE_PORT": str(free_port()), "ELASTICO_ESTIMATOR": "rule",
            "ELASTICO_TIME_SCALE": repr(SCALE), "ELASTICO_SIM_TIME_SCALE": repr(SCALE), "ELASTICO_ROUND_INTERVAL_S": "0.2",
            "ELASTICO_REPORT_POLL_S": "0.1", "ELASTICO_RECONCILE_INTERVAL_S": "0.2", "ELASTICO_HEARTBEAT_INTERVAL_S": "0.5",
            "ELASTICO_LEASE_TTL_S": "2", "ELASTICO_SIM_GPU_COUNT": "4", "ELASTICO_STOP_GRACE_S": "2",

@@ -36,9 +36,9 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def cluster_env(tmp_path: Path) -> dict[str, str]:
+def cluster_env(open_tmp: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICO_")}
-    env.update({"ELASTICO_RUN_DIR": str(tmp_path / "run"), "ELASTICO_BASE_PORT": str(free_port()), "ELASTICO_NODES": "2"})
+    env.update({"ELASTICO_RUN_DIR": str(open_tmp / "run"), "ELASTICO_BASE_PORT": str(free_port()), "ELASTICO_NODES": "2"})
     return env
 
 

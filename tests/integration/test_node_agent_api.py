@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -21,7 +21,9 @@ from services.node_agent.observations import PredictorReporter
 from services.node_agent.reconcile import Reconciler
 from services.node_agent.runner import find_tagged, kill_tagged
 from services.node_agent.servicer import NodeAgent, NodeAgentServicer
+from services.node_agent.settings import NodeAgentSettings
 from tests.conftest import make_job, make_spec
+from tests.integration.test_node_agent_process import reachable_dir, synthetic_workload_env
 from tests.integration.test_services_api import expect_code
 
 NODE = "api-node"
@@ -39,23 +41,31 @@ class FakePredictor(predictor_pb2_grpc.PredictorServicer):
         return predictor_pb2.ReportObservationResponse(accepted=len(request.observations))
 
 
+@pytest.fixture
+def state_root() -> Iterator[Path]:
+    with reachable_dir() as d:  # workloads run as `nobody` when the tests run as root: it must reach their files
+        yield d
+
+
 @pytest.fixture(params=[True, False], ids=["predictor-accepts", "predictor-unimplemented"])
-async def node(request, redis_server, tmp_path: Path) -> AsyncIterator[dict]:
+async def node(request, redis_server, state_root: Path) -> AsyncIterator[dict]:
     store = RedisStore.from_url(redis_server.url, namespace=f"napi-{uuid.uuid4().hex[:8]}")
     predictor = FakePredictor(implemented=request.param)
-    pserver, pport = await create_server(Settings(service_name="predictor"), [ServiceBinding(
+    pserver, pport = await create_server(Settings(service_name="predictor", insecure=True), [ServiceBinding(
         "elastico.v1.Predictor", predictor, predictor_pb2_grpc.add_PredictorServicer_to_server)])
     await pserver.start()
     backend = SimulatedBackend(NODE, "v100", 2, 16384)
-    state = (tmp_path / "state").resolve()
+    state = (state_root / "state").resolve()
     mps = SimulatedMps(state / "mps" / "pipe", state / "mps" / "log")
     reporter = PredictorReporter(f"127.0.0.1:{pport}", "v100", timeout_s=2)
+    policy = NodeAgentSettings.from_env({**synthetic_workload_env(), "ELASTICO_INSECURE": "1", "ELASTICO_REDIS_URL":
+                                         redis_server.url, "ELASTICO_STATE_DIR": str(state)}).workload_policy
     reconciler = Reconciler(store, backend, mps, NODE, state, stop_grace_s=2, observation_interval_s=0,
-                            observation_sink=reporter)
+                            observation_sink=reporter, policy=policy)
     await reconciler.recover()
     agent = NodeAgent(store, backend, NODE, "127.0.0.1:0", reconciler)
     await agent.heartbeat()
-    server, port = await create_server(Settings(service_name="node_agent"), [ServiceBinding(
+    server, port = await create_server(Settings(service_name="node_agent", insecure=True), [ServiceBinding(
         "elastico.v1.NodeAgent", NodeAgentServicer(agent), node_agent_pb2_grpc.add_NodeAgentServicer_to_server)])
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")

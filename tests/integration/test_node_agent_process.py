@@ -3,19 +3,28 @@
 The test plays the allocator: it commits placements through the Store (exactly what the allocator
 does) and reads the node's actual state back. Workloads are real child processes; every test kills
 whatever it started (agent and workloads), so no stray process survives the suite.
+
+Run as root, the agent runs workloads as ``nobody`` (docs/security.md "Workloads"): state dirs are then
+made where that user can reach them, and ``synthetic_workload_env`` says who runs the synthetic workload.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,20 +35,67 @@ from elastico.state.redis_store import RedisStore
 from services.node_agent.coloc import ColocationTruth, Tenant
 from services.node_agent.mps import SimulatedMps, read_environ
 from services.node_agent.runner import find_tagged, kill_tagged
+from services.node_agent.settings import WorkloadPolicy, workload_python
 from tests.conftest import make_job, make_spec
 
 pytestmark = pytest.mark.slow
 NODE = "sim-node"
+REPO = Path(__file__).resolve().parents[2]
+WORKLOAD_PY = WorkloadPolicy.default().python  # an interpreter the default workload user can run
+ROOT_WORKLOADS = {"ELASTICO_WORKLOAD_USER": "root", "ELASTICO_ALLOW_ROOT_WORKLOADS": "1"}
+
+
+@functools.cache
+def nobody_runs_python() -> bool:
+    """Whether ``nobody`` can start this interpreter and import the synthetic workload from this checkout."""
+    pw = pwd.getpwnam("nobody")
+    try:
+        res = subprocess.run([workload_python(pw.pw_uid, pw.pw_gid), "-c", "import services.node_agent.synthetic"], user=pw.pw_uid,
+                             group=pw.pw_gid, extra_groups=[], cwd="/", env={"PYTHONPATH": str(REPO)}, capture_output=True)
+    except PermissionError:
+        return False
+    return res.returncode == 0
+
+
+def synthetic_workload_env() -> dict[str, str]:
+    """Workload settings for tests running the synthetic (Python) workload: the default (``nobody`` when the tests
+    run as root) where ``nobody`` can run this interpreter; otherwise root workloads, explicitly allowed. The
+    latter happens when the interpreter lives in a directory only root may enter, e.g. a pyenv under /root (0700)."""
+    return dict(ROOT_WORKLOADS) if os.getuid() == 0 and not nobody_runs_python() else {}
+
+
+@contextlib.contextmanager
+def reachable_dir() -> Iterator[Path]:
+    """A fresh directory the workload user can enter (pytest's own tmp_path is under a 0700 directory)."""
+    d = Path(tempfile.mkdtemp(prefix="elastico-test-"))
+    d.chmod(0o711)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def agent_env(redis_url: str, state_dir: Path, **extra: str) -> dict[str, str]:
+    """Environment of an agent on 2 simulated GPUs with fast loops; ``extra`` adds ELASTICO_* settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICO_")}
+    env.update({"ELASTICO_INSECURE": "1", "ELASTICO_REDIS_URL": redis_url, "ELASTICO_REDIS_NAMESPACE": f"agent-{uuid.uuid4().hex[:8]}",
+                "ELASTICO_NODE_ID": NODE,
+                "ELASTICO_GPU_BACKEND": "simulated", "ELASTICO_SIM_GPU_TYPE": "v100", "ELASTICO_SIM_GPU_COUNT": "2",
+                "ELASTICO_PORT": "0", "ELASTICO_STATE_DIR": str(state_dir), "ELASTICO_RECONCILE_INTERVAL_S": "0.2",
+                "ELASTICO_HEARTBEAT_INTERVAL_S": "0.2", "ELASTICO_STOP_GRACE_S": "3", "ELASTICO_MPS_FAULT_HOLDDOWN_S": "0.5",
+                "ELASTICO_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1", **extra})
+    return env
 
 
 @dataclass
 class AgentProc:
     env: dict[str, str]
     state_dir: Path
+    log_path: Path
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        log = open(self.state_dir.parent / "agent.log", "ab")
+        log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "services.node_agent"], env=self.env, stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -55,17 +111,25 @@ class AgentProc:
 
 
 @pytest.fixture
-async def agent(redis_server, tmp_path: Path) -> AsyncIterator[tuple[AgentProc, RedisStore]]:
-    ns = f"agent-{uuid.uuid4().hex[:8]}"
-    state_dir = tmp_path / "state"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICO_")}
-    env.update({"ELASTICO_REDIS_URL": redis_server.url, "ELASTICO_REDIS_NAMESPACE": ns, "ELASTICO_NODE_ID": NODE,
-                "ELASTICO_GPU_BACKEND": "simulated", "ELASTICO_SIM_GPU_TYPE": "v100", "ELASTICO_SIM_GPU_COUNT": "2",
-                "ELASTICO_PORT": "0", "ELASTICO_STATE_DIR": str(state_dir), "ELASTICO_RECONCILE_INTERVAL_S": "0.2",
-                "ELASTICO_HEARTBEAT_INTERVAL_S": "0.2", "ELASTICO_STOP_GRACE_S": "3", "ELASTICO_MPS_FAULT_HOLDDOWN_S": "0.5",
-                "ELASTICO_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1"})
-    a = AgentProc(env, state_dir)
-    store = RedisStore.from_url(redis_server.url, namespace=ns)
+def workload_env() -> dict[str, str]:
+    """Workload settings of the ``agent`` fixture; a test overrides them with ``parametrize("workload_env", ...)``."""
+    return synthetic_workload_env()
+
+
+@pytest.fixture
+async def agent(redis_server, tmp_path: Path, workload_env: dict[str, str]) -> AsyncIterator[tuple[AgentProc, RedisStore]]:
+    with reachable_dir() as root:
+        async with run_agent(redis_server.url, root / "state", tmp_path / "agent.log", **workload_env) as pair:
+            yield pair
+
+
+@asynccontextmanager
+async def run_agent(redis_url: str, state_dir: Path, log_path: Path, **extra: str) -> AsyncIterator[tuple[AgentProc, RedisStore]]:
+    """Start an agent; yield it and a store on its namespace; kill it and every workload it started."""
+    env = agent_env(redis_url, state_dir, **extra)
+    ns = env["ELASTICO_REDIS_NAMESPACE"]
+    a = AgentProc(env, state_dir, log_path)
+    store = RedisStore.from_url(redis_url, namespace=ns)
     a.start()
     try:
         yield a, store
@@ -215,6 +279,9 @@ async def test_mps_env_rates_and_restart_readoption(agent):
     assert {j: x.pid for j, x in (await workloads(store)).items()} == {j_r18: pids[j_r18], j_solo: pids[j_solo]}
 
 
+# the simulated MPS daemon finds its clients among the agent's own uid's processes (mps.find_clients), so its
+# fault injection needs workloads of the agent's uid
+@pytest.mark.parametrize("workload_env", [ROOT_WORKLOADS], ids=["root-workloads"])
 async def test_mps_fault_drains_gpu_and_reports_victims(agent):
     a, store = agent
     epoch = await registered(store)
@@ -265,9 +332,9 @@ async def test_outcomes_are_classified_and_never_rerun(agent):
     epoch = await registered(store)
     ok = await place(store, epoch, 0, 50.0, 1024, "ResNet-18", 16, total_steps=5)
     bad = await place(store, epoch, 1, 50.0, 1024, "ResNet-18", 16,
-                      command=f"{sys.executable} -c 'import sys; print(\"boom\"); sys.exit(3)'")
+                      command=f"{WORKLOAD_PY} -c 'import sys; print(\"boom\"); sys.exit(3)'")
     oom = await place(store, epoch, 1, 40.0, 1024, "ResNet-18", 16,
-                      command=f"{sys.executable} -c 'import sys; print(\"RuntimeError: CUDA out of memory\"); sys.exit(1)'")
+                      command=f"{WORKLOAD_PY} -c 'import sys; print(\"RuntimeError: CUDA out of memory\"); sys.exit(1)'")
     unparsable = await place(store, epoch, 1, 10.0, 1024, "ResNet-18", 16, command="python -c 'unterminated")
 
     async def ended():
@@ -286,7 +353,7 @@ async def test_outcomes_are_classified_and_never_rerun(agent):
     assert find_tagged(str(a.state_dir.resolve())) == {}
 
 
-def test_nvml_backend_on_a_driverless_machine_is_a_clear_error(redis_server, tmp_path):
+def test_nvml_backend_on_a_driverless_machine_is_a_clear_error(redis_server):
     try:
         import pynvml
 
@@ -296,9 +363,11 @@ def test_nvml_backend_on_a_driverless_machine_is_a_clear_error(redis_server, tmp
     except pynvml.NVMLError:
         pass
     env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICO_")}
-    env.update({"ELASTICO_REDIS_URL": redis_server.url, "ELASTICO_PORT": "0", "ELASTICO_STATE_DIR": str(tmp_path)})
-    res = subprocess.run([sys.executable, "-m", "services.node_agent", "--gpu-backend", "nvml"], env=env,
-                         capture_output=True, text=True, timeout=60)
+    with reachable_dir() as state_dir:
+        env.update({"ELASTICO_INSECURE": "1", "ELASTICO_REDIS_URL": redis_server.url, "ELASTICO_PORT": "0",
+                    "ELASTICO_STATE_DIR": str(state_dir)})
+        res = subprocess.run([sys.executable, "-m", "services.node_agent", "--gpu-backend", "nvml"], env=env,
+                             capture_output=True, text=True, timeout=60)
     assert res.returncode == 3, res.stderr
     assert "NVML unavailable" in res.stderr and "ELASTICO_GPU_BACKEND=simulated" in res.stderr
     assert "Traceback" not in res.stderr
