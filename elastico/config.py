@@ -147,6 +147,9 @@ class Settings:
             for n in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
                 if not os.path.isfile(getattr(self, n)):
                     raise ConfigError(f"ELASTICO_{n.upper()}={getattr(self, n)!r}: no such file")
+            if not self.tls_require_client_cert and self.service_name != "allocator":
+                raise ConfigError(f"ELASTICO_TLS_REQUIRE_CLIENT_CERT=0: only the allocator (whose callers hold tokens) may "
+                                  f"serve without client certificates, not the {self.service_name}")
         if self.redis_url and not (self.insecure or self.redis_allow_no_auth) and not redis_has_password(self.redis_url):
             raise ConfigError(f"ELASTICO_REDIS_URL={redact_url(self.redis_url)!r} carries no password: ElastiCo refuses an "
                               "unauthenticated Redis (redis://user:password@host:port/db), unless "

@@ -22,7 +22,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from elastico.config import Settings
+from elastico.config import Settings, redact_url, redis_has_password
 from elastico.logging import configure_logging, get_logger
 from elastico.rpc.interceptors import ErrorMappingInterceptor
 from elastico.rpc.security import Access, TLSFiles, server_credentials
@@ -124,6 +124,9 @@ async def serve(
             cleanup coroutine run after the server has drained.
     """
     log = configure_logging(settings.service_name, settings.log_level, settings.log_format)
+    if settings.redis_url and not redis_has_password(settings.redis_url):
+        log.warning("Redis without a password (ELASTICO_REDIS_ALLOW_NO_AUTH or ELASTICO_INSECURE): whoever reaches it "
+                    "can rewrite desired state", redis_url=redact_url(settings.redis_url))
     bindings, cleanup = await build()
     server, port = await create_server(settings, bindings)
     await server.start()

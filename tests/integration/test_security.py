@@ -334,3 +334,30 @@ async def test_an_agent_reports_observations_for_its_own_node_only(certs):
         assert await log.pending() == 1  # the refused report wrote nothing
     finally:
         await server.stop(0)
+
+
+async def test_only_the_allocator_may_serve_token_only_callers(certs, redis_server, tmp_path):
+    with pytest.raises(ConfigError, match="only the allocator"):
+        PricerSettings.from_env({}, tls_require_client_cert=False, **pki.tls_settings(certs["pricer"]))
+    tokens_file = tmp_path / "tokens.json"
+    token = auth.issue(tokens_file, "carol", "tenant", tenant="team-c")
+    settings = AllocatorSettings.from_env({}, redis_url=redis_server.url, port=0, auth_tokens_file=str(tokens_file),
+                                          tls_require_client_cert=False, **pki.tls_settings(certs["allocator"]))
+    store = RedisStore.from_url(redis_server.url, namespace=f"sec-{uuid.uuid4().hex[:8]}")
+    from services.allocator.servicer import api_access
+
+    server, port = await create_server(settings, [ServiceBinding(
+        "elastico.v1.Allocator", AllocatorServicer(store, settings), allocator_pb2_grpc.add_AllocatorServicer_to_server,
+        api_access(settings))])
+    await server.start()
+    ca = Path(certs["allocator"].ca_file).read_bytes()
+    try:  # a caller with the CA only (no certificate): its token is all it needs, and it is still required
+        creds = grpc.composite_channel_credentials(grpc.ssl_channel_credentials(ca), grpc.access_token_call_credentials(token))
+        async with grpc.aio.secure_channel(f"127.0.0.1:{port}", creds) as ch:
+            assert (await submit(allocator_pb2_grpc.AllocatorStub(ch))).spec.tenant == "team-c"
+        async with grpc.aio.secure_channel(f"127.0.0.1:{port}", grpc.ssl_channel_credentials(ca)) as ch:
+            await expect(allocator_pb2_grpc.AllocatorStub(ch).ListJobs(apb.ListJobsRequest(), timeout=5),
+                         grpc.StatusCode.UNAUTHENTICATED)
+    finally:
+        await server.stop(0)
+        await store.close()
