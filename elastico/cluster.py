@@ -23,12 +23,15 @@ credentials to tools (the demo, ``status``, tests).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -134,6 +137,7 @@ def up(nodes: int, timeout_s: float = 30.0) -> dict:
             save()
         ports = _ports(len(SERVICES) + nodes)
         sec = _provision_security(rd, nodes, state)
+        nodes_dir = _nodes_dir(rd)
         base_env = {**os.environ, "ELASTICO_REDIS_URL": redis_url, "ELASTICO_HOST": "127.0.0.1",
                     "ELASTICO_LOG_FORMAT": os.environ.get("ELASTICO_LOG_FORMAT", "json"), "PYTHONUNBUFFERED": "1"}
         addr = {name: f"127.0.0.1:{port}" for name, port in zip(SERVICES, ports, strict=False)}
@@ -153,7 +157,7 @@ def up(nodes: int, timeout_s: float = 30.0) -> dict:
             env = {**base_env, **sec.get(f"node/{name}", {}), "ELASTICO_REDIS_URL": redis_urls.get(name, redis_url),
                    "ELASTICO_PORT": str(port), "ELASTICO_NODE_ID": name,
                    "ELASTICO_GPU_BACKEND": os.environ.get("ELASTICO_GPU_BACKEND", "simulated"),
-                   "ELASTICO_STATE_DIR": str(rd / "nodes" / name), "ELASTICO_STOP_WORKLOADS_ON_EXIT": "1",
+                   "ELASTICO_STATE_DIR": str(nodes_dir / name), "ELASTICO_STOP_WORKLOADS_ON_EXIT": "1",
                    "ELASTICO_PREDICTOR_ADDRESS": addr["predictor"]}
             p = _spawn(name, "services.node_agent", env, logs)
             procs.append(Proc(name, p.pid, f"127.0.0.1:{port}", str(logs / f"{name}.log")))
@@ -189,6 +193,19 @@ def _start_embedded_redis(rd: Path, nodes: int, state: dict) -> tuple[EmbeddedRe
         json.dump({u: redis.url_for(u) for u in users}, f, indent=2)
     urls = {"pricer": "", "allocator": redis.url_for("allocator"), "predictor": redis.url_for("predictor")}
     return redis, urls | {n: redis.url_for(redis_acl.node_user(n)) for n in node_ids}
+
+
+def _nodes_dir(rd: Path) -> Path:
+    """Where the node agents keep their state: ``<run>/nodes``, unless the agents run as root and the run dir lies
+    where their unprivileged workload user cannot enter (e.g. under /root): then a directory under the system's
+    temporary directory, named after the run dir."""
+    if os.getuid() != 0 or all(os.stat(d).st_mode & stat.S_IXOTH for d in (rd, *rd.parents)):
+        return rd / "nodes"
+    d = Path(tempfile.gettempdir()) / f"elastico-nodes-{hashlib.sha256(str(rd).encode()).hexdigest()[:12]}"
+    d.mkdir(mode=0o755, exist_ok=True)
+    os.chmod(d, 0o755)
+    print(f"node state under {d}: the workload user cannot enter {rd}", file=sys.stderr)
+    return d
 
 
 def _insecure() -> bool:

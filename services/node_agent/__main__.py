@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import contextlib
 import sys
-from pathlib import Path
 
 from elastico.errors import ConfigError
 from elastico.logging import get_logger
@@ -25,7 +24,7 @@ from services.node_agent.observations import PredictorReporter
 from services.node_agent.reconcile import Reconciler
 from services.node_agent.servicer import NodeAgent, NodeAgentServicer
 from services.node_agent.runner import REPO_ROOT
-from services.node_agent.settings import NodeAgentSettings, WorkloadPolicy, blocking_dir
+from services.node_agent.settings import NodeAgentSettings, WorkloadPolicy
 
 log = get_logger(component="node_agent")
 
@@ -37,11 +36,10 @@ def log_workload_policy(p: WorkloadPolicy) -> None:
     if p.uid == 0:
         log.warning("WORKLOADS RUN AS ROOT (ELASTICO_ALLOW_ROOT_WORKLOADS=1): every job command has full control of "
                     "this node; set ELASTICO_WORKLOAD_USER to an unprivileged user")
-    for what, path in (("the Python interpreter", Path(p.python).resolve()), ("the repository", REPO_ROOT)):
-        blocked = blocking_dir(path, p.uid, p.gid) if p.drops_privileges else None
-        if blocked is not None:
-            log.warning(f"the workload user cannot reach {what}: jobs without a command (synthetic workloads) will "
-                        "fail to start", path=str(path), blocked_at=str(blocked), uid=p.uid)
+    if p.drops_privileges and not p.synthetic_drops:
+        log.warning("the workload user cannot run a Python interpreter or read this checkout: synthetic workloads "
+                    "(jobs without a command: the agent's own code) run as the agent's user; job commands still run "
+                    "as the workload user", uid=p.uid, checkout=str(REPO_ROOT))
 
 
 def build(settings: NodeAgentSettings):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -344,9 +345,10 @@ class Reconciler:
                         raise ValueError("command is blank")
                 else:
                     total = spec.training.total_steps if spec.kind is JobKind.TRAINING and spec.training else 0
-                    argv = synthetic_argv(total, job.progress_steps, self.runner.policy.python)
+                    argv = synthetic_argv(total, job.progress_steps, self.runner.policy.python or sys.executable)
                     env["ELASTICO_SIM_RATE_FILE"] = entry.rate_file
-                entry = await asyncio.to_thread(self.runner.start, entry, argv, env)
+                drop = bool(spec.command) or self.runner.policy.synthetic_drops
+                entry = await asyncio.to_thread(self.runner.start, entry, argv, env, drop)
             except (OSError, ValueError) as exc:  # unparsable command line, unwritable state dir...
                 entry = replace(entry, status="failed", reason=StateReason.OWN_FAILURE, message=f"cannot start: {exc}",
                                 ended_at_s=time.time())

@@ -38,11 +38,10 @@ from elastico.domain import Placement, StateReason
 from elastico.logging import get_logger
 from elastico.state import codec
 from services.node_agent.mps import read_environ
-from services.node_agent.settings import WorkloadPolicy
+from services.node_agent.settings import REPO_ROOT, WorkloadPolicy
 
 log = get_logger(component="runner")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TAG_VAR = "ELASTICO_WORKLOAD_TAG"
 PROGRESS_VAR = "ELASTICO_PROGRESS_FILE"
 RATE_VAR = "ELASTICO_SIM_RATE_FILE"
@@ -222,8 +221,10 @@ class Runner:
         self.policy = policy or WorkloadPolicy.default()
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # shims we started: reaped by poll()
 
-    def start(self, entry: LedgerEntry, argv: list[str], extra_env: dict[str, str]) -> LedgerEntry:
+    def start(self, entry: LedgerEntry, argv: list[str], extra_env: dict[str, str], drop: bool = True) -> LedgerEntry:
         """Launch ``argv`` under a shim in its own session; returns the entry with pid and start time.
+
+        ``drop``: run it as the workload user (always for a job's command; see ``WorkloadPolicy.synthetic_drops``).
 
         ``launch.json`` is written first, so a crash right after the fork still leaves a record that
         the restarted agent can match with the tagged process.
@@ -247,7 +248,7 @@ class Runner:
         env["PYTHONUNBUFFERED"] = "1"
         env.update(HOME=policy.home, USER=policy.user, LOGNAME=policy.user)
         opts = ["--cwd", str(workdir / WORK_DIR), *(f"--rlimit={n}={v}" for n, v in policy.rlimits)]
-        if policy.drops_privileges:
+        if policy.drops_privileges and drop:
             opts += ["--uid", str(policy.uid), "--gid", str(policy.gid)]
         with open(entry.log_path, "ab") as logf:
             proc = subprocess.Popen([sys.executable, "-m", "services.node_agent.shim", *opts, str(workdir), "--", *argv],

@@ -19,6 +19,7 @@ from elastico.errors import ConfigError
 GPU_BACKENDS = ("simulated", "nvml", "auto")
 MPS_MODES = ("auto", "real", "simulated", "off")
 MIB = 1 << 20
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,14 @@ class WorkloadPolicy:
     home: str  # HOME of workloads
     rlimits: tuple[tuple[str, int], ...] = (("core", 0), ("nofile", 65536))  # (name, value), set by the shim before exec
     allow_commands: bool = True  # False: jobs with a command line are refused
-    python: str = sys.executable  # the interpreter of synthetic workloads (one the workload user can run)
+    # the interpreter synthetic workloads run with as the workload user; "" = none it can run (or it cannot read
+    # this checkout): synthetic workloads (the agent's own code, no job input) then run as the agent's user
+    python: str = sys.executable
+
+    @property
+    def synthetic_drops(self) -> bool:
+        """Whether synthetic workloads run as the workload user (free commands always do)."""
+        return self.drops_privileges and bool(self.python)
 
     @property
     def drops_privileges(self) -> bool:
@@ -78,7 +86,10 @@ def resolve_workload_user(user: str, group: str) -> tuple[int, int, str, str]:
 
 def workload_python(uid: int, gid: int) -> str:
     """An interpreter ``uid`` can run for the synthetic workload (standard library only): the agent's own, else
-    the system's ``python3`` (the agent's may sit in a private home, e.g. a pyenv under /root)."""
+    the system's ``python3`` (the agent's may sit in a private home, e.g. a pyenv under /root); "" when there is
+    none, or when ``uid`` cannot read this checkout (the synthetic workload's code)."""
+    if uid != os.getuid() and blocking_dir(REPO_ROOT, uid, gid) is not None:
+        return ""
     for cand in (sys.executable, shutil.which("python3"), "/usr/bin/python3"):
         if not cand:
             continue
@@ -90,7 +101,7 @@ def workload_python(uid: int, gid: int) -> str:
         bit = stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid == gid else stat.S_IXOTH
         if (uid == os.getuid() or blocking_dir(real.parent, uid, gid) is None) and st.st_mode & bit:
             return cand
-    return sys.executable
+    return ""
 
 
 def blocking_dir(path: Path, uid: int, gid: int) -> Path | None:

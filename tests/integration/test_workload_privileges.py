@@ -189,3 +189,21 @@ def test_agent_refuses_to_start_with_root_workloads(redis_server):
     assert res.returncode == 2, res.stderr
     assert "configuration error" in res.stderr and "ELASTICO_WORKLOAD_USER" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+@as_root
+def test_a_private_checkout_keeps_commands_unprivileged(tmp_path, open_tmp, monkeypatch):
+    """Where the workload user cannot read the checkout, only the agent's own synthetic workload runs as the agent;
+    a local cluster in a private run dir keeps its node state where the workload user can enter."""
+    from elastico import cluster
+    from services.node_agent import settings as agent_settings
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    nobody = pwd.getpwnam("nobody")
+    monkeypatch.setattr(agent_settings, "REPO_ROOT", private)
+    assert agent_settings.workload_python(nobody.pw_uid, nobody.pw_gid) == ""
+    policy = settings(open_tmp / "state").workload_policy
+    assert policy.uid == nobody.pw_uid and policy.drops_privileges and not policy.synthetic_drops
+    nodes = cluster._nodes_dir(private / "run")
+    assert not str(nodes).startswith(str(private)) and nodes.stat().st_mode & 0o005 == 0o005
