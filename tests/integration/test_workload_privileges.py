@@ -205,5 +205,6 @@ def test_a_private_checkout_keeps_commands_unprivileged(tmp_path, open_tmp, monk
     assert agent_settings.workload_python(nobody.pw_uid, nobody.pw_gid) == ""
     policy = settings(open_tmp / "state").workload_policy
     assert policy.uid == nobody.pw_uid and policy.drops_privileges and not policy.synthetic_drops
+    (private / "run").mkdir()
     nodes = cluster._nodes_dir(private / "run")
     assert not str(nodes).startswith(str(private)) and nodes.stat().st_mode & 0o005 == 0o005
