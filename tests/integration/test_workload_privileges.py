@@ -208,3 +208,4 @@ def test_a_private_checkout_keeps_commands_unprivileged(tmp_path, open_tmp, monk
     (private / "run").mkdir()
     nodes = cluster._nodes_dir(private / "run")
     assert not str(nodes).startswith(str(private)) and nodes.stat().st_mode & 0o005 == 0o005
+    nodes.rmdir()
