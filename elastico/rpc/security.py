@@ -12,6 +12,7 @@ modification time changes: the server at its next TLS handshake, clients at thei
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import os
 import threading
@@ -292,3 +293,30 @@ def authorize(access: Access, method: str, context: grpc.aio.ServicerContext, se
 
 def bind_caller(caller: Caller) -> contextvars.Token:
     return _CALLER.set(caller)
+
+
+class ReloadingStub:
+    """An aio stub whose channel is rebuilt when the certificate files change (long-lived clients).
+
+    Each attribute access compares the files' modification times (three ``stat`` calls); after a rotation the
+    next call goes over a new channel with the new certificate, and the old channel closes once its calls end.
+    """
+
+    def __init__(self, tls: ClientTLS, address: str, stub_class: type) -> None:
+        self._tls, self._address, self._stub_class = tls, address, stub_class
+        self._connect()
+
+    def _connect(self) -> None:
+        self._stamp = self._tls.stamp()
+        self._channel = self._tls.aio_channel(self._address)
+        self._stub = self._stub_class(self._channel)
+
+    def __getattr__(self, name: str):
+        if self._tls.files is not None and self._tls.stamp() != self._stamp:
+            old = self._channel
+            self._connect()
+            asyncio.get_running_loop().create_task(old.close(grace=30.0))
+        return getattr(self._stub, name)
+
+    async def close(self, grace: float | None = None) -> None:
+        await self._channel.close(grace)

@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 
 from elastico.errors import Unavailable
-from elastico.rpc.security import ClientTLS
+from elastico.rpc.security import ClientTLS, ReloadingStub
 from elastico.v1 import node_agent_pb2 as npb
 from elastico.v1 import node_agent_pb2_grpc, predictor_pb2_grpc, pricer_pb2_grpc
 from elastico.v1 import predictor_pb2 as prpb
@@ -137,8 +137,7 @@ class PredictorClient:
     def __init__(self, address: str, timeout_s: float = 3.0, tls: ClientTLS | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = (tls or ClientTLS(None)).aio_channel(address)
-        self._stub = predictor_pb2_grpc.PredictorStub(self._channel)
+        self._stub = ReloadingStub(tls or ClientTLS(None), address, predictor_pb2_grpc.PredictorStub)
 
     async def pair_matrix(self, types, timeout_s: float | None = None) -> np.ndarray:
         """``[T, T]`` normalised throughput of row type next to column type (inference rows/columns NaN).
@@ -170,7 +169,7 @@ class PredictorClient:
         return np.clip(m, 0.0, 1.0)
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._stub.close()
 
 
 class AgentNudger:

@@ -9,7 +9,7 @@ from prometheus_client import start_http_server
 
 from elastico.config import ConfigError
 from elastico.logging import configure_logging
-from elastico.rpc.security import ClientTLS, read_token
+from elastico.rpc.security import ClientTLS, ReloadingStub, read_token
 from elastico.rpc.server import wait_for_stop_signal
 from elastico.v1 import allocator_pb2_grpc, predictor_pb2_grpc
 from services.kube import app
@@ -25,12 +25,16 @@ async def serve(settings: KubeSettings) -> None:
         from services.kube.kubeapi import KubeApi
 
         token = read_token(settings.client_token_file) if settings.client_token_file else ""
-        channels = [ClientTLS.from_settings(settings, token).aio_channel(settings.allocator_address)]
+        # stubs that pick up renewed certificates (cert-manager rotates the mounted Secret) without a restart
+        allocator = ReloadingStub(ClientTLS.from_settings(settings, token), settings.allocator_address,
+                                  allocator_pb2_grpc.AllocatorStub)
+        channels = [allocator]
         predictor = None
         if settings.predictor_address:
-            channels.append(ClientTLS.from_settings(settings).aio_channel(settings.predictor_address))
-            predictor = predictor_pb2_grpc.PredictorStub(channels[-1])
-        extender = Extender(settings, allocator_pb2_grpc.AllocatorStub(channels[0]), predictor, KubeApi(settings))
+            predictor = ReloadingStub(ClientTLS.from_settings(settings), settings.predictor_address,
+                                      predictor_pb2_grpc.PredictorStub)
+            channels.append(predictor)
+        extender = Extender(settings, allocator, predictor, KubeApi(settings))
         if settings.reap_interval_s > 0:
             reaper = asyncio.create_task(extender.reap_forever())
     if settings.metrics_port >= 0:
@@ -46,8 +50,8 @@ async def serve(settings: KubeSettings) -> None:
         reaper.cancel()
     await runner.shutdown()
     await runner.cleanup()
-    for ch in channels or ():
-        await ch.close(grace=settings.shutdown_grace_s)
+    for stub in channels or ():
+        await stub.close(grace=settings.shutdown_grace_s)
 
 
 def main() -> int:

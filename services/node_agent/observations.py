@@ -13,7 +13,7 @@ import grpc
 
 from elastico.domain import JobKind
 from elastico.logging import get_logger
-from elastico.rpc.security import ClientTLS
+from elastico.rpc.security import ClientTLS, ReloadingStub
 from elastico.v1 import predictor_pb2, predictor_pb2_grpc, types_pb2
 from services.node_agent.runner import LedgerEntry
 
@@ -40,8 +40,7 @@ class PredictorReporter:
     """Sends observations over one long-lived channel, each call with ``timeout_s``."""
 
     def __init__(self, address: str, gpu_type: str, timeout_s: float = 2.0, tls: ClientTLS | None = None) -> None:
-        self._channel = (tls or ClientTLS(None)).aio_channel(address)
-        self._stub = predictor_pb2_grpc.PredictorStub(self._channel)
+        self._stub = ReloadingStub(tls or ClientTLS(None), address, predictor_pb2_grpc.PredictorStub)
         self._gpu_type = gpu_type
         self._timeout_s = timeout_s
         self._unimplemented_logged = False
@@ -65,4 +64,4 @@ class PredictorReporter:
         log.debug("observations reported", count=len(pairs), accepted=resp.accepted)
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._stub.close()

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from elastico import auth, pki
 from elastico.config import Settings
 from elastico.errors import ConfigError
-from elastico.rpc.security import Access, ClientTLS, PeerPolicy, TLSFiles, roles
+from elastico.rpc.security import Access, ClientTLS, PeerPolicy, ReloadingStub, TLSFiles, roles
 from elastico.rpc.server import ServiceBinding, create_server
 from elastico.state.keys import Keys
 from elastico.state.redis_store import RedisStore
@@ -126,6 +126,24 @@ async def test_a_rotated_server_certificate_is_served_without_restart(certs, tmp
             assert await code_of(compute(ch)) is grpc.StatusCode.UNAVAILABLE
     finally:
         await server.stop(0)
+
+
+async def test_a_long_lived_client_presents_its_rotated_certificate(certs, pricer, tmp_path):
+    live = tmp_path / "client"
+    live.mkdir()
+    shutil.copy(certs["other-ca"].cert_file, live / "c.crt")  # a certificate the server does not trust
+    shutil.copy(certs["other-ca"].key_file, live / "c.key")
+    shutil.copy(certs["pricer"].ca_file, live / "ca.crt")
+    stub = ReloadingStub(ClientTLS(TLSFiles(str(live / "c.crt"), str(live / "c.key"), str(live / "ca.crt"))), pricer,
+                         pricer_pb2_grpc.PricerStub)
+    try:
+        assert await code_of(stub.ComputeAllocation(pricer_pb2.ComputeAllocationRequest(), timeout=5)) is grpc.StatusCode.UNAVAILABLE
+        for src, dst in ((certs["operator"].cert_file, "c.crt"), (certs["operator"].key_file, "c.key")):
+            shutil.copy(src, live / f"{dst}.tmp")
+            (live / f"{dst}.tmp").replace(live / dst)
+        assert await code_of(stub.ComputeAllocation(pricer_pb2.ComputeAllocationRequest(), timeout=5)) is grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        await stub.close()
 
 
 def test_plaintext_needs_an_explicit_opt_out_and_loopback():
