@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import grpc
@@ -71,6 +73,7 @@ def test_up_serves_everything_and_down_leaves_nothing(cluster_env):
                     iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
                 names = {s.name for r in listing for s in r.list_services_response.service}
                 assert {service, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names, (name, names)
+        _commands_need_a_token_and_never_run_as_root(state, procs["allocator"]["address"])
         status = _cli(cluster_env, "status")
         assert status.returncode == 0, status.stderr
         assert status.stdout.count("simulated") == 8  # 2 nodes x 4 simulated GPUs, reported by the agents
@@ -84,6 +87,34 @@ def test_up_serves_everything_and_down_leaves_nothing(cluster_env):
     while any(_alive(p["pid"]) for p in state["procs"]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p["name"] for p in state["procs"] if _alive(p["pid"])]
+
+
+def _commands_need_a_token_and_never_run_as_root(state: dict, address: str) -> None:
+    """The outsider's probe: a command submitted without a token never runs; the operator's runs unprivileged."""
+    from elastico.v1 import allocator_pb2, allocator_pb2_grpc, types_pb2
+
+    marker = Path(tempfile.gettempdir()) / f"elastico-uid-{uuid.uuid4().hex}"
+    spec = types_pb2.JobSpec(name="probe", kind=types_pb2.JOB_KIND_TRAINING, model_family="ResNet-50", batch_size=32,
+                             training=types_pb2.TrainingWork(total_steps=10), command=f"sh -c 'id -u > {marker}'")
+    with cluster.client_tls(state, token=False).channel(address) as ch:
+        with pytest.raises(grpc.RpcError) as refused:
+            allocator_pb2_grpc.AllocatorStub(ch).SubmitJob(allocator_pb2.SubmitJobRequest(request_id="probe-1", spec=spec), timeout=5)
+        assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    with cluster.client_tls(state).channel(address) as ch:
+        stub = allocator_pb2_grpc.AllocatorStub(ch)
+        job = stub.SubmitJob(allocator_pb2.SubmitJobRequest(request_id="probe-2", spec=spec), timeout=5).job
+        deadline = time.monotonic() + 30
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    try:
+        uid = int(marker.read_text())
+    finally:
+        marker.unlink(missing_ok=True)
+    assert uid != 0 and uid == (65534 if os.getuid() == 0 else os.getuid())
+    log = next(p["log"] for p in state["procs"] if p["name"] == "allocator")
+    audit = [json.loads(line) for line in Path(log).read_text().splitlines()
+             if '"audit"' in line and job.job_id in line]
+    assert audit and audit[0]["identity"] == "operator" and audit[0]["outcome"] == "OK"
 
 
 def test_services_log_json_and_stop_gracefully_on_sigterm(cluster_env, tmp_path):
