@@ -79,7 +79,9 @@ class Settings:
     metrics_port: int = -1  # Prometheus /metrics HTTP port; 0 = pick a free one; -1 = disabled
     log_level: str = "info"  # debug, info, warning, error
     log_format: str = "auto"  # json, console, or auto (console on a TTY, JSON otherwise)
-    shutdown_grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM
+    shutdown_grace_s: float = 5.0  # how long in-flight calls may finish after SIGTERM (after the drain)
+    # after SIGTERM: NOT_SERVING and still answering this long, so load balancers and clients move away
+    shutdown_drain_s: float = 1.0
     redis_url: str = ""  # redis://host:port/db of the shared state; "" = service does not use Redis
     port_file: str = ""  # if set, the bound gRPC port is written here (for supervisors using port 0)
     # --- transport security (docs/security.md) ---------------------------------------------------------
@@ -131,6 +133,8 @@ class Settings:
             raise ConfigError(f"ELASTICO_LOG_FORMAT={self.log_format!r}: must be one of {', '.join(LOG_FORMATS)}")
         if self.shutdown_grace_s < 0:
             raise ConfigError(f"ELASTICO_SHUTDOWN_GRACE_S={self.shutdown_grace_s}: must be >= 0")
+        if not 0 <= self.shutdown_drain_s <= 300:
+            raise ConfigError(f"ELASTICO_SHUTDOWN_DRAIN_S={self.shutdown_drain_s}: must be in [0, 300]")
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(f"ELASTICO_REDIS_URL={redact_url(self.redis_url)!r}: must start with redis://, rediss:// or unix://")
 

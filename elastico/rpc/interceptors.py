@@ -2,7 +2,9 @@
 
 Servicers raise domain errors (``elastico.errors``); this interceptor maps them to their status code
 (INVALID_ARGUMENT carries the offending field in the message and in the ``field`` trailing metadata).
-Anything unexpected is logged with a traceback and answered INTERNAL with an incident id, never UNKNOWN.
+Anything unexpected is logged with a traceback and answered INTERNAL with an incident id, never UNKNOWN;
+a request that does not decode is INVALID_ARGUMENT (the framework's deserializer is wrapped so its error
+takes this path too). Streams end with OK when the server starts draining (``drain``), not cut mid-call.
 Before the handler runs, the caller is authenticated and authorised (``elastico.rpc.security.authorize``:
 certificate, then token), so UNAUTHENTICATED and PERMISSION_DENIED take the same path and the handler never
 starts for a refused call. Every mutating call is written to the audit log with the caller and its outcome.
@@ -11,6 +13,7 @@ starts for a refused call. Every mutating call is written to the audit log with 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 import uuid
@@ -57,6 +60,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         self._access = access or {}
         self._default_access = Access()
         self._secure = secure
+        self._draining = asyncio.Event()
         self._bound_log = None
         self._handlers: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
@@ -80,22 +84,28 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         cached = self._handlers.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
+        decode = _safe_deserializer(handler.request_deserializer)
         if handler.unary_unary is not None:
             wrapped = grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(method, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+                self._wrap_unary(method, handler.unary_unary), request_deserializer=decode,
+                response_serializer=handler.response_serializer)
         elif handler.unary_stream is not None:
+            behavior = handler.unary_stream
+            wrap = self._wrap_stream if inspect.isasyncgenfunction(behavior) else self._wrap_unary  # Health.Watch writes
             wrapped = grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(method, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+                wrap(method, behavior), request_deserializer=decode, response_serializer=handler.response_serializer)
+        elif handler.stream_stream is not None:  # server reflection: requests checked as they arrive
+            wrapped = grpc.stream_stream_rpc_method_handler(
+                _checked_requests(handler.stream_stream), request_deserializer=decode,
+                response_serializer=handler.response_serializer)
         else:
-            return handler  # client- and bidi-streaming: none in the v1 API
+            return handler  # client streaming: none served
         self._handlers[method] = (handler, wrapped)
         return wrapped
+
+    def drain(self) -> None:
+        """Server shutdown begins: every open stream ends cleanly (OK) at its next step."""
+        self._draining.set()
 
     def _authorize(self, method: str, context: grpc.aio.ServicerContext) -> Caller:
         service = method[1:].split("/", 1)[0]
@@ -131,6 +141,8 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             started = time.perf_counter()
             caller = None
             try:
+                if isinstance(request, Undecodable):
+                    raise request.error
                 caller = self._authorize(method, context)
                 bind_caller(caller)
                 result = behavior(request, context)
@@ -152,8 +164,10 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             started = time.perf_counter()
             try:
+                if isinstance(request, Undecodable):
+                    raise request.error
                 bind_caller(self._authorize(method, context))
-                async for item in behavior(request, context):
+                async for item in _until(behavior(request, context), self._draining):
                     yield item
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
@@ -163,3 +177,66 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             self._record(method, grpc.StatusCode.OK, started)
 
         return wrapped
+
+
+class Undecodable:
+    """What the wrapped deserializer hands over instead of raising: the call then fails with ``error``."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: InvalidSpec) -> None:
+        self.error = error
+
+
+def _safe_deserializer(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def safe(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # noqa: BLE001 - DecodeError and any other parse failure of untrusted bytes
+            return Undecodable(InvalidSpec("request", f"is not a valid message of this method ({type(exc).__name__})"))
+
+    return safe
+
+
+def _checked_requests(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    """A bidi handler whose request stream aborts with INVALID_ARGUMENT at the first undecodable message."""
+
+    async def wrapped(request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def checked() -> AsyncIterator[Any]:
+            async for r in request_iterator:
+                if isinstance(r, Undecodable):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, r.error.message)
+                yield r
+
+        async for item in behavior(checked(), context):
+            yield item
+
+    return wrapped
+
+
+async def _until(stream: AsyncIterator[Any], stop: asyncio.Event) -> AsyncIterator[Any]:
+    """The items of ``stream`` until it ends or ``stop`` is set (then it is closed and this ends normally)."""
+    it = stream.__aiter__()
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while True:
+            nxt = asyncio.ensure_future(it.__anext__())
+            await asyncio.wait((nxt, stopping), return_when=asyncio.FIRST_COMPLETED)
+            if not nxt.done():
+                nxt.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await nxt
+                return
+            try:
+                item = nxt.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        stopping.cancel()
+        aclose = getattr(it, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -3,8 +3,9 @@
 ``create_server`` builds a ``grpc.aio`` server with the health service, reflection, the error/metrics/auth
 interceptor, mTLS on its port (plaintext only with ``ELASTICO_INSECURE=1``, on loopback) and (optionally) a
 Prometheus ``/metrics`` endpoint. ``serve`` runs it until SIGTERM/SIGINT
-and shuts down gracefully: health flips to NOT_SERVING first (load balancers stop routing), in-flight
-calls get ``shutdown_grace_s`` to finish, then the service's own cleanup runs.
+and shuts down gracefully: health flips to NOT_SERVING first (load balancers and Health.Watch clients see
+it), open streams end with OK, the port keeps answering for ``shutdown_drain_s`` so that callers move
+elsewhere, then in-flight calls get ``shutdown_grace_s`` to finish, then the service's own cleanup runs.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class ElasticoServer:
     health: health_aio.HealthServicer
     service_names: tuple[str, ...]
     metrics_port: int | None = None
+    interceptor: ErrorMappingInterceptor | None = None
     _metrics_http: Any = field(default=None, repr=False)
 
     async def start(self) -> None:
@@ -61,9 +63,13 @@ class ElasticoServer:
         for name in ("", *self.service_names):
             await self.health.set(name, status)
 
-    async def stop(self, grace_s: float) -> None:
-        """NOT_SERVING, then drain in-flight calls for up to ``grace_s``, then close."""
+    async def stop(self, grace_s: float, drain_s: float = 0.0) -> None:
+        """NOT_SERVING and streams ended, ``drain_s`` still serving, then in-flight calls get ``grace_s``, then close."""
         await self.set_serving(False)
+        if self.interceptor is not None:
+            self.interceptor.drain()
+        if drain_s > 0:
+            await asyncio.sleep(drain_s)
         await self.grpc_server.stop(grace_s)
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
@@ -79,9 +85,10 @@ async def create_server(settings: Settings, bindings: Sequence[ServiceBinding]) 
     """
     files = TLSFiles.from_settings(settings)
     access = {b.name: b.access for b in bindings}
+    interceptor = ErrorMappingInterceptor(settings.service_name, access,
+                                          secure=files is not None and settings.tls_require_client_cert)
     server = grpc.aio.server(
-        interceptors=[ErrorMappingInterceptor(settings.service_name, access,
-                                              secure=files is not None and settings.tls_require_client_cert)],
+        interceptors=[interceptor],
         options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 * 1024 * 1024)],
     )
     for b in bindings:
@@ -99,7 +106,7 @@ async def create_server(settings: Settings, bindings: Sequence[ServiceBinding]) 
         port = server.add_secure_port(address, server_credentials(files, settings.tls_require_client_cert))
     if port == 0:
         raise OSError(f"could not bind {settings.host}:{settings.port}")
-    es = ElasticoServer(grpc_server=server, health=health, service_names=names)
+    es = ElasticoServer(grpc_server=server, health=health, service_names=names, interceptor=interceptor)
     for name in ("", *names):
         await health.set(name, NOT_SERVING)
     if settings.metrics_port >= 0:
@@ -135,8 +142,8 @@ async def serve(
     log.info("serving", address=f"{settings.host}:{port}", metrics_port=server.metrics_port, services=list(server.service_names))
 
     await wait_for_stop_signal()
-    log.info("shutting down", grace_s=settings.shutdown_grace_s)
-    await server.stop(settings.shutdown_grace_s)
+    log.info("shutting down", drain_s=settings.shutdown_drain_s, grace_s=settings.shutdown_grace_s)
+    await server.stop(settings.shutdown_grace_s, settings.shutdown_drain_s)
     if cleanup is not None:
         await cleanup()
     log.info("stopped")

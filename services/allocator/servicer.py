@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
@@ -32,6 +33,7 @@ from services.allocator.settings import AllocatorSettings
 log = get_logger(component="allocator")
 
 MAX_PAGE_SIZE = 1000
+EVENT_ID_RE = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")  # a Redis stream id (ASCII digits; Redis refuses longer)
 CAS_RETRIES = 5
 MAX_SUBMIT_BATCH = 256  # SubmitJob calls written together in one Store.create_jobs at most
 # How long the first submission of a batch waits for others (a SubmitJob answers at most this much later).
@@ -167,7 +169,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
     async def WatchJobs(self, request: apb.WatchJobsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[apb.JobEvent]:
         after = request.after_event_id
-        if after and not all(part.isdigit() for part in after.split("-", 1)):
+        if after and not EVENT_ID_RE.fullmatch(after):
             raise InvalidSpec("after_event_id", "is not an event id returned by WatchJobs")
         identity = current_caller().identity
         tenant = access.visible_tenant(identity)

@@ -62,6 +62,7 @@ from services.node_agent.runner import (
 from services.node_agent.settings import WorkloadPolicy
 
 log = get_logger(component="reconcile")
+MAX_SYNC_WAIT_S = 5.0  # a Sync waits at most this long for the generation it asks for (the allocator asks for one it just wrote)
 
 # receives measured co-located pairs (a, b, node_id); services/node_agent/observations.PredictorReporter is one
 ObservationSink = Callable[[list[tuple[LedgerEntry, LedgerEntry, str]]], Awaitable[None]]
@@ -165,18 +166,23 @@ class Reconciler:
                 pass
 
     async def reconcile(self, min_generation: int = 0, deadline_s: float | None = None) -> SyncResult:
-        """One pass; with ``min_generation`` wait (until ``deadline_s``) for that desired generation.
+        """One pass; with ``min_generation`` first wait (until ``deadline_s``, at most ``MAX_SYNC_WAIT_S``) for
+        that desired generation. The wait holds no lock: a caller asking for a generation that never comes
+        delays nobody else's pass.
 
         Raises:
             Unavailable: the store is unreachable, or ``min_generation`` did not become visible in time.
         """
+        limit = time.monotonic() + MAX_SYNC_WAIT_S
+        deadline_s = limit if deadline_s is None else min(deadline_s, limit)
+        gen, _ = await self.store.get_desired(self.node_id)
+        while gen < min_generation:
+            if time.monotonic() >= deadline_s:
+                raise Unavailable(f"desired state generation {min_generation} not visible yet (store at {gen})")
+            await asyncio.sleep(0.05)
+            gen, _ = await self.store.get_desired(self.node_id)
         async with self._lock:
             gen, desired = await self.store.get_desired(self.node_id)
-            while gen < min_generation:
-                if deadline_s is not None and time.monotonic() >= deadline_s:
-                    raise Unavailable(f"desired state generation {min_generation} not visible yet (store at {gen})")
-                await asyncio.sleep(0.05)
-                gen, desired = await self.store.get_desired(self.node_id)
             return await self._pass(gen, desired)
 
     async def _pass(self, gen: int, desired: dict[str, Placement]) -> SyncResult:

@@ -1,0 +1,145 @@
+"""The API edge under hostile input and shutdown: undecodable bytes, Health.Watch, draining streams, Sync waits."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from elastico.rpc.server import ServiceBinding, create_server
+from elastico.state.redis_store import RedisStore
+from elastico.v1 import allocator_pb2, allocator_pb2_grpc, node_agent_pb2, node_agent_pb2_grpc, pricer_pb2_grpc
+from services.allocator.servicer import AllocatorServicer
+from services.allocator.settings import AllocatorSettings
+from services.node_agent.gpu import SimulatedBackend
+from services.node_agent.mps import make_mps
+from services.node_agent.reconcile import Reconciler
+from services.node_agent.servicer import NodeAgent, NodeAgentServicer
+from services.pricer.servicer import PricerServicer
+from services.pricer.settings import PricerSettings
+
+METHODS = ["/elastico.v1.Allocator/SubmitJob", "/elastico.v1.Allocator/GetJob", "/elastico.v1.Allocator/ListJobs",
+           "/elastico.v1.Allocator/GetClusterState", "/elastico.v1.Pricer/ComputeAllocation", "/grpc.health.v1.Health/Check"]
+
+
+@pytest.fixture
+async def server(redis_server):
+    store = RedisStore.from_url(redis_server.url, namespace=f"edge-{uuid.uuid4().hex[:8]}")
+    settings = AllocatorSettings.from_env({}, insecure=True, redis_url=redis_server.url, port=0, watch_poll_s=0.2)
+    bindings = [
+        ServiceBinding("elastico.v1.Allocator", AllocatorServicer(store, settings), allocator_pb2_grpc.add_AllocatorServicer_to_server),
+        ServiceBinding("elastico.v1.Pricer", PricerServicer(PricerSettings.from_env({}, insecure=True)), pricer_pb2_grpc.add_PricerServicer_to_server),
+    ]
+    srv, port = await create_server(settings, bindings)
+    await srv.start()
+    yield srv, f"127.0.0.1:{port}"
+    await srv.stop(0)
+    await store.close()
+
+
+async def test_undecodable_requests_are_invalid_argument_never_unknown(server):
+    _, addr = server
+    rng = random.Random(3)
+    payloads = [b"\xff", b"\x0a\xff\xff\xff\xff\xff", b"\x08" * 9, bytes(rng.randrange(256) for _ in range(300))]
+    payloads += [bytes(rng.randrange(256) for _ in range(rng.randint(1, 64))) for _ in range(40)]
+    codes: dict[str, int] = {}
+    async with grpc.aio.insecure_channel(addr) as ch:
+        for method in METHODS:
+            call = ch.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+            for p in payloads:
+                try:
+                    await call(p, timeout=5)
+                    code = "OK"
+                except grpc.aio.AioRpcError as exc:
+                    code = exc.code().name
+                codes[code] = codes.get(code, 0) + 1
+        reflection = ch.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                      request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            async for _ in reflection(iter([b"\xff\xff"]), timeout=5):
+                pass
+        assert exc.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "UNKNOWN" not in codes and "INTERNAL" not in codes, codes
+    assert codes.get("INVALID_ARGUMENT", 0) > 0
+
+
+async def test_health_watch_streams_serving_then_not_serving_before_the_port_closes(redis_server):
+    settings = PricerSettings.from_env({}, insecure=True, port=0)
+    srv, port = await create_server(settings, [ServiceBinding(
+        "elastico.v1.Pricer", PricerServicer(settings), pricer_pb2_grpc.add_PricerServicer_to_server)])
+    await srv.start()
+    seen: list[str] = []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=""), timeout=10)
+
+        async def read() -> None:
+            async for resp in watch:
+                seen.append(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+
+        reader = asyncio.create_task(read())
+        while not seen:
+            await asyncio.sleep(0.05)
+        stopping = asyncio.create_task(srv.stop(1.0, drain_s=0.5))
+        await asyncio.sleep(0.2)
+        assert seen[-1] == "NOT_SERVING"  # told while the port still answers (the drain period)
+        check = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        assert check.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        await stopping
+        reader.cancel()
+    assert seen[0] == "SERVING"
+
+
+async def test_an_open_watch_ends_cleanly_when_the_server_drains(server):
+    srv, addr = server
+    async with grpc.aio.insecure_channel(addr) as ch:
+        stream = allocator_pb2_grpc.AllocatorStub(ch).WatchJobs(allocator_pb2.WatchJobsRequest(), timeout=10)
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        stop = asyncio.create_task(srv.stop(2.0, drain_s=0.3))
+        async for _ in stream:
+            pass
+        assert await stream.code() is grpc.StatusCode.OK
+        assert time.monotonic() - started < 1.0  # ended at the drain, not cut when the grace ran out
+        await stop
+
+
+@pytest.mark.parametrize("bad", ["9" * 25, "١٢٣", "1-2-3", "-1"])
+async def test_watch_rejects_event_ids_redis_would_refuse(server, bad):
+    _, addr = server
+    async with grpc.aio.insecure_channel(addr) as ch:
+        stream = allocator_pb2_grpc.AllocatorStub(ch).WatchJobs(allocator_pb2.WatchJobsRequest(after_event_id=bad), timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            async for _ in stream:
+                pass
+    assert exc.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "after_event_id" in exc.value.details()
+
+
+async def test_a_sync_for_a_generation_that_never_comes_blocks_nobody(redis_server, tmp_path):
+    store = RedisStore.from_url(redis_server.url, namespace=f"sync-{uuid.uuid4().hex[:8]}")
+    backend = SimulatedBackend("n1", "v100", 1, 16384)
+    reconciler = Reconciler(store, backend, make_mps("off", backend.name, tmp_path / "p", tmp_path / "l"), "n1", tmp_path / "state")
+    agent = NodeAgent(store, backend, "n1", "127.0.0.1:0", reconciler)
+    await agent.heartbeat()
+    settings = AllocatorSettings.from_env({}, insecure=True, redis_url=redis_server.url, port=0)
+    srv, port = await create_server(settings, [ServiceBinding(
+        "elastico.v1.NodeAgent", NodeAgentServicer(agent), node_agent_pb2_grpc.add_NodeAgentServicer_to_server)])
+    await srv.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = node_agent_pb2_grpc.NodeAgentStub(ch)
+            hostile = asyncio.ensure_future(stub.Sync(node_agent_pb2.SyncRequest(min_generation=2**64 - 1), timeout=60))
+            await asyncio.sleep(0.2)
+            t = time.monotonic()
+            await stub.Sync(node_agent_pb2.SyncRequest(), timeout=5)
+            assert time.monotonic() - t < 1.0  # the waiting call holds no lock
+            with pytest.raises(grpc.aio.AioRpcError) as exc:
+                await hostile
+            assert exc.value.code() is grpc.StatusCode.UNAVAILABLE  # bounded: MAX_SYNC_WAIT_S, not the 60 s deadline
+    finally:
+        await srv.stop(0)
+        await store.close()
