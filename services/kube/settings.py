@@ -18,6 +18,13 @@ class KubeSettings(Settings):
     role: str = "both"  # extender (scheduler extender verbs), webhook (admission), or both on one port
     tls_cert_file: str = ""  # PEM certificate; with tls_key_file the server speaks HTTPS (required for the webhook role)
     tls_key_file: str = ""  # PEM private key of tls_cert_file
+    # --- client certificates of the HTTPS callers (services/kube/app.py, docs/security.md "Deployment") ---
+    # the CA the callers' client certificates must chain to (kube-scheduler's, the API server's); "" = the
+    # cluster CA, ELASTICO_TLS_CA_FILE. Checked whenever TLS is on and ELASTICO_INSECURE is off.
+    http_client_ca_file: str = ""
+    # /mutate demands a verified client certificate (the API server presents one only when an AdmissionConfiguration
+    # gives it a kubeconfig for this webhook); may be off only for role webhook. The extender routes always demand one.
+    http_require_client_cert: bool = True
     allocator_address: str = ""  # host:port of the allocator (required by the extender)
     # the extender's bearer token for the Allocator API (a "scheduler" token: python -m elastico.auth issue)
     client_token_file: str = ""
@@ -43,7 +50,8 @@ class KubeSettings(Settings):
         if self.role == "webhook" and not self.tls_cert_file:
             raise ConfigError("ELASTICO_TLS_CERT_FILE/ELASTICO_TLS_KEY_FILE are required for the webhook role "
                               "(the API server calls admission webhooks over HTTPS only)")
-        for var, path in (("ELASTICO_TLS_CERT_FILE", self.tls_cert_file), ("ELASTICO_TLS_KEY_FILE", self.tls_key_file)):
+        for var, path in (("ELASTICO_TLS_CERT_FILE", self.tls_cert_file), ("ELASTICO_TLS_KEY_FILE", self.tls_key_file),
+                          ("ELASTICO_HTTP_CLIENT_CA_FILE", self.http_client_ca_file)):
             if path and not os.path.isfile(path):
                 raise ConfigError(f"{var}={path!r}: no such file")
         if self.role in ("extender", "both") and not self.allocator_address:
@@ -65,5 +73,9 @@ class KubeSettings(Settings):
         if self.role in ("extender", "both") and not (self.client_token_file or self.insecure):
             raise ConfigError("ELASTICO_CLIENT_TOKEN_FILE is required by the extender: the Allocator API takes a "
                               "bearer token on every call (unless ELASTICO_INSECURE=1)")
+        if not (self.insecure or self.http_require_client_cert) and self.role != "webhook":
+            raise ConfigError("ELASTICO_HTTP_REQUIRE_CLIENT_CERT=0: only role webhook (an API server that cannot present a "
+                              f"client certificate) may serve without one, not role {self.role}: the extender routes "
+                              "always require kube-scheduler's certificate")
         if self.client_token_file and not os.path.isfile(self.client_token_file):
             raise ConfigError(f"ELASTICO_CLIENT_TOKEN_FILE={self.client_token_file!r}: no such file")

@@ -1,12 +1,14 @@
 """Kubernetes middleware in-process: real-shaped AdmissionReview and ExtenderArgs posted over HTTP(S) to the running
 webhook and extender; the extender talks to the real allocator (with scheduling rounds) and predictor servicers on a
 free port against the test redis-server, and to a fake Kubernetes API server (aiohttp) that records Binding and PATCH.
+Client certificates (services/kube/app.py): real TLS handshakes with certificates of ``elastico.pki.throwaway`` CAs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copy
 import datetime
 import ipaddress
@@ -14,6 +16,7 @@ import json
 import ssl
 import uuid
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
 import aiohttp
 import grpc
@@ -24,6 +27,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from elastico import pki
+from elastico.errors import ConfigError
 from elastico.rpc.server import ServiceBinding, create_server
 from elastico.state.redis_store import RedisStore
 from elastico.v1 import allocator_pb2, allocator_pb2_grpc, predictor_pb2_grpc, types_pb2
@@ -471,3 +476,175 @@ def test_settings_fail_fast():
     with pytest.raises(ConfigError, match="ELASTICO_BIND_TIMEOUT_S"):
         KubeSettings.from_env({"ELASTICO_ALLOCATOR_ADDRESS": "a:1", "ELASTICO_BIND_TIMEOUT_S": "0"})
     assert asyncio.iscoroutinefunction(Extender.bind)
+
+
+# ------------------------------------------------------------------------------------------- client certificates
+# Policy (services/kube/app.py): the handshake verifies any client certificate against ELASTICO_HTTP_CLIENT_CA_FILE
+# (default the cluster CA) but demands none; the extender verbs need kube-scheduler's (or an operator's), /mutate
+# any certificate of that CA unless ELASTICO_HTTP_REQUIRE_CLIENT_CERT=0 (role webhook only); /healthz is open.
+
+VERBS = ("filter", "prioritize", "bind")
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> dict:
+    """The cluster CA with the server's and every caller's certificate, and a second CA that knows the same names."""
+    ours = pki.throwaway(tmp_path_factory.mktemp("pki"), ["kube", "kube-scheduler", "operator", "kube-apiserver",
+                                                           "node/gpu-node-1"])
+    other = pki.throwaway(tmp_path_factory.mktemp("pki-other"), ["kube-scheduler", "kube-apiserver"])
+    token = tmp_path_factory.mktemp("token") / "token"
+    token.write_text("not-a-real-token\n")
+    return {"ours": ours, "other": other, "token": str(token)}
+
+
+@contextlib.asynccontextmanager
+async def mtls_server(certs: dict, role: str, **overrides):
+    """``services.kube`` as deployed (mTLS settings, no ELASTICO_INSECURE) with a recording stand-in extender;
+    yields (port, the verbs that reached the extender)."""
+    settings = KubeSettings.from_env({}, role=role, port=0, allocator_address="127.0.0.1:1",
+                                     client_token_file=certs["token"], **pki.tls_settings(certs["ours"]["kube"]), **overrides)
+    calls: list[str] = []
+
+    def verb(name: str, answer):
+        async def handler(_body):
+            calls.append(name)
+            return answer
+        return handler
+
+    spy = SimpleNamespace(filter=verb("filter", {"NodeNames": ["gpu-node-1"], "FailedNodes": {}, "Error": ""}),
+                          prioritize=verb("prioritize", [{"Host": "gpu-node-1", "Score": 5}]),
+                          bind=verb("bind", {"Error": ""}))
+    runner, port = await kube_app.start(settings, None if role == "webhook" else spy)
+    try:
+        yield port, calls
+    finally:
+        await runner.cleanup()
+
+
+def client_ctx(certs: dict, issued: pki.Issued | None = None, tls: ssl.TLSVersion | None = None) -> ssl.SSLContext:
+    """A caller that verifies the server against the cluster CA and presents ``issued`` (None: no certificate)."""
+    ctx = ssl.create_default_context(cafile=certs["ours"]["kube"].ca_file)
+    if issued is not None:
+        ctx.load_cert_chain(issued.cert_file, issued.key_file)
+    if tls is not None:
+        ctx.minimum_version = ctx.maximum_version = tls
+    return ctx
+
+
+async def call(port: int, path: str, ctx: ssl.SSLContext, body: dict | None = None) -> tuple[int, object]:
+    async with aiohttp.ClientSession() as http:
+        if path == "/healthz":
+            async with http.get(f"https://127.0.0.1:{port}{path}", ssl=ctx) as r:
+                return r.status, await r.text()
+        async with http.post(f"https://127.0.0.1:{port}{path}", json={"Pod": pod(), "NodeNames": ["gpu-node-1"]}
+                             if body is None else body, ssl=ctx) as r:
+            return r.status, await r.json()
+
+
+async def assert_refused_at_handshake(port: int, certs: dict, issued: pki.Issued) -> None:
+    """TLS 1.2: the handshake fails; TLS 1.3 (the client's side of it ends first): the server aborts its side, so the
+    connection closes before any HTTP answer; and the way kube-scheduler would call (aiohttp) gets no answer."""
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        await asyncio.open_connection("127.0.0.1", port, ssl=client_ctx(certs, issued, ssl.TLSVersion.TLSv1_2))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_ctx(certs, issued, ssl.TLSVersion.TLSv1_3))
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        answer = await reader.read()
+    except (ssl.SSLError, ConnectionError):
+        answer = b""
+    finally:
+        writer.close()
+    assert answer == b"", answer[:40]
+    with pytest.raises(aiohttp.ClientError):
+        await call(port, "/healthz", client_ctx(certs, issued))
+
+
+async def test_extender_refuses_a_call_without_a_client_certificate(certs):
+    async with mtls_server(certs, "extender") as (port, calls):
+        for verb in VERBS:
+            status, body = await call(port, f"/{verb}", client_ctx(certs))
+            assert status == 403, (verb, body)
+            assert body["Error"].startswith("elastico: a client certificate is required") and "kube-scheduler" in body["error"]
+        assert calls == []
+        # kubelet's HTTPS probes present no certificate: /healthz stays open
+        assert await call(port, "/healthz", client_ctx(certs)) == (200, "ok")
+
+
+async def test_extender_refuses_a_certificate_of_another_ca_at_the_handshake(certs):
+    async with mtls_server(certs, "extender") as (port, calls):
+        await assert_refused_at_handshake(port, certs, certs["other"]["kube-scheduler"])  # the right name, the wrong CA
+        assert calls == []
+
+
+async def test_extender_serves_kube_scheduler_and_refuses_other_identities_of_the_ca(certs):
+    async with mtls_server(certs, "extender") as (port, calls):
+        for verb in VERBS:
+            status, _ = await call(port, f"/{verb}", client_ctx(certs, certs["ours"]["kube-scheduler"]))
+            assert status == 200, verb
+        assert calls == list(VERBS)
+        assert (await call(port, "/filter", client_ctx(certs, certs["ours"]["operator"])))[0] == 200
+        for name in ("node/gpu-node-1", "kube-apiserver", "kube"):
+            status, body = await call(port, "/bind", client_ctx(certs, certs["ours"][name]))
+            assert status == 403 and body["Error"] == f"elastico: client certificate {name!r} may not call the extender " \
+                                                      "(allowed: kube-scheduler, operator)", body
+        assert calls == [*VERBS, "filter"]
+
+
+async def test_webhook_requires_the_api_server_s_client_certificate_by_default(certs):
+    review = admission_review(pod())
+    async with mtls_server(certs, "webhook") as (port, _):
+        status, body = await call(port, "/mutate", client_ctx(certs), review)
+        assert status == 403 and body["kind"] == "Status" and body["code"] == 403 and "AdmissionConfiguration" in body["message"]
+        status, body = await call(port, "/mutate", client_ctx(certs, certs["ours"]["kube-apiserver"]), review)
+        assert status == 200 and body["response"]["uid"] == review["request"]["uid"] and body["response"]["allowed"] is True
+        assert await call(port, "/healthz", client_ctx(certs)) == (200, "ok")
+        await assert_refused_at_handshake(port, certs, certs["other"]["kube-apiserver"])
+
+
+async def test_webhook_without_required_client_certificates_still_refuses_another_ca(certs):
+    """ELASTICO_HTTP_REQUIRE_CLIENT_CERT=0 (an API server that cannot present one): certificate-less calls are served,
+    a presented certificate must still chain to the CA."""
+    review = admission_review(pod())
+    async with mtls_server(certs, "webhook", http_require_client_cert=False) as (port, _):
+        status, body = await call(port, "/mutate", client_ctx(certs), review)
+        assert status == 200 and body["response"]["allowed"] is True and body["response"]["patchType"] == "JSONPatch"
+        assert (await call(port, "/mutate", client_ctx(certs, certs["ours"]["kube-apiserver"]), review))[0] == 200
+        await assert_refused_at_handshake(port, certs, certs["other"]["kube-apiserver"])
+
+
+async def test_both_roles_on_one_port_apply_each_route_s_rule(certs):
+    review = admission_review(pod(opted=False))
+    async with mtls_server(certs, "both") as (port, calls):
+        assert (await call(port, "/mutate", client_ctx(certs), review))[0] == 403
+        assert (await call(port, "/filter", client_ctx(certs)))[0] == 403
+        assert (await call(port, "/mutate", client_ctx(certs, certs["ours"]["kube-apiserver"]), review))[0] == 200
+        assert (await call(port, "/filter", client_ctx(certs, certs["ours"]["kube-apiserver"])))[0] == 403
+        assert (await call(port, "/filter", client_ctx(certs, certs["ours"]["kube-scheduler"])))[0] == 200
+        assert calls == ["filter"]
+
+
+async def test_http_client_ca_file_replaces_the_cluster_ca_for_callers(certs):
+    """Callers' certificates chain to ELASTICO_HTTP_CLIENT_CA_FILE, the server's own to the cluster CA."""
+    async with mtls_server(certs, "extender", http_client_ca_file=certs["other"]["kube-scheduler"].ca_file) as (port, calls):
+        assert (await call(port, "/filter", client_ctx(certs, certs["other"]["kube-scheduler"])))[0] == 200
+        await assert_refused_at_handshake(port, certs, certs["ours"]["kube-scheduler"])
+        assert calls == ["filter"]
+
+
+def test_client_certificate_settings_fail_fast(certs, tmp_path):
+    mtls = {"allocator_address": "a:1", "client_token_file": certs["token"], **pki.tls_settings(certs["ours"]["kube"])}
+    for role in ("extender", "both"):
+        with pytest.raises(ConfigError, match="ELASTICO_HTTP_REQUIRE_CLIENT_CERT=0: only role webhook"):
+            KubeSettings.from_env({"ELASTICO_HTTP_REQUIRE_CLIENT_CERT": "0"}, role=role, **mtls)
+    assert not KubeSettings.from_env({"ELASTICO_HTTP_REQUIRE_CLIENT_CERT": "0"}, role="webhook", **mtls).http_require_client_cert
+    assert KubeSettings.from_env({}, insecure=True, role="extender", allocator_address="a:1", http_require_client_cert=False)
+    with pytest.raises(ConfigError, match="ELASTICO_HTTP_CLIENT_CA_FILE"):
+        KubeSettings.from_env({"ELASTICO_HTTP_CLIENT_CA_FILE": str(tmp_path / "missing.crt")}, role="webhook", **mtls)
+    settings = KubeSettings.from_env({}, role="webhook", **mtls)
+    assert settings.http_require_client_cert and kube_app.client_ca_file(settings) == certs["ours"]["kube"].ca_file
+    assert kube_app.ssl_context(settings).verify_mode == ssl.CERT_OPTIONAL
+    # plaintext and ELASTICO_INSECURE=1 check nothing (the fixtures above): no client verification configured
+    insecure = KubeSettings.from_env({}, insecure=True, role="webhook", tls_cert_file=certs["ours"]["kube"].cert_file,
+                                     tls_key_file=certs["ours"]["kube"].key_file)
+    assert kube_app.ssl_context(insecure).verify_mode == ssl.CERT_NONE and not kube_app.client_auth(insecure)

@@ -306,6 +306,40 @@ def test_every_grpc_process_runs_mtls_from_mounted_certificates(rendered):
     assert seen == {"allocator", "pricer", "predictor", "node-agent", "elastico-extender", "elastico-webhook"}
 
 
+def test_the_https_callers_present_client_certificates_the_middleware_accepts(rendered):
+    """services/kube/app.py's policy as deployed: kube-scheduler presents a client certificate (CN kube-scheduler, of the
+    CA the extender verifies callers against), /mutate requires the API server's (a Certificate of the same CA for its
+    AdmissionConfiguration kubeconfig), the probes hit the one open route, and nothing turns the checks off."""
+    from services.kube.app import EXTENDER_CLIENTS
+
+    _, docs = rendered
+    certs, deps = objs(docs, "Certificate"), objs(docs, "Deployment")
+    # kube-scheduler's tlsConfig: certificate, key and CA from one Secret (cert-manager's file names), no subPath copy
+    (ext,) = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())["extenders"]
+    tls = ext["tlsConfig"]
+    assert set(tls) == {"certFile", "keyFile", "caFile"} and "insecure" not in tls
+    assert {Path(tls[k]).name for k in ("certFile", "keyFile", "caFile")} == {"tls.crt", "tls.key", "ca.crt"}
+    assert len({str(Path(tls[k]).parent) for k in ("certFile", "keyFile", "caFile")}) == 1
+    scheduler = certs["elastico-kube-scheduler"]["spec"]
+    assert scheduler["commonName"] == "kube-scheduler" in EXTENDER_CLIENTS and "client auth" in scheduler["usages"]
+    apiserver = certs["elastico-kube-apiserver"]["spec"]
+    assert apiserver["commonName"] == "kube-apiserver" and "client auth" in apiserver["usages"]
+    ca_issuer = certs["elastico-kube"]["spec"]["issuerRef"]["name"]
+    for role, cert, caller in (("elastico-extender", "elastico-kube", scheduler), ("elastico-webhook", "elastico-webhook", apiserver)):
+        (c,) = deps[role]["spec"]["template"]["spec"]["containers"]
+        env = env_of(c)
+        # callers are verified against ELASTICO_TLS_CA_FILE (the Secret's ca.crt): the CA that signs their certificates
+        assert "ELASTICO_HTTP_CLIENT_CA_FILE" not in env and certs[cert]["spec"]["issuerRef"]["name"] == ca_issuer
+        assert caller["issuerRef"]["name"] == ca_issuer and not caller.get("isCA")
+        assert env.get("ELASTICO_HTTP_REQUIRE_CLIENT_CERT", {}).get("value", "true") == "true", role
+        for probe in ("readinessProbe", "livenessProbe"):  # kubelet presents no client certificate: /healthz only
+            assert c[probe]["httpGet"]["path"] == "/healthz", f"{role} {probe}"
+    security = (ROOT / "docs" / "security.md").read_text()
+    for needle in ("elastico-kube-scheduler-tls", "AdmissionConfiguration", "WebhookAdmission", "elastico-webhook.elastico.svc",
+                   "ELASTICO_HTTP_REQUIRE_CLIENT_CERT"):
+        assert needle in security, f"docs/security.md does not say how to set up {needle}"
+
+
 def test_tokens_come_from_secrets(rendered):
     _, docs = rendered
     deps = objs(docs, "Deployment")
