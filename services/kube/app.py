@@ -13,6 +13,7 @@ answers 403 without one unless ``ELASTICO_HTTP_REQUIRE_CLIENT_CERT=0`` (role web
 from __future__ import annotations
 
 import json
+import os
 import ssl
 import time
 import uuid
@@ -143,9 +144,44 @@ def build_app(settings: KubeSettings, extender: Extender | None) -> web.Applicat
 
 
 def ssl_context(settings: KubeSettings) -> ssl.SSLContext | None:
-    """Server TLS from the configured PEM files (None = plain HTTP); client certificates verified, not demanded."""
+    """Server TLS from the configured PEM files (None = plain HTTP); client certificates verified, not demanded.
+
+    The files are re-read at the first handshake after one changed (cert-manager renews the mounted Secret):
+    the handshake's SNI callback swaps in a context built from the new files.
+    """
     if not settings.tls_cert_file:
         return None
+    paths = [p for p in (settings.tls_cert_file, settings.tls_key_file, client_ca_file(settings) if client_auth(settings) else "") if p]
+    state = {"stamp": _stamp(paths), "ctx": _build_context(settings)}
+
+    def reload_if_changed(sock: ssl.SSLObject, _server_name: str | None, _ctx: ssl.SSLContext) -> None:
+        stamp = _stamp(paths)
+        if stamp != state["stamp"]:
+            try:
+                state["ctx"] = _build_context(settings)
+                state["ctx"].sni_callback = reload_if_changed
+                state["stamp"] = stamp
+                log.info("TLS certificate reloaded", cert_file=settings.tls_cert_file)
+            except (OSError, ssl.SSLError) as exc:  # mid-rotation: keep serving the previous certificate
+                log.warning("TLS files unreadable; keeping the previous certificate", error=str(exc))
+        if state["ctx"] is not _ctx:
+            sock.context = state["ctx"]
+
+    state["ctx"].sni_callback = reload_if_changed
+    return state["ctx"]
+
+
+def _stamp(paths: list[str]) -> tuple[int, ...]:
+    out = []
+    for p in paths:
+        try:
+            out.append(os.stat(p).st_mtime_ns)
+        except OSError:
+            out.append(-1)
+    return tuple(out)
+
+
+def _build_context(settings: KubeSettings) -> ssl.SSLContext:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)  # trusts no system CA for clients
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)

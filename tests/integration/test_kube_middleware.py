@@ -648,3 +648,40 @@ def test_client_certificate_settings_fail_fast(certs, tmp_path):
     insecure = KubeSettings.from_env({}, insecure=True, role="webhook", tls_cert_file=certs["ours"]["kube"].cert_file,
                                      tls_key_file=certs["ours"]["kube"].key_file)
     assert kube_app.ssl_context(insecure).verify_mode == ssl.CERT_NONE and not kube_app.client_auth(insecure)
+
+
+async def test_https_certificate_rotation_needs_no_restart(tmp_path):
+    """A renewed certificate (a Secret update) is served from the next handshake on."""
+    import shutil
+    import ssl
+
+    from elastico import pki
+    from services.kube import app
+
+    old, new = pki.throwaway(tmp_path / "a", ["kube"])["kube"], pki.throwaway(tmp_path / "b", ["kube"])["kube"]
+    live = tmp_path / "live"
+    live.mkdir()
+    files = {"k.crt": "cert_file", "k.key": "key_file", "ca.crt": "ca_file"}
+    for name, attr in files.items():
+        shutil.copy(getattr(old, attr), live / name)
+    settings = KubeSettings.from_env({}, role="webhook", port=0, tls_cert_file=str(live / "k.crt"),
+                                     tls_key_file=str(live / "k.key"), tls_ca_file=str(live / "ca.crt"),
+                                     http_require_client_cert=False)
+    runner, port = await app.start(settings, None)
+
+    async def health(ca_file: str):
+        try:
+            async with aiohttp.ClientSession() as s, s.get(f"https://127.0.0.1:{port}/healthz",
+                                                           ssl=ssl.create_default_context(cafile=ca_file)) as r:
+                return r.status
+        except aiohttp.ClientConnectorCertificateError:
+            return "untrusted"
+
+    try:
+        assert (await health(old.ca_file), await health(new.ca_file)) == (200, "untrusted")
+        for name, attr in files.items():
+            shutil.copy(getattr(new, attr), live / f"{name}.tmp")
+            (live / f"{name}.tmp").replace(live / name)
+        assert (await health(old.ca_file), await health(new.ca_file)) == ("untrusted", 200)
+    finally:
+        await runner.cleanup()
