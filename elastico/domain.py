@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 
 from elastico.errors import InvalidSpec
+from elastico import limits as L
+from elastico.limits import field_key, too_long
 
 
 class JobKind(enum.Enum):
@@ -238,8 +240,9 @@ class JobEvent:
 # Validation: every check names the offending field with a dotted path, so the gRPC layer can answer
 # INVALID_ARGUMENT with it.
 
-REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-TENANT_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# Size limits (lengths, counts) are the table of ``elastico.limits``; messages never quote long user input.
+REQUEST_ID_RE = re.compile(rf"^[A-Za-z0-9._:-]{{1,{L.REQUEST_ID_MAX_CHARS}}}$")
+TENANT_RE = re.compile(rf"^[A-Za-z0-9._-]{{1,{L.TENANT_MAX_CHARS}}}$")
 MAX_GPUS_PER_JOB = 1024
 
 
@@ -255,7 +258,7 @@ def _finite_positive(value: float, path: str, *, upper: float | None = None) -> 
 def validate_request_id(request_id: str, path: str = "request_id") -> None:
     """Raise InvalidSpec unless ``request_id`` is a usable idempotency key."""
     if not REQUEST_ID_RE.match(request_id or ""):
-        raise InvalidSpec(path, "must be 1-128 characters of [A-Za-z0-9._:-]")
+        raise InvalidSpec(path, f"must be 1-{L.REQUEST_ID_MAX_CHARS} characters of [A-Za-z0-9._:-]")
 
 
 def validate_shape(shape: Shape, path: str) -> None:
@@ -269,6 +272,23 @@ def validate_shape(shape: Shape, path: str) -> None:
         raise InvalidSpec(f"{path}.batch_size", f"must be >= 0, got {shape.batch_size}")
     if math.isnan(shape.throughput) or math.isinf(shape.throughput) or shape.throughput < 0:
         raise InvalidSpec(f"{path}.throughput", f"must be a finite number >= 0, got {shape.throughput!r}")
+    _max_chars(shape.gpu_type, L.GPU_TYPE_MAX_CHARS, f"{path}.gpu_type")
+
+
+def _max_chars(value: str, limit: int, path: str) -> None:
+    if len(value) > limit:
+        raise InvalidSpec(path, too_long(len(value), limit))
+
+
+def validate_labels(labels: tuple[tuple[str, str], ...], path: str) -> None:
+    """Raise InvalidSpec unless ``labels`` is within the count and length limits (``path["key"]`` names one)."""
+    if len(labels) > L.LABELS_MAX_COUNT:
+        raise InvalidSpec(path, f"at most {L.LABELS_MAX_COUNT} labels, got {len(labels)}")
+    for key, value in labels:
+        if len(key) > L.LABEL_KEY_MAX_CHARS:
+            raise InvalidSpec(f"{path}{field_key(key)}", f"key {too_long(len(key), L.LABEL_KEY_MAX_CHARS)}")
+        if len(value) > L.LABEL_VALUE_MAX_CHARS:
+            raise InvalidSpec(f"{path}{field_key(key)}", f"value {too_long(len(value), L.LABEL_VALUE_MAX_CHARS)}")
 
 
 def validate_job_spec(spec: JobSpec, path: str = "spec") -> None:
@@ -278,9 +298,12 @@ def validate_job_spec(spec: JobSpec, path: str = "spec") -> None:
     business (``Infeasible`` / NEVER_SCHEDULABLE), not a malformed request.
     """
     if not TENANT_RE.match(spec.tenant or ""):
-        raise InvalidSpec(f"{path}.tenant", "must be 1-64 characters of [A-Za-z0-9._-]")
-    if len(spec.name) > 253:
-        raise InvalidSpec(f"{path}.name", "must be at most 253 characters")
+        raise InvalidSpec(f"{path}.tenant", f"must be 1-{L.TENANT_MAX_CHARS} characters of [A-Za-z0-9._-]")
+    _max_chars(spec.name, L.NAME_MAX_CHARS, f"{path}.name")
+    _max_chars(spec.model_family, L.MODEL_FAMILY_MAX_CHARS, f"{path}.model_family")
+    _max_chars(spec.precision, L.PRECISION_MAX_CHARS, f"{path}.precision")
+    _max_chars(spec.command, L.COMMAND_MAX_CHARS, f"{path}.command")
+    validate_labels(spec.labels, f"{path}.labels")
     if spec.batch_size < 0:
         raise InvalidSpec(f"{path}.batch_size", f"must be >= 0, got {spec.batch_size}")
     if spec.kind is JobKind.TRAINING:
@@ -302,10 +325,15 @@ def validate_job_spec(spec: JobSpec, path: str = "spec") -> None:
         _finite_positive(spec.inference.latency_slo_ms, f"{path}.inference.latency_slo_ms")
     else:  # pragma: no cover - enum exhausts the cases
         raise InvalidSpec(f"{path}.kind", f"unknown kind {spec.kind!r}")
+    if len(spec.shapes) > L.SHAPES_PER_JOB_MAX:
+        raise InvalidSpec(f"{path}.shapes", f"at most {L.SHAPES_PER_JOB_MAX} shapes, got {len(spec.shapes)}")
     for i, shape in enumerate(spec.shapes):
         validate_shape(shape, f"{path}.shapes[{i}]")
+    if len(spec.allowed_nodes) > L.ALLOWED_NODES_MAX_COUNT:
+        raise InvalidSpec(f"{path}.allowed_nodes", f"at most {L.ALLOWED_NODES_MAX_COUNT} node ids, got {len(spec.allowed_nodes)}")
     for i, node in enumerate(spec.allowed_nodes):
         if not node.strip():
             raise InvalidSpec(f"{path}.allowed_nodes[{i}]", "must be a non-empty node id")
+        _max_chars(node, L.NODE_ID_MAX_CHARS, f"{path}.allowed_nodes[{i}]")
     if not spec.shapes and not spec.model_family:
         raise InvalidSpec(f"{path}.model_family", "is required when no shapes are given (shapes are derived from it)")

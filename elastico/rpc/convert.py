@@ -2,7 +2,9 @@
 
 Conversion from protobuf also validates what the wire format cannot express (enum values that are
 UNSPECIFIED, missing oneofs) and raises ``InvalidSpec`` naming the field; deeper semantic checks live
-in ``elastico.domain.validate_*`` so the simulator and tests share them.
+in ``elastico.domain.validate_*`` so the simulator and tests share them. Repeated fields are counted
+against ``elastico.limits`` *before* they are converted, and a JobSpec's serialized size after, so an
+oversized spec is refused before anything is built from it or stored.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from elastico import domain as d
+from elastico import limits as L
 from elastico.errors import InvalidSpec
 from elastico.v1 import types_pb2 as pb
 
@@ -59,8 +62,23 @@ def shape_to_pb(s: d.Shape) -> pb.Shape:
                     batch_size=s.batch_size, gpu_type=s.gpu_type, throughput=s.throughput)
 
 
+def _check_spec_counts(m: pb.JobSpec, path: str) -> None:
+    """Repeated fields within ``elastico.limits`` (O(1) each): checked before anything is converted."""
+    for name, limit in (("shapes", L.SHAPES_PER_JOB_MAX), ("labels", L.LABELS_MAX_COUNT),
+                        ("allowed_nodes", L.ALLOWED_NODES_MAX_COUNT)):
+        n = len(getattr(m, name))
+        if n > limit:
+            raise InvalidSpec(f"{path}.{name}", f"at most {limit} entries, got {n}")
+
+
 def job_spec_from_pb(m: pb.JobSpec, path: str = "spec") -> d.JobSpec:
-    """Convert and validate a JobSpec; raises InvalidSpec naming the field."""
+    """Convert and validate a JobSpec; raises InvalidSpec naming the field.
+
+    Order: counts of repeated fields (before conversion), then every field (``domain.validate_job_spec``:
+    lengths name the field, e.g. ``spec.labels["team"]``), then the whole spec's serialized size
+    (``limits.JOB_SPEC_MAX_BYTES``, named ``spec``) for specs whose fields are each within limits.
+    """
+    _check_spec_counts(m, path)
     kind = kind_from_pb(m.kind, f"{path}.kind")
     work = m.WhichOneof("work")
     training = d.TrainingWork(m.training.total_steps, m.training.max_slowdown) if work == "training" else None
@@ -72,6 +90,9 @@ def job_spec_from_pb(m: pb.JobSpec, path: str = "spec") -> d.JobSpec:
         allowed_nodes=tuple(m.allowed_nodes),
     )
     d.validate_job_spec(spec, path)
+    size = m.ByteSize()
+    if size > L.JOB_SPEC_MAX_BYTES:
+        raise InvalidSpec(path, f"serialized size must be at most {L.JOB_SPEC_MAX_BYTES} bytes, got {size}")
     return spec
 
 

@@ -21,7 +21,7 @@ class Keys:
         return "{" + self.namespace + "}:"
 
     def job(self, job_id: str) -> str:
-        """Hash: data (JSON of Job), version, state."""
+        """Hash: data (JSON of Job), version, state; seq, tenant, request_id (written at creation, for the indexes)."""
         return f"{self.prefix}job:{job_id}"
 
     @property
@@ -38,6 +38,34 @@ class Keys:
     def active_jobs(self) -> str:
         """Set: ids of jobs in a non-terminal state (kept by the APPLY script; what a scheduling round reads)."""
         return f"{self.prefix}jobs:active"
+
+    def state_jobs(self, state: str) -> str:
+        """Sorted set, terminal states only: job_id scored by submission sequence (ListJobs by that state)."""
+        return f"{self.prefix}jobs:state:{state}"
+
+    def tenant_jobs(self, tenant: str) -> str:
+        """Sorted set: the tenant's job ids scored by submission sequence (ListJobs by tenant)."""
+        return f"{self.prefix}jobs:tenant:{tenant}"
+
+    def tenant_state_jobs(self, tenant: str, state: str) -> str:
+        """Sorted set, terminal states only: the tenant's job ids in ``state`` scored by submission sequence."""
+        return f"{self.prefix}jobs:tenant:{tenant}:state:{state}"
+
+    @property
+    def finished_jobs(self) -> str:
+        """Sorted set: ids of terminal jobs scored by when they finished (unix s): the retention sweep's order."""
+        return f"{self.prefix}jobs:finished"
+
+    @property
+    def jobs_indexed(self) -> str:
+        """String: set once every job record carries the index fields and sits in the indexes above (a
+        namespace created before them is backfilled by the retention sweep; until then filtered lists scan)."""
+        return f"{self.prefix}jobs:indexed"
+
+    @property
+    def jobs_backfill(self) -> str:
+        """String: the lowest submission sequence the index backfill has reached (it walks newest to oldest)."""
+        return f"{self.prefix}jobs:backfill"
 
     def status(self, name: str) -> str:
         """String: JSON status document written by a service (e.g. the allocator's last round)."""

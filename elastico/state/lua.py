@@ -7,7 +7,24 @@
 # Every check runs before the first write, so a transaction that fails writes nothing. A job write with
 # ``index_seq`` is added to the job index scored by the next submission sequence number (INCR here, after
 # the checks: a rejected submission consumes no number).
-_APPLY_ONE = r"""
+#
+# Job indexes (keys.py), kept here in the same atomic step as the record, with no command beyond the ones a
+# write already used (SADD/SREM/ZADD: the allocator's Redis ACL needs nothing new for job writes):
+#   jobs                          zset, every job by submission sequence            (created)
+#   jobs:tenant:<t>               zset, the tenant's jobs by sequence               (created)
+#   jobs:active                   set, non-terminal jobs                            (every state change)
+#   jobs:state:<s>                zset, terminal state s by sequence                (entering s)
+#   jobs:tenant:<t>:state:<s>     zset, the tenant's jobs in terminal state s       (entering s)
+#   jobs:finished                 zset, terminal jobs by finish time (unix s)       (entering a terminal state)
+# A created record also gets the fields seq, tenant and request_id (what the list and sweep scripts read).
+# Nothing is ever removed from a terminal index here (that needs ZREM): a job leaving a terminal state (no
+# service does that) leaves a stale entry, which LIST_JOBS skips (it checks every candidate's current state)
+# and SWEEP removes. A record without ``seq`` predates the indexes: SWEEP's backfill indexes it.
+_TERMINAL = r"""
+local TERMINAL = {succeeded = true, failed = true, cancelled = true}
+"""
+
+_APPLY_ONE = _TERMINAL + r"""
 local p = ARGV[1]
 local function apply(tx)
   if tx.epoch ~= cjson.null then
@@ -18,9 +35,12 @@ local function apply(tx)
     local owner = redis.call('HGET', p .. 'requests', tx.claim_request[1])
     if owner then return {'duplicate', owner} end
   end
-  for _, w in ipairs(tx.jobs) do
-    local v = tonumber(redis.call('HGET', p .. 'job:' .. w.job_id, 'version') or '0')
+  local olds = {}
+  for i, w in ipairs(tx.jobs) do
+    local cur = redis.call('HMGET', p .. 'job:' .. w.job_id, 'version', 'state', 'seq', 'tenant')
+    local v = tonumber(cur[1] or '0')
     if v ~= w.expected_version then return {'version', w.job_id, tostring(v), tostring(w.expected_version)} end
+    olds[i] = cur
   end
   local pending = {}
   local order = {}
@@ -44,15 +64,31 @@ local function apply(tx)
   if tx.claim_request ~= cjson.null then
     redis.call('HSET', p .. 'requests', tx.claim_request[1], tx.claim_request[2])
   end
-  for _, w in ipairs(tx.jobs) do
-    redis.call('HSET', p .. 'job:' .. w.job_id, 'data', ARGV[w.data_arg], 'version', string.format('%d', w.new_version), 'state', w.state)
+  for i, w in ipairs(tx.jobs) do
+    local k = p .. 'job:' .. w.job_id
+    redis.call('HSET', k, 'data', ARGV[w.data_arg], 'version', string.format('%d', w.new_version), 'state', w.state)
+    local old_state, seq, tenant = olds[i][2], olds[i][3], olds[i][4]
+    local created = nil
     if w.index_score ~= cjson.null then
-      redis.call('ZADD', p .. 'jobs', string.format('%d', w.index_score), w.job_id)
+      created = string.format('%d', w.index_score)
     elseif w.index_seq then
-      redis.call('ZADD', p .. 'jobs', string.format('%d', redis.call('INCR', p .. 'jobs:seq')), w.job_id)
+      local n = redis.call('INCR', p .. 'jobs:seq')
+      if n == 1 then redis.call('SET', p .. 'jobs:indexed', '1') end  -- a new namespace: indexed from the start
+      created = string.format('%d', n)
     end
-    if w.state == 'succeeded' or w.state == 'failed' or w.state == 'cancelled' then
+    if created then
+      seq, tenant = created, w.tenant
+      redis.call('HSET', k, 'seq', seq, 'tenant', tenant, 'request_id', w.request_id)
+      redis.call('ZADD', p .. 'jobs', seq, w.job_id)
+      redis.call('ZADD', p .. 'jobs:tenant:' .. tenant, seq, w.job_id)
+    end
+    if TERMINAL[w.state] then
       redis.call('SREM', p .. 'jobs:active', w.job_id)
+      if seq and tenant and old_state ~= w.state then
+        redis.call('ZADD', p .. 'jobs:state:' .. w.state, seq, w.job_id)
+        redis.call('ZADD', p .. 'jobs:tenant:' .. tenant .. ':state:' .. w.state, seq, w.job_id)
+        redis.call('ZADD', p .. 'jobs:finished', w.time_s, w.job_id)
+      end
     else
       redis.call('SADD', p .. 'jobs:active', w.job_id)
     end
@@ -104,6 +140,157 @@ for i, id in ipairs(ids) do
   out[i] = redis.call('HGET', p .. 'job:' .. id, 'data') or false
 end
 return out
+"""
+
+# ARGV[1] = key prefix, ARGV[2] = sequence to list below ('' = from the newest), ARGV[3] = rows wanted (>= 1),
+# ARGV[4] = tenant ('' = every tenant), ARGV[5..] = states (none = every state). One page of ListJobs, newest
+# first, in one step, reading only the matching index entries: no filter -> ``jobs``; a tenant -> its zset;
+# terminal states -> their zsets (the tenant's, with a tenant); non-terminal states -> ``jobs:active`` (every
+# active record's state, seq and tenant fields: O(active)). The candidates are merged by sequence; at most
+# wanted + 1 of them are checked against the current record (state, tenant: a stale entry is skipped) and
+# the matching ones returned.
+# Returns {'ok', cursor, more, {seq, data, seq, data, ...}}: cursor = the sequence of the last candidate
+# checked ('' = none), more = 1 when candidates below it may remain (call again from the cursor). A filtered
+# call on a namespace whose records predate the indexes (not backfilled yet) returns {'unindexed'}.
+LIST_JOBS = _TERMINAL + r"""
+local p = ARGV[1]
+local want = tonumber(ARGV[3])
+local tenant = ARGV[4]
+if (tenant ~= '' or #ARGV > 4) and not redis.call('GET', p .. 'jobs:indexed')
+    and redis.call('EXISTS', p .. 'jobs:seq') == 1 then
+  return {'unindexed'}
+end
+local top = ARGV[2] == '' and '+inf' or '(' .. ARGV[2]
+local below = ARGV[2] == '' and math.huge or tonumber(ARGV[2])
+local n = want + 1
+local wanted, any_active = nil, false
+if #ARGV > 4 then
+  wanted = {}
+  for i = 5, #ARGV do
+    wanted[ARGV[i]] = true
+    if not TERMINAL[ARGV[i]] then any_active = true end
+  end
+end
+local cands, truncated = {}, false
+local function from_index(key)
+  local rows = redis.call('ZREVRANGEBYSCORE', key, top, '-inf', 'WITHSCORES', 'LIMIT', 0, n)
+  for i = 1, #rows, 2 do cands[#cands + 1] = {rows[i], tonumber(rows[i + 1])} end
+  if #rows == 2 * n then truncated = true end
+end
+if not wanted then
+  from_index(tenant == '' and p .. 'jobs' or p .. 'jobs:tenant:' .. tenant)
+else
+  for s in pairs(wanted) do
+    if TERMINAL[s] then
+      from_index(tenant == '' and p .. 'jobs:state:' .. s or p .. 'jobs:tenant:' .. tenant .. ':state:' .. s)
+    end
+  end
+  if any_active then
+    for _, id in ipairs(redis.call('SMEMBERS', p .. 'jobs:active')) do
+      local f = redis.call('HMGET', p .. 'job:' .. id, 'state', 'seq', 'tenant')
+      if f[1] and wanted[f[1]] and f[2] and (tenant == '' or f[3] == tenant) then
+        local seq = tonumber(f[2])
+        if seq < below then cands[#cands + 1] = {id, seq} end
+      end
+    end
+  end
+end
+table.sort(cands, function(a, b) return a[2] > b[2] end)
+local out, got, checked, last, seen = {}, 0, 0, nil, {}
+for _, c in ipairs(cands) do
+  if got == want or checked == n then break end
+  checked = checked + 1
+  last = c[2]
+  if not seen[c[1]] then
+    seen[c[1]] = true
+    local f = redis.call('HMGET', p .. 'job:' .. c[1], 'data', 'state', 'tenant')
+    if f[1] and (not wanted or wanted[f[2]]) and (tenant == '' or f[3] == tenant) then
+      out[#out + 1] = string.format('%d', c[2])
+      out[#out + 1] = f[1]
+      got = got + 1
+    end
+  end
+end
+local more = 0
+if checked < #cands or truncated then more = 1 end
+return {'ok', last and string.format('%d', last) or '', more, out}
+"""
+
+# ARGV[1] = key prefix, ARGV[2] = cutoff (unix s), ARGV[3] = terminal jobs to keep at most, ARGV[4] = limit.
+# One bounded step of job retention (StoreBase.sweep_finished_jobs), atomic:
+# - a namespace whose records predate the job indexes (no ``jobs:indexed``) is backfilled first, ``limit``
+#   records per call, newest to oldest (cursor ``jobs:backfill``): each record gets seq/tenant/request_id and
+#   its index entries; the last step sets ``jobs:indexed``. Returns {0, indexed, more}.
+# - otherwise the oldest-finished entries of ``jobs:finished`` are taken while they finished before the
+#   cutoff or are beyond the newest ``keep`` (both criteria select a prefix of that order), ``limit`` at most;
+#   each one still terminal is deleted: its record, every index entry, and its request id mapping when that
+#   still names it. One back in a non-terminal state only loses its stale ``jobs:finished`` entry: an active
+#   job is never deleted. Returns {deleted, 0, more}.
+# Deleting needs ZRANGE, ZCARD and ZREM (elastico.redis_acl); the first write is a ZREM, so a user without
+# them is refused before anything changed.
+SWEEP = _TERMINAL + r"""
+local p = ARGV[1]
+local limit = tonumber(ARGV[4])
+if not redis.call('GET', p .. 'jobs:indexed') then
+  if redis.call('EXISTS', p .. 'jobs:seq') == 0 then
+    redis.call('SET', p .. 'jobs:indexed', '1')
+    return {0, 0, 0}
+  end
+  local cursor = redis.call('GET', p .. 'jobs:backfill')
+  local rows = redis.call('ZREVRANGEBYSCORE', p .. 'jobs', cursor and '(' .. cursor or '+inf', '-inf',
+                          'WITHSCORES', 'LIMIT', 0, limit)
+  local indexed = 0
+  for i = 1, #rows, 2 do
+    local id, seq = rows[i], rows[i + 1]
+    local k = p .. 'job:' .. id
+    local f = redis.call('HMGET', k, 'data', 'state', 'seq')
+    if f[1] and not f[3] then
+      local job = cjson.decode(f[1])
+      local tenant = tostring(job.spec.tenant)
+      redis.call('HSET', k, 'seq', seq, 'tenant', tenant, 'request_id', tostring(job.request_id))
+      redis.call('ZADD', p .. 'jobs:tenant:' .. tenant, seq, id)
+      if TERMINAL[f[2]] then
+        redis.call('ZADD', p .. 'jobs:state:' .. f[2], seq, id)
+        redis.call('ZADD', p .. 'jobs:tenant:' .. tenant .. ':state:' .. f[2], seq, id)
+        redis.call('ZADD', p .. 'jobs:finished', tonumber(job.updated_at_s) or 0, id)
+      end
+      indexed = indexed + 1
+    end
+    redis.call('SET', p .. 'jobs:backfill', seq)
+  end
+  if #rows < 2 * limit then
+    redis.call('SET', p .. 'jobs:indexed', '1')
+    redis.call('DEL', p .. 'jobs:backfill')
+    return {0, indexed, 0}
+  end
+  return {0, indexed, 1}
+end
+local cutoff, keep = tonumber(ARGV[2]), tonumber(ARGV[3])
+local excess = redis.call('ZCARD', p .. 'jobs:finished') - keep
+local rows = redis.call('ZRANGE', p .. 'jobs:finished', 0, limit - 1, 'WITHSCORES')
+local deleted, taken = 0, 0
+for i = 1, #rows, 2 do
+  local id = rows[i]
+  if not (taken < excess or tonumber(rows[i + 1]) < cutoff) then break end
+  taken = taken + 1
+  redis.call('ZREM', p .. 'jobs:finished', id)
+  local k = p .. 'job:' .. id
+  local f = redis.call('HMGET', k, 'state', 'tenant', 'request_id')
+  if not (f[1] and not TERMINAL[f[1]]) then
+    redis.call('DEL', k)
+    redis.call('ZREM', p .. 'jobs', id)
+    for s in pairs(TERMINAL) do redis.call('ZREM', p .. 'jobs:state:' .. s, id) end
+    if f[2] then
+      redis.call('ZREM', p .. 'jobs:tenant:' .. f[2], id)
+      for s in pairs(TERMINAL) do redis.call('ZREM', p .. 'jobs:tenant:' .. f[2] .. ':state:' .. s, id) end
+    end
+    if f[3] and redis.call('HGET', p .. 'requests', f[3]) == id then redis.call('HDEL', p .. 'requests', f[3]) end
+    deleted = deleted + 1
+  end
+end
+local more = 0
+if taken == limit then more = 1 end
+return {deleted, 0, more}
 """
 
 # ARGV[1] = key prefix. Every registered node in one step: a flat list of

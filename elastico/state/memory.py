@@ -6,6 +6,7 @@ Not durable and not shared between processes: a production deployment uses ``Red
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections.abc import Sequence
 
@@ -16,10 +17,14 @@ from elastico.state.store import (
     DuplicateRequest,
     JobEvent,
     StoreBase,
+    SweepResult,
     Transaction,
     event_from_fields,
     gpu_capacity_units,
 )
+
+
+_TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 class MemoryStore(StoreBase):
@@ -31,7 +36,9 @@ class MemoryStore(StoreBase):
         self._jobs: dict[str, tuple[int, str, str]] = {}  # job_id -> (version, state, data)
         self._active: set[str] = set()  # ids of non-terminal jobs
         self._status: dict[str, str] = {}
-        self._index: dict[str, int] = {}
+        self._index: dict[str, int] = {}  # job_id -> submission sequence
+        self._meta: dict[str, tuple[str, str]] = {}  # job_id -> (tenant, request_id), recorded at creation
+        self._finished: dict[str, float] = {}  # terminal job_id -> when it finished (unix s): retention order
         self._seq = 0
         self._requests: dict[str, str] = {}
         self._gpu_caps: dict[tuple[str, int], tuple[int, int]] = {}
@@ -71,16 +78,21 @@ class MemoryStore(StoreBase):
             if tx.claim_request:
                 self._requests[tx.claim_request[0]] = tx.claim_request[1]
             for w in tx.jobs:
+                old = self._jobs.get(w.job_id)
                 self._jobs[w.job_id] = (w.new_version, w.state, w.data)
-                if w.state in ("succeeded", "failed", "cancelled"):
+                if w.index_score is not None or w.index_seq:
+                    if w.index_score is not None:
+                        self._index[w.job_id] = w.index_score
+                    else:
+                        self._seq += 1
+                        self._index[w.job_id] = self._seq
+                    self._meta[w.job_id] = (w.tenant, w.request_id)
+                if w.state in _TERMINAL:
                     self._active.discard(w.job_id)
+                    if w.job_id in self._meta and (old is None or old[1] != w.state):
+                        self._finished[w.job_id] = w.time_s
                 else:
                     self._active.add(w.job_id)
-                if w.index_score is not None:
-                    self._index[w.job_id] = w.index_score
-                elif w.index_seq:
-                    self._seq += 1
-                    self._index[w.job_id] = self._seq
             for key, used in pending.items():
                 self._gpu_used[key] = [max(0, used[0]), max(0, used[1])]
             for op in tx.desired:
@@ -113,9 +125,39 @@ class MemoryStore(StoreBase):
     async def _request_owner(self, request_id: str) -> str | None:
         return self._requests.get(request_id)
 
-    async def _index_page(self, before_score: int | None, count: int) -> list[tuple[str, int]]:
-        items = sorted(((s, j) for j, s in self._index.items() if before_score is None or s < before_score), reverse=True)
-        return [(j, s) for s, j in items[:count]]
+    async def _list_page(self, states: tuple[str, ...], tenant: str, before: int | None,
+                         want: int) -> tuple[list[tuple[int, str]], int | None, bool] | None:
+        """As ``lua.LIST_JOBS`` (the candidates here: every indexed job matching now, which is what the Redis
+        indexes yield once their stale entries are skipped)."""
+        wanted = set(states)
+        top = heapq.nlargest(want + 1, (
+            (seq, j) for j, seq in self._index.items()
+            if (before is None or seq < before) and (not wanted or self._jobs[j][1] in wanted)
+            and (not tenant or self._meta.get(j, ("", ""))[0] == tenant)))
+        rows = [(seq, self._jobs[j][2]) for seq, j in top[:want]]
+        return rows, (rows[-1][0] if rows else None), len(top) > want
+
+    async def _sweep(self, cutoff_s: float, keep: int, limit: int) -> SweepResult:
+        """As ``lua.SWEEP`` (nothing to backfill: a memory store starts empty, indexed)."""
+        async with self._lock:
+            excess = len(self._finished) - keep
+            oldest = heapq.nsmallest(limit, ((t, j) for j, t in self._finished.items()))
+            deleted = taken = 0
+            for t, job_id in oldest:
+                if not (taken < excess or t < cutoff_s):
+                    break
+                taken += 1
+                del self._finished[job_id]
+                entry = self._jobs.get(job_id)
+                if entry is not None and entry[1] not in _TERMINAL:
+                    continue  # back in a non-terminal state: never deleted
+                self._jobs.pop(job_id, None)
+                self._index.pop(job_id, None)
+                _, request_id = self._meta.pop(job_id, ("", ""))
+                if request_id and self._requests.get(request_id) == job_id:
+                    del self._requests[request_id]
+                deleted += 1
+            return SweepResult(deleted=deleted, more=taken == limit)
 
     async def _gpu_usage(self, node_id: str, gpu_indices: Sequence[int]) -> list[tuple[int, int]]:
         return [tuple(self._gpu_used.get((node_id, i), (0, 0))) for i in gpu_indices]

@@ -23,6 +23,7 @@ from elastico.state.store import (
     DuplicateRequest,
     JobEvent,
     StoreBase,
+    SweepResult,
     Transaction,
     event_from_fields,
     gpu_capacity_units,
@@ -54,6 +55,8 @@ class RedisStore(StoreBase):
         self._apply_script = client.register_script(lua.APPLY)
         self._apply_each_script = client.register_script(lua.APPLY_EACH)
         self._active_jobs_script = client.register_script(lua.ACTIVE_JOBS)
+        self._list_jobs_script = client.register_script(lua.LIST_JOBS)
+        self._sweep_script = client.register_script(lua.SWEEP)
         self._nodes_script = client.register_script(lua.NODES)
         self._workloads_script = client.register_script(lua.WORKLOADS)
         # decoded records memoised by their exact stored JSON (a round re-reads mostly unchanged records)
@@ -89,7 +92,8 @@ class RedisStore(StoreBase):
             "epoch": tx.epoch,
             "claim_request": list(tx.claim_request) if tx.claim_request is not None else None,
             "jobs": [{"job_id": w.job_id, "expected_version": w.expected_version, "new_version": w.new_version,
-                      "state": w.state, "data_arg": arg(w.data), "index_score": w.index_score, "index_seq": w.index_seq}
+                      "state": w.state, "data_arg": arg(w.data), "index_score": w.index_score, "index_seq": w.index_seq,
+                      "tenant": w.tenant, "request_id": w.request_id, "time_s": repr(float(w.time_s))}
                      for w in tx.jobs],
             "gpus": [{"node_id": d.node_id, "gpu_index": d.gpu_index, "share_units": d.share_units, "mem_mib": d.mem_mib}
                      for d in tx.gpus],
@@ -141,10 +145,23 @@ class RedisStore(StoreBase):
         return await self._r.hget(self._k.requests, request_id)
 
     @_unavailable_on_connection_error
-    async def _index_page(self, before_score: int | None, count: int) -> list[tuple[str, int]]:
-        top = f"({before_score}" if before_score is not None else "+inf"
-        rows = await self._r.zrevrangebyscore(self._k.job_index, top, "-inf", start=0, num=count, withscores=True)
-        return [(job_id, int(score)) for job_id, score in rows]
+    async def _list_page(self, states: tuple[str, ...], tenant: str, before: int | None,
+                         want: int) -> tuple[list[tuple[int, str]], int | None, bool] | None:
+        """One script call (``lua.LIST_JOBS``): the matching index entries and their records in one step."""
+        result = await self._list_jobs_script(args=[self._k.prefix, "" if before is None else str(before), str(want),
+                                                    tenant, *states])
+        if result[0] == "unindexed":
+            return None
+        _, cursor, more, flat = result
+        rows = [(int(seq), data) for seq, data in zip(flat[::2], flat[1::2], strict=True)]
+        return rows, (int(cursor) if cursor else None), bool(more)
+
+    @_unavailable_on_connection_error
+    async def _sweep(self, cutoff_s: float, keep: int, limit: int) -> SweepResult:
+        """One script call (``lua.SWEEP``): at most ``limit`` jobs deleted (or backfilled) in one atomic step."""
+        deleted, indexed, more = await self._sweep_script(args=[self._k.prefix, repr(float(cutoff_s)), str(int(keep)),
+                                                                str(int(limit))])
+        return SweepResult(deleted=int(deleted), indexed=int(indexed), more=bool(more))
 
     @_unavailable_on_connection_error
     async def _gpu_usage(self, node_id: str, gpu_indices: Sequence[int]) -> list[tuple[int, int]]:

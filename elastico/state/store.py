@@ -9,6 +9,12 @@ covers both. In Redis ``_apply`` is a single Lua script; in memory it runs under
 
 Compute shares are stored as integers in 1/100 of a percent (``SHARE_UNITS_PER_PCT``) so that
 capacity checks never suffer floating-point drift after thousands of add/remove cycles.
+
+Job indexes and retention: every job write maintains, in the same atomic step, an index by submission
+sequence (all jobs, per tenant), the set of active jobs, per terminal state (and per tenant and terminal
+state) and of terminal jobs by finish time; ``list_jobs`` reads only the entries matching its filter
+(terminal states: their index; non-terminal states: the active set), so its cost follows the page and the
+active set, not the history. Finished jobs are deleted by ``sweep_finished_jobs`` (see there).
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ class JobWrite:
     data: str  # JSON of the new Job
     index_score: int | None = None  # add to the job index with this score (creation only)
     index_seq: bool = False  # add to the job index scored by the next submission sequence number (creation only)
+    tenant: str = ""  # the job's tenant (creation only: indexed by it)
+    request_id: str = ""  # the job's request id (creation only: the retention sweep drops its mapping with it)
+    time_s: float = 0.0  # the job's updated_at_s (entering a terminal state: its finish time, for retention)
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,20 @@ class PreparedUpdates:
         return PreparedUpdates(tuple(it for it in self.items if it[1].job_id in job_ids))
 
 
+@dataclass(frozen=True)
+class SweepResult:
+    """What one ``sweep_finished_jobs`` step did."""
+
+    deleted: int = 0  # finished jobs deleted (record, index entries, request id mapping)
+    indexed: int = 0  # records of a namespace older than the job indexes indexed by the backfill
+    more: bool = False  # the step stopped at its limit: more work is due now
+
+
+DEFAULT_JOB_RETENTION_S = 7 * 86400.0
+DEFAULT_JOB_RETENTION_MAX = 100_000
+SWEEP_LIMIT = 1000  # jobs deleted (or backfilled) per sweep step at most: one bounded Redis script call
+
+
 class DuplicateRequest(Exception):
     """Internal: the transaction's request id already maps to ``job_id``."""
 
@@ -123,8 +146,16 @@ class Store(Protocol):
     async def list_jobs(
         self, states: Sequence[JobState] = (), tenant: str = "", page_size: int = 100, page_token: str = ""
     ) -> tuple[list[Job], str]: ...
-    async def list_active_jobs(self) -> list[Job]:
-        """Every job in a non-terminal state (PENDING, PLACED, RUNNING), in no particular order."""
+    async def list_active_jobs(self, *, memoise: bool = True) -> list[Job]:
+        """Every job in a non-terminal state (PENDING, PLACED, RUNNING), in no particular order.
+
+        ``memoise=False``: for readers other than the scheduling round (GetClusterState), which use the
+        round's decode caches without replacing them."""
+        ...
+    async def sweep_finished_jobs(self, retention_s: float = DEFAULT_JOB_RETENTION_S,
+                                  max_finished: int = DEFAULT_JOB_RETENTION_MAX, *, limit: int = SWEEP_LIMIT,
+                                  now: float | None = None) -> SweepResult:
+        """One bounded step of job retention (see ``StoreBase.sweep_finished_jobs``)."""
         ...
     async def update_job(self, old: Job, new: Job, *, epoch: int | None = None) -> Job: ...
     async def update_jobs(self, changes: Sequence[tuple[Job, Job]], *, epoch: int | None = None) -> list[Job | Conflict]:
@@ -198,8 +229,20 @@ class StoreBase:
     async def _request_owner(self, request_id: str) -> str | None:
         raise NotImplementedError
 
-    async def _index_page(self, before_score: int | None, count: int) -> list[tuple[str, int]]:
-        """Job ids with their index score, newest first, scores strictly below ``before_score``."""
+    async def _list_page(self, states: tuple[str, ...], tenant: str, before: int | None,
+                         want: int) -> tuple[list[tuple[int, str]], int | None, bool] | None:
+        """Up to ``want`` jobs matching (``states`` values, none = any; ``tenant``, "" = any) with a submission
+        sequence below ``before`` (None = from the newest), newest first, as (sequence, JSON); with the
+        sequence of the last candidate checked (the cursor to continue from) and whether more may remain.
+        Cost: the matching index entries checked (terminal states, tenant, all) or the active set (non-terminal
+        states), never the whole history. None: a filter was given but the indexes are not built yet (a
+        namespace older than them, until the backfill of ``_sweep`` completes)."""
+        raise NotImplementedError
+
+    async def _sweep(self, cutoff_s: float, keep: int, limit: int) -> SweepResult:
+        """One retention step (``sweep_finished_jobs``), atomic: backfill ``limit`` records of an unindexed
+        namespace, or delete up to ``limit`` terminal jobs finished before ``cutoff_s`` or beyond the newest
+        ``keep``."""
         raise NotImplementedError
 
     async def _gpu_usage(self, node_id: str, gpu_indices: Sequence[int]) -> list[tuple[int, int]]:
@@ -234,7 +277,8 @@ class StoreBase:
             stored.append(job)
             txs.append(Transaction(
                 claim_request=(job.request_id, job.job_id),
-                jobs=[JobWrite(job.job_id, 0, 1, job.state.value, codec.dumps(job), index_seq=True)],
+                jobs=[JobWrite(job.job_id, 0, 1, job.state.value, codec.dumps(job), index_seq=True,
+                               tenant=job.spec.tenant, request_id=job.request_id, time_s=now)],
                 events=[_event(job)],
             ))
         out: list[tuple[Job, bool]] = []
@@ -261,33 +305,85 @@ class StoreBase:
     async def list_jobs(
         self, states: Sequence[JobState] = (), tenant: str = "", page_size: int = 100, page_token: str = ""
     ) -> tuple[list[Job], str]:
-        """Jobs newest first, filtered; returns (page, next_page_token or "")."""
+        """Jobs newest first (by submission), filtered; returns (page, next_page_token or "").
+
+        Reads only the index entries matching the filter (see ``_list_page``). Paging is stable: the token is
+        the submission sequence of the page's last job and a sequence never changes, so following the tokens
+        returns every job at most once, in order, and every job that matched the filter throughout; a job
+        that changes state between two pages shows up on a later page only if it matches then (and on no
+        later page if its sequence lies above the token). A deleted job (retention) is simply absent.
+        """
+        if page_size < 1:
+            return [], ""
         before = int(page_token) if page_token else None
-        wanted = set(states)
+        wanted = tuple(sorted({s.value for s in states}))
         out: list[Job] = []
-        while len(out) < page_size:
-            batch = await self._index_page(before, max(page_size * 2, 50))
-            if not batch:
+        while True:
+            page = await self._list_page(wanted, tenant, before, page_size - len(out))
+            if page is None:  # first call only: once built, the indexes stay
+                return await self._list_unindexed(set(states), tenant, page_size, before)
+            rows, cursor, more = page
+            out += [self._decoded(data) for _, data in rows]
+            if len(out) >= page_size:
+                return out, (str(rows[-1][0]) if more else "")
+            if not more or cursor is None:
                 return out, ""
-            for job_id, score in batch:
-                before = score
-                data = await self._get_job_data(job_id)
-                if data is None:
-                    continue
-                job = codec.loads(Job, data)
+            before = cursor
+
+    async def _list_unindexed(self, wanted: set[JobState], tenant: str, page_size: int,
+                              before: int | None) -> tuple[list[Job], str]:
+        """``list_jobs`` with a filter before the indexes exist: every job in sequence order, filtered here."""
+        out: list[Job] = []
+        while True:
+            rows, cursor, more = await self._list_page((), "", before, max(page_size * 2, 200))  # type: ignore[misc]
+            for seq, data in rows:
+                job = self._decoded(data)
                 if (not wanted or job.state in wanted) and (not tenant or job.spec.tenant == tenant):
                     out.append(job)
                     if len(out) == page_size:
-                        break
-        more = await self._index_page(before, 1)
-        return out, (str(before) if more else "")
+                        return out, str(seq) if (more or seq != rows[-1][0]) else ""
+            if not more or cursor is None:
+                return out, ""
+            before = cursor
 
-    async def list_active_jobs(self) -> list[Job]:
+    def _decoded(self, data: str) -> Job:
+        """The Job of a stored record, from the round's decode caches when its exact JSON is there (read only)."""
+        return (self.__dict__.get("_decode_cache", {}).get(data) or self._written_jobs().get(data)
+                or codec.loads(Job, data))
+
+    async def sweep_finished_jobs(self, retention_s: float = DEFAULT_JOB_RETENTION_S,
+                                  max_finished: int = DEFAULT_JOB_RETENTION_MAX, *, limit: int = SWEEP_LIMIT,
+                                  now: float | None = None) -> SweepResult:
+        """One bounded step of job retention; the allocator's leader calls it periodically.
+
+        A finished job (SUCCEEDED, FAILED, CANCELLED) is kept for ``retention_s`` after it finished (its
+        ``updated_at_s`` when it entered that state), and at most ``max_finished`` finished jobs are kept
+        (the oldest-finished go first); beyond either, the job is deleted: its record, every index entry and
+        its request-id mapping, so a later SubmitJob with that request id creates a new job. A job in a
+        non-terminal state is never deleted (checked in the same atomic step). One call deletes at most
+        ``limit`` jobs (``more`` says whether it stopped there: call again). A namespace older than the job
+        indexes is first backfilled, ``limit`` records per call, before anything is deleted.
+
+        Events of deleted jobs stay in the (bounded) event stream; deleting does not need the leader's epoch
+        (two sweeps racing delete each job once).
+        """
+        if retention_s < 0 or max_finished < 0 or limit < 1:
+            raise ValueError(f"retention_s={retention_s}, max_finished={max_finished}, limit={limit}: "
+                             "must be >= 0, >= 0 and >= 1")
+        now = time.time() if now is None else now
+        return await self._sweep(now - retention_s, max_finished, limit)
+
+    async def list_active_jobs(self, *, memoise: bool = True) -> list[Job]:
         """Every non-terminal job, read in one round trip; decoding is memoised by the record's exact JSON.
 
         A scheduling round calls this every time: with a thousand queued jobs, re-parsing unchanged records
         would dominate the round, so a record whose stored bytes are unchanged reuses its decoded Job.
+        ``memoise=False`` (GetClusterState, any reader but the round): the caches are used, not replaced, so
+        such reads between two rounds do not cost the next round its memoised decodes.
         """
+        if not memoise:
+            jobs = (self._decoded(data) for data in await self._active_job_data() if data is not None)
+            return [j for j in jobs if not j.state.terminal]
         cache: dict[str, Job] = self.__dict__.get("_decode_cache", {})
         written = self._written_jobs()
         fresh: dict[str, Job] = {}
@@ -370,7 +466,7 @@ class StoreBase:
             placement = replace(placement, job_id=job.job_id, epoch=epoch, committed_at_s=now)
             new = replace(job, state=JobState.PLACED, reason=StateReason.PLACED, message="", placement=placement,
                           version=job.version + 1, updated_at_s=now)
-            tx.jobs.append(JobWrite(job.job_id, job.version, new.version, new.state.value, codec.dumps(new)))
+            tx.jobs.append(JobWrite(job.job_id, job.version, new.version, new.state.value, codec.dumps(new), time_s=now))
             for s in placement.slices:
                 tx.gpus.append(GpuDelta(s.node_id, s.gpu_index, share_units(s.compute_share_pct), s.mem_mib))
             for node_id in sorted({s.node_id for s in placement.slices}):
@@ -442,7 +538,8 @@ class StoreBase:
 
 def _update_tx(old: Job, new: Job, epoch: int | None) -> tuple[Transaction, Job]:
     stored = replace(new, version=old.version + 1, updated_at_s=time.time())
-    tx = Transaction(epoch=epoch, jobs=[JobWrite(old.job_id, old.version, stored.version, stored.state.value, codec.dumps(stored))])
+    tx = Transaction(epoch=epoch, jobs=[JobWrite(old.job_id, old.version, stored.version, stored.state.value, codec.dumps(stored),
+                                                 time_s=stored.updated_at_s)])
     if (old.state, old.reason) != (stored.state, stored.reason):
         tx.events.append(_event(stored))
     return tx, stored
@@ -454,7 +551,8 @@ def _release_tx(epoch: int | None, job: Job, state: JobState, reason: StateReaso
     new = replace(job, state=state, reason=reason, message=message, placement=None,
                   restarts=job.restarts + (1 if requeued else 0), version=job.version + 1, updated_at_s=now,
                   queued_at_s=now if state is JobState.PENDING else job.queued_at_s)
-    tx = Transaction(epoch=epoch, jobs=[JobWrite(job.job_id, job.version, new.version, state.value, codec.dumps(new))])
+    tx = Transaction(epoch=epoch, jobs=[JobWrite(job.job_id, job.version, new.version, state.value, codec.dumps(new),
+                                                 time_s=now)])
     if job.placement is not None:
         for s in job.placement.slices:
             tx.gpus.append(GpuDelta(s.node_id, s.gpu_index, -share_units(s.compute_share_pct), -s.mem_mib))

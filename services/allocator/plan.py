@@ -35,10 +35,16 @@ from elastico.domain import (
     placement_id,
 )
 from elastico.state.store import FULL_GPU_SHARE_UNITS, share_units
-from services.allocator.policy import INFERENCE, TRAINING, ClusterView, Decision, JobTable, TypeTable
+from services.allocator.policy import INFERENCE, TRAINING, ClusterView, Decision, TypeTable
 from services.allocator.policy.inference import slo_margin
 from services.allocator.policy.placement import TenantState, pick_gang, sub_gang
-from services.allocator.policy.shapes import SHARES_PCT, share_speed
+from services.allocator.policy.shapes import (
+    SHARES_PCT,
+    DeclaredJobTable,
+    declared_matches,
+    declared_util_cap,
+    share_speed,
+)
 from services.allocator.policy.view import Topology, occupy, vacate
 
 # --------------------------------------------------------------------------------------------------
@@ -220,6 +226,8 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
         if kind[r] == INFERENCE:
             load[r] = inference_load(j.spec, iso[r])
             solo[r] = load[r]
+        elif j.spec.shapes:  # MPS caps a declaring job at its shares: its speed is read relative to its best one
+            solo[r] = min(solo[r], declared_util_cap(j.spec.shapes))
     share = np.zeros(N)
     gpus: list = [None] * N
     gpu_job = np.full((G, K), -1, np.int64)
@@ -254,13 +262,16 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
         share[r] = p.slices[0].compute_share_pct if p.slices else 0.0
         gpus[r] = np.array(mine, np.int64)
     running = np.array([r for r in range(len(placed)) if gpus[r] is not None and len(gpus[r])], np.int64)
-    table = JobTable(kind=kind, type_idx=type_idx, num_gpus=num_gpus,
+    # the jobs' declared shapes travel with the view: every policy plans a declaring job with them only
+    declared = tuple(tuple(j.spec.shapes) for j in rows)
+    table = DeclaredJobTable(kind=kind, type_idx=type_idx, num_gpus=num_gpus,
                      arrival_s=np.array([j.submitted_at_s * ts for j in rows], float),
                      priority=np.array([priority_weight(j.spec.priority) for j in rows], float),
                      attained_gpu_s=attained, share_pct=share, solo_util=solo, load_forecast=load, gpus=gpus,
                      restarts=np.array([j.restarts for j in rows], np.int64), queued_since_s=queued_since,
                      remaining_est_s=remaining, last_change_s=last_change,
-                     observed_norm=_observed_norm(rows, gpus, gpu_job, observed or {}))
+                     observed_norm=_observed_norm(rows, gpus, gpu_job, observed or {}),
+                     declared=declared, any_declared=any(declared))
     # pending jobs pinned to nodes (allowed_nodes) stay rows of the table but are not the policy's to place: the
     # policies choose among all GPUs, so :func:`place_restricted` places these after the policy has decided
     restricted = [r for r in range(len(placed), N) if rows[r].spec.allowed_nodes]
@@ -363,27 +374,48 @@ class Plan:
 
 
 def make_placement(job: Job, slices_on: Sequence[tuple[str, int, int, str]], share_pct: float, iso_rate: float,
-                   solo_util: float = 1.0) -> Placement:
+                   solo_util: float = 1.0, shape_index: int | None = None) -> Placement | None:
     """A placement of ``job`` with ``share_pct`` on ``slices_on`` = [(node id, GPU index, GPU MiB, GPU type)].
 
-    Memory per GPU is the share of the GPU's memory (``share x memory``, as the policy's shapes define it),
-    or the job's own explicit shape's limit at that share when it gave one. The shape's throughput is the
-    policy's model of isolated speed under that share (``share_speed``), which the node agent measures against.
+    A job that declares shapes (``JobSpec.shapes``) runs in one of them exactly: the declared shape
+    ``shape_index`` (default: the first declared on ``len(slices_on)`` GPUs with ``share_pct``), whose share
+    and memory every slice gets and whose index the placement names (an index into the *declared* list).
+    None when it declares no such shape (the decision must not be applied), or when ``shape_index`` is not
+    one. Memory is the declared MiB exactly, never more: it is the pinned limit the node agent sets
+    (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``) and what the GPU's committed memory counts, so a declared shape
+    leaves the other tenants exactly the room it says it does.
+
+    A job without declared shapes runs in the policy's own shape: memory per GPU is the share of the GPU's
+    memory (``share x memory``, as the policy's shapes define it) and the shape's throughput is the policy's
+    model of isolated speed under that share (``share_speed``), which the node agent measures against.
     """
     n = len(slices_on)
-    explicit = [i for i, s in enumerate(job.spec.shapes) if s.num_gpus == n and abs(s.compute_share_pct - share_pct) < 1e-9]
-    if explicit:
-        idx = explicit[0]
+    if job.spec.shapes:
+        fit = declared_matches(job.spec.shapes, n, share_pct)
+        idx = fit[0] if shape_index is None and fit else shape_index
+        if idx is None or idx not in fit:
+            return None
         shape = job.spec.shapes[idx]
-        mem = [shape.mem_mib] * n
-    else:
-        idx = SHARES_PCT.index(int(share_pct)) if share_pct in SHARES_PCT else 0
-        mem = [int(m * share_pct // 100) for _, _, m, _ in slices_on]
-        speed = float(share_speed(share_pct, max(solo_util, 1e-6))) if math.isfinite(iso_rate) else 0.0
-        shape = Shape(num_gpus=n, compute_share_pct=float(share_pct), mem_mib=min(mem), batch_size=job.spec.batch_size,
-                      gpu_type=slices_on[0][3] if slices_on else "", throughput=iso_rate * speed if iso_rate > 0 else 0.0)
+        slices = tuple(GpuSlice(node, gpu, float(shape.compute_share_pct), int(shape.mem_mib)) for node, gpu, _, _ in slices_on)
+        return Placement(job_id=job.job_id, shape_index=idx, shape=shape, slices=slices)
+    idx = SHARES_PCT.index(int(share_pct)) if share_pct in SHARES_PCT else 0
+    mem = [int(m * share_pct // 100) for _, _, m, _ in slices_on]
+    speed = float(share_speed(share_pct, max(solo_util, 1e-6))) if math.isfinite(iso_rate) else 0.0
+    shape = Shape(num_gpus=n, compute_share_pct=float(share_pct), mem_mib=min(mem), batch_size=job.spec.batch_size,
+                  gpu_type=slices_on[0][3] if slices_on else "", throughput=iso_rate * speed if iso_rate > 0 else 0.0)
     slices = tuple(GpuSlice(node, gpu, float(share_pct), int(m)) for (node, gpu, _, _), m in zip(slices_on, mem, strict=True))
     return Placement(job_id=job.job_id, shape_index=idx, shape=shape, slices=slices)
+
+
+def _candidates(job: Job, slices_on: Sequence[tuple[str, int, int, str]], share_pct: float, iso_rate: float,
+                solo_util: float) -> list[Placement]:
+    """The placements ``job`` may get for one decision, preferred first: its declared shapes on these GPUs with
+    this share, in declared order (several may differ in memory only), or the policy's own shape; ``[]`` when
+    it declares shapes and none of them is this one."""
+    if not job.spec.shapes:
+        return [make_placement(job, slices_on, share_pct, iso_rate, solo_util)]
+    return [make_placement(job, slices_on, share_pct, iso_rate, solo_util, i)
+            for i in declared_matches(job.spec.shapes, len(slices_on), share_pct)]
 
 
 def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
@@ -401,11 +433,18 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
     GPUs that keep the topology: each has room for its share), so it is not held back by a size it never
     asked for. A gang that breaks the topology (a gang that fits one node spread over several) is dropped
     the same way.
+
+    A job that declares shapes gets exactly one of them (:func:`make_placement`): a placement or resize of
+    it that is none of its declared (GPU count, share) pairs is dropped (a placement together with the
+    preemption that would have relaunched it). The policies plan compute share and tenant slots, not memory:
+    a declared shape whose memory does not fit the GPUs the policy chose goes to GPUs that are empty (nothing
+    committed there, no placement of this decision aimed at them) where it fits, if there are any, else it
+    waits -- it is never shrunk to what is left.
     """
     plan = Plan()
     running = set(int(r) for r in view.running)
     topo = view.topo
-    place, bad, split = [], set(), set()
+    place, bad, split, undeclared = [], set(), set(), set()
     for r, g, sh in decision.place:
         g = np.atleast_1d(g)
         allowed = allowed_gang_sizes(index.jobs[int(r)].spec)
@@ -418,6 +457,10 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
                 bad.add(int(r))
                 continue
             g = sub
+        spec = index.jobs[int(r)].spec
+        if spec.shapes and not declared_matches(spec.shapes, len(g), float(sh)):
+            undeclared.add(int(r))
+            continue
         if not topo.gang_ok(g):
             split.add(int(r))
             continue
@@ -426,7 +469,9 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
         plan.dropped.extend((index.jobs[r].job_id, "gang size not among the job's shapes") for r in sorted(bad))
     if split:
         plan.dropped.extend((index.jobs[r].job_id, "gang breaks the node topology") for r in sorted(split))
-    bad |= split
+    if undeclared:
+        plan.dropped.extend((index.jobs[r].job_id, "shape not among the job's declared shapes") for r in sorted(undeclared))
+    bad |= split | undeclared
     decision = Decision(preempt=[r for r in decision.preempt if int(r) not in bad], resize=decision.resize,
                         place=place, info=decision.info)
     free = {k: list(v) for k, v in index.free.items()}
@@ -460,18 +505,25 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
         job = index.jobs[r]
         if r not in running or r in gone or job.placement is None or abs(job.placement.slices[0].compute_share_pct - sh) < 1e-9:
             continue
+        options = _candidates(job, [(s.node_id, s.gpu_index, _mem_of(index, s.node_id, s.gpu_index, s.mem_mib, s.compute_share_pct), _type_of(index, s.node_id, s.gpu_index))
+                                    for s in job.placement.slices], sh, float(index.iso_rate[r]), float(view.jobs.solo_util[r]))
+        if not options:
+            plan.dropped.append((job.job_id, f"resize to {sh}% is not among the job's declared shapes"))
+            continue
         gone.add(r)
         release(job)
-        p = make_placement(job, [(s.node_id, s.gpu_index, _mem_of(index, s.node_id, s.gpu_index, s.mem_mib, s.compute_share_pct), _type_of(index, s.node_id, s.gpu_index))
-                                 for s in job.placement.slices], sh, float(index.iso_rate[r]),
-                           float(view.jobs.solo_util[r]))
-        if fits(p):
+        p = next((o for o in options if fits(o)), None)
+        if p is not None:
             take(p)
             plan.resize.append((job, p))
         else:
             plan.dropped.append((job.job_id, f"resize to {sh}% does not fit"))
             gone.discard(r)
+            for sl in job.placement.slices:  # it keeps its slices
+                free[(sl.node_id, sl.gpu_index)][0] -= share_units(sl.compute_share_pct)
+                free[(sl.node_id, sl.gpu_index)][1] -= sl.mem_mib
     pending = set(int(r) for r in view.pending) | set(index.restricted)
+    planned = {int(g) for _, g_rows, _ in decision.place for g in np.atleast_1d(g_rows)}  # GPUs the decision aims at
     taken: set[int] = set()
     for r, g_rows, sh in decision.place:
         r = int(r)
@@ -480,10 +532,17 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
             plan.dropped.append((job.job_id, "placed while not pending, or twice in one round"))
             continue
         g_rows = [int(g) for g in np.atleast_1d(g_rows)]
-        p = make_placement(job, [(*index.gpus[g], int(index.gpu_mem_mib[g]), index.gpu_type[g]) for g in g_rows], float(sh),
-                           float(index.iso_rate[r]), float(view.jobs.solo_util[r]))
-        if len(set(g_rows)) != len(g_rows) or not fits(p):
-            plan.dropped.append((job.job_id, f"{len(g_rows)} x {sh}% does not fit committed capacity"))
+
+        def on(rows: Sequence[int]) -> list[Placement]:
+            return _candidates(job, [(*index.gpus[g], int(index.gpu_mem_mib[g]), index.gpu_type[g]) for g in rows], float(sh),
+                               float(index.iso_rate[r]), float(view.jobs.solo_util[r]))
+
+        p = next((o for o in on(g_rows) if fits(o)), None) if len(set(g_rows)) == len(g_rows) else None
+        if p is None and job.spec.shapes:  # e.g. its declared memory does not fit there: empty GPUs where it does
+            g_rows = _empty_gpus_for(job, len(g_rows), float(sh), view, index, free, planned)
+            p = next((o for o in on(g_rows) if fits(o)), None) if g_rows else None
+        if p is None:
+            plan.dropped.append((job.job_id, f"{len(np.atleast_1d(g_rows))} x {sh}% does not fit committed capacity"))
             continue
         take(p)
         taken.add(r)
@@ -493,6 +552,21 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
         else:
             plan.place.append((job, p))
     return plan
+
+
+def _empty_gpus_for(job: Job, n: int, share_pct: float, view: ClusterView, index: ViewIndex,
+                    free: Mapping[tuple[str, int], list[int]], planned: set[int]) -> list[int]:
+    """GPU rows for ``job``'s declared shape on ``n`` GPUs at ``share_pct`` among GPUs that are empty -- no tenant
+    committed or in the view, none of the decision's placements aimed at them -- and have its memory (the
+    first node with room, lowest GPUs first, keeping the topology); ``[]`` when there are not enough."""
+    need = min((s.mem_mib for s in job.spec.shapes if s.num_gpus == n and abs(s.compute_share_pct - share_pct) < 1e-6),
+               default=None)
+    if need is None:
+        return []
+    ok = np.array([g not in planned and bool((view.gpu_job[g] < 0).all()) and int(index.gpu_mem_mib[g]) >= need
+                   and free.get(k) == [FULL_GPU_SHARE_UNITS, int(index.gpu_mem_mib[g])] for g, k in enumerate(index.gpus)], bool)
+    g = pick_gang(np.zeros(len(ok)), ok, n, view.topo) if len(ok) else None
+    return [] if g is None else [int(x) for x in g]
 
 
 def _mem_of(index: ViewIndex, node: str, gpu: int, slice_mem: int, share_pct: float) -> int:

@@ -70,6 +70,7 @@ _QUEUE_NOTES = (StateReason.UNSCHEDULABLE_NOW, StateReason.NEVER_SCHEDULABLE)
 UNSCHEDULABLE_NOW_MESSAGE = "no capacity for it in the last round; retried every round"
 
 
+SWEEP_PAUSE_S = 0.2  # between two job-retention steps while a backlog drains (each step one bounded Redis call)
 GC_THRESHOLDS = (20_000, 20, 20)  # gen0 allocations, gen1 and gen2 collection multipliers
 
 
@@ -156,6 +157,8 @@ class Scheduler:
         self._tasks = [asyncio.create_task(self.run(), name="rounds"),
                        asyncio.create_task(self._watch_events(), name="watch-events"),
                        asyncio.create_task(self._watch_reports(), name="watch-reports")]
+        if self.s.job_retention_sweep_s > 0:
+            self._tasks.append(asyncio.create_task(self._sweep_finished(), name="job-retention"))
 
     async def stop(self) -> None:
         tasks = [*self._tasks, *self._bg]
@@ -233,6 +236,24 @@ class Scheduler:
             if sig != self._report_sig:
                 self._report_sig = sig
                 self.wake("reports")
+
+    async def _sweep_finished(self) -> None:
+        """While leading, every ``job_retention_sweep_s``: delete finished jobs past their retention
+        (``Store.sweep_finished_jobs``: ``job_retention_s``, ``job_retention_max``). Each step is one bounded
+        store call; while a step says more is due (a backlog), the next follows after a short pause."""
+        while True:
+            await asyncio.sleep(self.s.job_retention_sweep_s)
+            while self.lease.epoch is not None:
+                try:
+                    res = await self.store.sweep_finished_jobs(self.s.job_retention_s, self.s.job_retention_max)
+                except Exception as exc:  # noqa: BLE001 - Unavailable, a refused command: retried next period
+                    log.warning("job retention sweep failed", error=str(exc))
+                    break
+                if res.deleted or res.indexed:
+                    log.info("job retention sweep", deleted=res.deleted, indexed=res.indexed, more=res.more)
+                if not res.more:
+                    break
+                await asyncio.sleep(SWEEP_PAUSE_S)
 
     # --- estimate and policy ------------------------------------------------------------------------------
     async def _estimate(self) -> tuple[np.ndarray | None, str]:

@@ -204,23 +204,19 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         nodes = await self._store.list_nodes()
         holder, epoch = await self._store.current_leader()
         usage: dict[str, apb.TenantUsage] = defaultdict(apb.TenantUsage)
-        token = ""
-        while True:
-            jobs, token = await self._store.list_jobs(states=[JobState.PENDING, JobState.PLACED, JobState.RUNNING],
-                                                      page_size=MAX_PAGE_SIZE, page_token=token)
-            for j in jobs:
-                if tenant is not None and j.spec.tenant != tenant:
-                    continue  # a tenant sees its own usage only
-                u = usage[j.spec.tenant]
-                u.tenant = j.spec.tenant
-                if j.state is JobState.PENDING:
-                    u.pending_jobs += 1
-                else:
-                    u.running_jobs += 1
-                    if j.placement is not None:
-                        u.allocated_gpus += sum(s.compute_share_pct for s in j.placement.slices) / 100.0
-            if not token:
-                break
+        # the active set only (one read, O(active jobs), however many finished jobs are kept); memoise=False:
+        # the round's decode caches are used, not replaced
+        for j in await self._store.list_active_jobs(memoise=False):
+            if tenant is not None and j.spec.tenant != tenant:
+                continue  # a tenant sees its own usage only
+            u = usage[j.spec.tenant]
+            u.tenant = j.spec.tenant
+            if j.state is JobState.PENDING:
+                u.pending_jobs += 1
+            else:
+                u.running_jobs += 1
+                if j.placement is not None:
+                    u.allocated_gpus += sum(s.compute_share_pct for s in j.placement.slices) / 100.0
         status = json.loads(await self._store.get_status("allocator") or "{}")
         degraded: list[str] = []
         if not holder:

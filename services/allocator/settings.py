@@ -61,6 +61,10 @@ class AllocatorSettings(Settings):
     # the Allocator API's bearer tokens (hashed; python -m elastico.auth): required unless ELASTICO_INSECURE=1
     auth_tokens_file: str = ""
     decide_worker: str = "process"  # where policy.decide runs: "process" (own core, loop keeps serving) or "thread"
+    # --- finished-job retention: the leader's sweep (Store.sweep_finished_jobs) -------------------------------
+    job_retention_s: float = 7 * 86400.0  # a finished job (succeeded/failed/cancelled) is deleted this long after, s
+    job_retention_max: int = 100_000  # finished jobs kept at most; beyond, the oldest-finished are deleted first
+    job_retention_sweep_s: float = 60.0  # how often the leader sweeps, s; 0 = never (finished jobs kept forever)
 
     def validate(self) -> None:
         super().validate()

@@ -203,6 +203,8 @@ class JobProfile:
         if not isinstance(self.gpu_type, str) or not self.gpu_type.strip():
             raise ValueError("gpu_type: must be a non-empty string")
         object.__setattr__(self, "model_family", canonical_family(self.model_family))
+        if not self.model_family:  # e.g. "---" or "\x00": nothing to look up or learn from
+            raise ValueError("model_family: must contain a letter or digit")
         object.__setattr__(self, "gpu_type", canonical_gpu(self.gpu_type))
         object.__setattr__(self, "precision", canonical_precision(self.precision))
         if not isinstance(self.env, str):

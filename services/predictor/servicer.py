@@ -15,14 +15,16 @@ from pathlib import Path
 
 import grpc
 
+from elastico import limits as L
 from elastico.errors import InvalidSpec, PermissionDenied
+from elastico.limits import clip, too_long
 from elastico.rpc.security import current_caller
 from elastico.logging import get_logger
 from elastico.v1 import predictor_pb2 as prpb
 from elastico.v1 import predictor_pb2_grpc
 from elastico.v1 import types_pb2 as pb
 from services.predictor import observations as obslog
-from services.predictor.features import JobProfile, Observation
+from services.predictor.features import JobProfile, Observation, canonical_gpu
 from services.predictor.model import ArtifactError, InterferenceModel, train_model
 from services.predictor.settings import PredictorSettings
 from services.predictor.train import training_rows
@@ -32,15 +34,24 @@ log = get_logger(component="predictor")
 #: JobProfile field -> request field it came from (to name the right field in INVALID_ARGUMENT).
 _PROFILE_FIELD = {"gpu_util_pct": "counters.sm_util_pct", "mem_bw_util_pct": "counters.mem_bw_util_pct",
                   "mem_used_mib": "counters.mem_used_mib", "tensor_util_pct": "counters.tensor_util_pct"}
-MAX_OBSERVATIONS_PER_CALL = 10_000
+MAX_OBSERVATIONS_PER_CALL = L.OBSERVATIONS_PER_CALL_MAX
+#: TaskProfile string fields -> longest accepted (``elastico.limits``); checked before any canonicalisation.
+_PROFILE_MAX_CHARS = {"job_id": L.JOB_ID_MAX_CHARS, "model_family": L.MODEL_FAMILY_MAX_CHARS,
+                      "gpu_type": L.GPU_TYPE_MAX_CHARS, "precision": L.PRECISION_MAX_CHARS}
 
 
 def profile_from_pb(m: prpb.TaskProfile, path: str) -> JobProfile:
     """Convert a TaskProfile to a JobProfile; raises InvalidSpec naming ``path.field``."""
+    for name, limit in _PROFILE_MAX_CHARS.items():
+        n = len(getattr(m, name))
+        if n > limit:
+            raise InvalidSpec(f"{path}.{name}", too_long(n, limit))
     if not m.model_family.strip():
         raise InvalidSpec(f"{path}.model_family", "must not be empty")
     if not m.gpu_type.strip():
         raise InvalidSpec(f"{path}.gpu_type", "must not be empty")
+    if not canonical_gpu(m.gpu_type):  # "---", "NVIDIA": nothing left of it once canonicalised
+        raise InvalidSpec(f"{path}.gpu_type", "must name a GPU type (letters or digits beyond a vendor prefix)")
     share = m.mps_share_pct
     if math.isnan(share) or share < 0 or share > 100:
         raise InvalidSpec(f"{path}.mps_share_pct", f"must be in (0, 100] (0 = unset = 100), got {share!r}")
@@ -66,8 +77,31 @@ def pair_from_pb(q: prpb.PairQuery | prpb.Observation, path: str) -> tuple[JobPr
     a = profile_from_pb(q.a, f"{path}.a")
     b = profile_from_pb(q.b, f"{path}.b")
     if a.gpu_type != b.gpu_type:
-        raise InvalidSpec(f"{path}.b.gpu_type", f"tenants of one GPU must share its type ({a.gpu_type} vs {b.gpu_type})")
+        raise InvalidSpec(f"{path}.b.gpu_type", f"tenants of one GPU must share its type ({clip(a.gpu_type)} vs {clip(b.gpu_type)})")
     return a, b
+
+
+def _predict(model: InterferenceModel, request: prpb.PredictInterferenceRequest):
+    """Convert every pair (InvalidSpec naming the first bad one) and predict them with ``model``."""
+    return model.predict([pair_from_pb(q, f"pairs[{i}]") for i, q in enumerate(request.pairs)])
+
+
+def _observation_entries(request: prpb.ReportObservationRequest, peer, now: float) -> list:
+    """Validate every observation (all or none are logged) and encode it for the observation log."""
+    entries = []
+    for i, o in enumerate(request.observations):
+        if len(o.node_id) > L.NODE_ID_MAX_CHARS:
+            raise InvalidSpec(f"observations[{i}].node_id", too_long(len(o.node_id), L.NODE_ID_MAX_CHARS))
+        if peer is not None and peer.role == "node" and o.node_id != peer.node_id:
+            raise PermissionDenied(f"agent {peer.name!r} reports for its own node only", f"observations[{i}].node_id")
+        a, b = pair_from_pb(o, f"observations[{i}]")
+        for name in ("norm_tput_a", "norm_tput_b"):
+            v = getattr(o, name)
+            if not (math.isfinite(v) and 0.0 <= v <= 1.5):
+                raise InvalidSpec(f"observations[{i}].{name}", f"must be in [0, 1.5], got {v!r}")
+        obs = Observation(a, b, o.norm_tput_a, o.norm_tput_b, source="observation")
+        entries.append(obslog.encode(obs, o.node_id, o.time_unix_s or now))
+    return entries
 
 
 def load_or_train(settings: PredictorSettings) -> InterferenceModel:
@@ -102,9 +136,9 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
             raise InvalidSpec("pairs", "at least one pair is required")
         if n > self._settings.max_batch_pairs:
             raise InvalidSpec("pairs", f"at most {self._settings.max_batch_pairs} pairs per call, got {n}")
-        pairs = [pair_from_pb(q, f"pairs[{i}]") for i, q in enumerate(request.pairs)]
         model = self.model  # one model for the whole answer, even if a refresh swaps it meanwhile
-        pred = await asyncio.to_thread(model.predict, pairs)
+        # conversion (~50 us per pair: 0.5 s at 10,000) and prediction are CPU-bound: both off the event loop
+        pred = await asyncio.to_thread(_predict, model, request)
         return prpb.PredictInterferenceResponse(
             predictions=[prpb.PairPrediction(norm_tput_a=float(a), norm_tput_b=float(b), low_confidence=bool(low))
                          for (a, b), low in zip(pred.norm_tput.tolist(), pred.low_confidence.tolist(), strict=True)],
@@ -117,19 +151,7 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
             raise InvalidSpec("observations", "at least one observation is required")
         if n > MAX_OBSERVATIONS_PER_CALL:
             raise InvalidSpec("observations", f"at most {MAX_OBSERVATIONS_PER_CALL} per call, got {n}")
-        entries = []
-        now = time.time()
-        peer = current_caller().peer
-        for i, o in enumerate(request.observations):
-            if peer is not None and peer.role == "node" and o.node_id != peer.node_id:
-                raise PermissionDenied(f"agent {peer.name!r} reports for its own node only", f"observations[{i}].node_id")
-            a, b = pair_from_pb(o, f"observations[{i}]")
-            for name in ("norm_tput_a", "norm_tput_b"):
-                v = getattr(o, name)
-                if not (math.isfinite(v) and 0.0 <= v <= 1.5):
-                    raise InvalidSpec(f"observations[{i}].{name}", f"must be in [0, 1.5], got {v!r}")
-            obs = Observation(a, b, o.norm_tput_a, o.norm_tput_b, source="observation")
-            entries.append(obslog.encode(obs, o.node_id, o.time_unix_s or now))
+        entries = await asyncio.to_thread(_observation_entries, request, current_caller().peer, time.time())
         await self._log.append(entries)
         return prpb.ReportObservationResponse(accepted=len(entries))
 

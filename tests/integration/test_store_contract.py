@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -363,3 +364,179 @@ async def test_prepared_updates_apply_like_update_jobs_and_check_versions_when_a
     assert isinstance(r2, Conflict) and await store.get_job(j2.job_id) == moved
     assert (await store.get_job(j3.job_id)).version == 1  # left out: not written
     assert await store.apply_updates(prepared.only(set())) == []
+
+
+# --- job indexes (list by state, by tenant, paging) and retention -------------------------------------------------
+
+def _with(job, **kw):
+    return job.__class__(**{**job.__dict__, **kw})
+
+
+async def _jobs_in_every_state(store):
+    """Per tenant (team-a, team-b), one job in each state; returns {(tenant, state): job_id} and the epoch."""
+    from tests.conftest import make_spec
+
+    await store.put_node(make_node(gpus=1, mem_mib=100_000))
+    epoch = await store.acquire_leadership("a", 5)
+    where: dict[tuple[str, JobState], str] = {}
+    for tenant in ("team-a", "team-b"):
+        jobs = {s: (await store.create_job(make_job(spec=make_spec(tenant=tenant))))[0] for s in JobState}
+        placed = {s: p for s, p in zip(
+            (JobState.PLACED, JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED),
+            await store.commit_placements(epoch, [(jobs[s], placement_on("node-1", 0, 1.0, 10)) for s in
+                                                  (JobState.PLACED, JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED)]),
+            strict=True)}
+        await store.update_job(placed[JobState.RUNNING], _with(placed[JobState.RUNNING], state=JobState.RUNNING,
+                                                               reason=StateReason.STARTED))
+        await store.release_job(epoch, placed[JobState.SUCCEEDED], JobState.SUCCEEDED, StateReason.COMPLETED)
+        await store.release_job(epoch, placed[JobState.FAILED], JobState.FAILED, StateReason.OWN_FAILURE)
+        await store.update_job(jobs[JobState.CANCELLED], _with(jobs[JobState.CANCELLED], state=JobState.CANCELLED,
+                                                               reason=StateReason.CANCELLED_BY_CLIENT))
+        where.update({(tenant, s): j.job_id for s, j in jobs.items()})
+    return where, epoch
+
+
+async def _all_pages(store, page_size, **kw):
+    out, token = [], ""
+    while True:
+        page, token = await store.list_jobs(page_size=page_size, page_token=token, **kw)
+        out += page
+        if not token:
+            return out
+
+
+async def test_list_jobs_by_state_and_tenant_reads_the_matching_jobs_newest_first(store):
+    where, _ = await _jobs_in_every_state(store)
+    order = list(where.values())  # creation order
+    newest_first = lambda ids: sorted(ids, key=order.index, reverse=True)  # noqa: E731
+    for state in JobState:
+        for tenant in ("", "team-a", "team-b"):
+            expect = newest_first(j for (t, s), j in where.items() if s is state and tenant in ("", t))
+            got = await _all_pages(store, 1, states=[state], tenant=tenant)
+            assert [j.job_id for j in got] == expect, (state, tenant)
+            assert all(j.state is state for j in got)
+    mixed = [JobState.PENDING, JobState.SUCCEEDED, JobState.RUNNING]
+    for page_size in (1, 2, 100):
+        got = await _all_pages(store, page_size, states=mixed, tenant="team-b")
+        assert [j.job_id for j in got] == newest_first(j for (t, s), j in where.items() if s in mixed and t == "team-b")
+    assert [j.job_id for j in await _all_pages(store, 3, tenant="team-a")] == newest_first(
+        j for (t, _), j in where.items() if t == "team-a")
+    assert [j.job_id for j in await _all_pages(store, 5)] == newest_first(order)
+    assert await store.list_jobs(tenant="nobody") == ([], "")
+    assert await store.list_jobs(states=[JobState.FAILED], tenant="nobody") == ([], "")
+    page, token = await store.list_jobs(states=[JobState.SUCCEEDED, JobState.FAILED], page_size=2)
+    assert len(page) == 2 and token  # exactly the page, and more follow
+    rest, last = await store.list_jobs(states=[JobState.SUCCEEDED, JobState.FAILED], page_size=2, page_token=token)
+    assert len(rest) == 2 and last == ""  # 4 in all: the last page says so
+
+
+async def test_paging_is_stable_while_jobs_change_state(store):
+    """Tokens follow the submission sequence: no job twice, order kept, every job that matched throughout listed."""
+    await store.put_node(make_node(gpus=1, mem_mib=100_000))
+    epoch = await store.acquire_leadership("a", 5)
+    jobs = [(await store.create_job(make_job()))[0] for _ in range(30)]
+    ids = [j.job_id for j in jobs]
+    current = {j.job_id: j for j in jobs}
+
+    async def finish(job_id):
+        current[job_id] = await store.update_job(current[job_id], _with(current[job_id], state=JobState.CANCELLED,
+                                                                        reason=StateReason.CANCELLED_BY_CLIENT))
+
+    async def place(job_id):
+        (current[job_id],) = await store.commit_placements(epoch, [(current[job_id], placement_on("node-1", 0, 1.0, 10))])
+
+    # pending jobs, 4 a page; between pages jobs move: ones already listed, ones not listed yet
+    seen, moved_out, token, step = [], set(), "", 0
+    while True:
+        page, token = await store.list_jobs(states=[JobState.PENDING], page_size=4, page_token=token)
+        seen += [j.job_id for j in page]
+        if not token:
+            break
+        ahead = ids.index(seen[-1]) - 1 - step % 3  # one job listed already, one still ahead (older)
+        await (finish if step % 2 else place)(seen[-1])
+        if ahead >= 0:
+            await (finish if step % 2 else place)(ids[ahead])
+            moved_out.add(ids[ahead])
+        step += 1
+    assert len(seen) == len(set(seen)) and seen == sorted(seen, key=ids.index, reverse=True)
+    assert not moved_out & set(seen)  # left PENDING before their page: not listed
+    assert set(ids) - moved_out <= set(seen)  # every job pending until its page was listed
+
+    # no filter: every job exactly once while states keep changing
+    seen, token, flip = [], "", 0
+    while True:
+        page, token = await store.list_jobs(page_size=7, page_token=token)
+        seen += [j.job_id for j in page]
+        if not token:
+            break
+        for job_id in ids[flip:flip + 3]:
+            if current[job_id].state is JobState.PENDING:
+                await finish(job_id)
+        flip += 3
+    assert seen == ids[::-1]
+
+
+async def test_sweep_deletes_old_and_excess_finished_jobs_never_active_ones(store):
+    where, epoch = await _jobs_in_every_state(store)
+    active = {j for (_, s), j in where.items() if not s.terminal}
+    finished = {j for (_, s), j in where.items() if s.terminal}
+    requests = {j: (await store.get_job(j)).request_id for j in where.values()}
+    # nothing is due: young and few
+    assert (await store.sweep_finished_jobs(3600, 100)).deleted == 0
+    # at most 4 finished kept: the 2 oldest-finished go (team-a's succeeded and failed finished first)
+    res = await store.sweep_finished_jobs(3600, 4)
+    assert (res.deleted, res.more) == (2, False)
+    gone = {where["team-a", JobState.SUCCEEDED], where["team-a", JobState.FAILED]}
+    for job_id in gone:
+        with pytest.raises(NotFound):
+            await store.get_job(job_id)
+        assert await store.find_job_by_request(requests[job_id]) is None
+    assert not gone & {j.job_id for j in await _all_pages(store, 2)}
+    assert not gone & {j.job_id for j in await _all_pages(store, 2, states=[JobState.SUCCEEDED, JobState.FAILED])}
+    assert not gone & {j.job_id for j in await _all_pages(store, 2, tenant="team-a")}
+    # later than the retention: every finished job goes, in bounded steps; active jobs never do
+    later = time.time() + 7200
+    steps = []
+    while True:
+        res = await store.sweep_finished_jobs(3600, 100, limit=3, now=later)
+        steps.append(res.deleted)
+        if not res.more:
+            break
+    assert sum(steps) == len(finished) - 2 and max(steps) <= 3
+    assert (await store.sweep_finished_jobs(0, 0, now=later + 10 ** 6)).deleted == 0  # active jobs: never
+    assert {j.job_id for j in await store.list_active_jobs()} == active
+    assert {j.job_id for j in await _all_pages(store, 2)} == active
+    for job_id in finished:
+        with pytest.raises(NotFound):
+            await store.get_job(job_id)
+    assert await store.list_jobs(states=[JobState.CANCELLED]) == ([], "")
+    # a request id of a deleted job is free again: SubmitJob creates a new job
+    old = where["team-b", JobState.CANCELLED]
+    again, created = await store.create_job(make_job(request_id=requests[old]))
+    assert created and again.job_id != old
+    # an active job's request id still answers with that job
+    pending = where["team-b", JobState.PENDING]
+    same, created = await store.create_job(make_job(request_id=requests[pending]))
+    assert not created and same.job_id == pending
+
+
+async def test_a_job_leaving_a_terminal_state_is_never_swept_nor_listed_as_finished(store):
+    job, _ = await store.create_job(make_job())
+    done = await store.update_job(job, _with(job, state=JobState.CANCELLED, reason=StateReason.CANCELLED_BY_CLIENT))
+    back = await store.update_job(done, _with(done, state=JobState.PENDING, reason=StateReason.SUBMITTED))
+    assert await store.list_jobs(states=[JobState.CANCELLED]) == ([], "")
+    assert [j.job_id for j in (await store.list_jobs(states=[JobState.PENDING]))[0]] == [job.job_id]
+    assert (await store.sweep_finished_jobs(0, 0, now=time.time() + 10)).deleted == 0
+    assert await store.get_job(job.job_id) == back
+    # finished again later: then it is due, as any finished job
+    again = await store.update_job(back, _with(back, state=JobState.FAILED, reason=StateReason.OWN_FAILURE))
+    assert [j.job_id for j in (await store.list_jobs(states=[JobState.FAILED, JobState.CANCELLED]))[0]] == [again.job_id]
+    assert (await store.sweep_finished_jobs(0, 0, now=time.time() + 10)).deleted == 1
+    assert await store.list_jobs() == ([], "")
+
+
+async def test_sweep_rejects_negative_limits(store):
+    with pytest.raises(ValueError):
+        await store.sweep_finished_jobs(-1, 10)
+    with pytest.raises(ValueError):
+        await store.sweep_finished_jobs(10, 10, limit=0)

@@ -8,6 +8,11 @@ Shared conventions (documented once):
 * **Gang placement**: a multi-GPU job starts only when all its GPUs are available at once, inside one node
   when it fits one, else on whole nodes plus at most one partial node (:func:`placement.pick_gang`: the
   first node with room, lowest GPUs first).
+* **Declared shapes**: a job that declares its shapes (``JobSpec.shapes``, live jobs only) is placed with
+  one of them, never with the policy's own share (:func:`shapes.declared_share`): whole-GPU policies give
+  it its largest declared share on a GPU of its own, ``mps-equal-share`` the declared share nearest its
+  replica's 50 % on a replica, Lucid the one nearest 50 % when packing it (a declaring resident keeps a
+  declared share).
 * **Runtime estimates**: EASY backfilling and Lucid need job-duration estimates. They receive the true
   remaining isolated run time (``JobTable.remaining_est_s``), i.e. *perfect* estimates -- generous to the
   baselines, never the reverse. Tiresias and ElastiCo are non-clairvoyant.
@@ -38,7 +43,8 @@ from __future__ import annotations
 import numpy as np
 
 from services.allocator.policy.placement import TenantState, first_free_gpus, pick_gang
-from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, Decision, occupy, vacate
+from services.allocator.policy.shapes import any_declared, declared_share, shapes_of
+from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, Decision, free_share, occupy, vacate
 
 
 class Policy:
@@ -74,9 +80,10 @@ class ExclusiveFifo(Policy):
             gpus = first_free_gpus(gj, n, topo) if n <= free else None
             if gpus is None:
                 break
-            occupy(gj, gs, j, gpus, 100.0)
+            share = declared_share(view.jobs, int(j), n, 100.0)  # a whole GPU: 100 % or its largest declared share
+            occupy(gj, gs, j, gpus, share)
             free -= n
-            d.place.append((int(j), gpus, 100.0))
+            d.place.append((int(j), gpus, share))
         return d
 
 
@@ -100,9 +107,10 @@ class ExclusiveBackfill(Policy):
             gpus = first_free_gpus(gj, n, topo)
             if gpus is None:
                 break
-            occupy(gj, gs, j, gpus, 100.0)
+            share = declared_share(jobs, int(j), n, 100.0)
+            occupy(gj, gs, j, gpus, share)
             free -= n
-            d.place.append((int(j), gpus, 100.0))
+            d.place.append((int(j), gpus, share))
             i += 1
         if i >= len(order) or free == 0:
             return d
@@ -132,9 +140,10 @@ class ExclusiveBackfill(Policy):
                     continue
                 if not (np.isfinite(est) and est <= shadow):
                     extra -= n
-                occupy(gj, gs, j, gpus, 100.0)
+                share = declared_share(jobs, int(j), n, 100.0)
+                occupy(gj, gs, j, gpus, share)
                 free -= n
-                d.place.append((int(j), gpus, 100.0))
+                d.place.append((int(j), gpus, share))
                 if free == 0:
                     break
         return d
@@ -187,8 +196,9 @@ class Tiresias(Policy):
                 g = first_free_gpus(gj, int(jobs.num_gpus[j]), view.topo)
                 if g is None:
                     continue
-                occupy(gj, gs, int(j), g, 100.0)
-                d.place.append((int(j), g, 100.0))
+                share = declared_share(jobs, int(j), int(jobs.num_gpus[j]), 100.0)
+                occupy(gj, gs, int(j), g, share)
+                d.place.append((int(j), g, share))
         return d
 
 
@@ -204,14 +214,19 @@ class MpsEqualShare(Policy):
     def decide(self, view: ClusterView) -> Decision:
         d = Decision()
         gj, gs = view.scratch()
-        share = 100.0 / self.replicas
+        replica = 100.0 / self.replicas
         free_rep = self.replicas - (gj >= 0).sum(axis=1)
         total = int(free_rep.sum())
+        declared = any_declared(view.jobs)  # shares other than a replica's: a replica must also have the room
         for j in _inference_first(view, view.pending):
             if total == 0:
                 break
             n = int(view.jobs.num_gpus[j])
-            g = pick_gang(np.zeros(len(free_rep)), free_rep > 0, n, view.topo)
+            share = declared_share(view.jobs, int(j), n, replica)  # a declaring job: its share nearest a replica's
+            ok = free_rep > 0
+            if declared:
+                ok &= free_share(gs) >= share - 1e-9
+            g = pick_gang(np.zeros(len(free_rep)), ok, n, view.topo)
             if g is None:
                 continue
             occupy(gj, gs, int(j), g, share)
@@ -244,15 +259,17 @@ class LucidPacking(Policy):
         state = None  # tenant interference state, built on the first packing attempt, refreshed on change
         failed: set = set()  # (type, gang size) that found no partner since the last change
         topo = view.topo
+        declared = any_declared(jobs)
         for j in order:
             j = int(j)
             n = int(jobs.num_gpus[j])
             g = first_free_gpus(gj, n, topo) if n <= free else None
             if g is not None:
-                occupy(gj, gs, j, g, 100.0)
+                share = declared_share(jobs, j, n, 100.0)
+                occupy(gj, gs, j, g, share)
                 free -= n
                 placed_now[j] = len(d.place)
-                d.place.append((j, g, 100.0))
+                d.place.append((j, g, share))
                 if state is not None:
                     state.refresh(g, gj, gs * 0.0)
                 failed.clear()
@@ -263,7 +280,8 @@ class LucidPacking(Policy):
             one = ((gj >= 0).sum(axis=1) == 1)
             res = np.where(one, gj.max(axis=1), -1)
             one &= (res >= 0) & (jobs.kind[np.maximum(res, 0)] == TRAINING)
-            key = (int(jobs.type_idx[j]), n)
+            share = declared_share(jobs, j, n, 50.0)  # 50 %, or a declaring job's declared share nearest it
+            key = (int(jobs.type_idx[j]), n) if share == 50.0 else (int(jobs.type_idx[j]), n, share)
             if one.sum() < n or key in failed:
                 continue
             if state is None:
@@ -271,20 +289,30 @@ class LucidPacking(Policy):
             pred = state.join(int(jobs.type_idx[j]), float(jobs.solo_util[j]), 100.0, 0.0, self.slo_factor)
             resident = pred.after.min(axis=1)
             ok = one & (pred.new_norm >= self.pack_floor) & (resident >= self.pack_floor)
+            res_share = np.full(len(res), 50.0)
+            if declared:  # a declaring resident goes to its declared share nearest 50 %; both must fit the GPU
+                for gg in np.flatnonzero(ok):
+                    r = int(res[gg])
+                    if shapes_of(jobs, r):
+                        cur = float(gs[gg, gj[gg] == r][0])
+                        rs = declared_share(jobs, r, int(np.count_nonzero((gj == r).any(axis=1))), 50.0)
+                        res_share[gg] = cur if rs is None else rs
+                ok &= res_share + share <= 100.0 + 1e-9
             g = pick_gang(pred.new_norm + resident, ok, n, topo)
             if g is None:
                 failed.add(key)
                 continue
             for gg in g:  # accounting only: the two tenants split the GPU 50/50 (no MPS limits)
                 r = int(res[gg])
-                gs[gg, gj[gg] == r] = 50.0
+                rs = float(res_share[gg])
+                gs[gg, gj[gg] == r] = rs
                 if r in placed_now:  # placed in this same round: place it at 50 % directly
                     k = placed_now[r]
-                    d.place[k] = (r, d.place[k][1], 50.0)
+                    d.place[k] = (r, d.place[k][1], rs)
                 else:
-                    d.resize.append((r, 50.0))
-            occupy(gj, gs, j, g, 50.0)
-            d.place.append((j, g, 50.0))
+                    d.resize.append((r, rs))
+            occupy(gj, gs, j, g, share)
+            d.place.append((j, g, share))
             state.refresh(g, gj, gs * 0.0)
             failed.clear()
         return d

@@ -18,13 +18,24 @@ policy decides when to use them), memory limit proportional to the share (Gavel 
 profile; the pinned-memory limit is ``share x GPU memory``). A training shape is feasible only if its
 speed stays at or above the slowdown floor ``1 / max_slowdown``. Inference shapes are sized from
 demand (:mod:`services.allocator.policy.inference`).
+
+Declared shapes: a job may declare its own shape family (``JobSpec.shapes``). Then *that* family is the
+job's, for every policy: the live allocator's view carries it (:class:`DeclaredJobTable`, built by
+``plan.build_view``), a policy plans such a job only with one of its declared shares on a declared GPU count
+(:func:`declared_share`, :func:`declared_options`) instead of its own menu (the shares above, a policy's 50 %
+replicas or whole GPUs, inference 5 % steps, GPU-count shapes), and ``plan.translate`` commits exactly the
+declared shape (share, memory, ``shape_index`` into the declared list) or nothing. The simulator's plain
+``JobTable`` declares nothing, so every helper here answers the policy's own choice for it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from elastico.domain import Shape
+from services.allocator.policy.view import JobTable
 
 #: MPS compute shares offered as shapes, percent of one GPU (ascending: ties pick the smaller share).
 SHARES_PCT: tuple[int, ...] = (25, 50, 75, 100)
@@ -161,3 +172,75 @@ def grow_options(n_req: int, measured_row: np.ndarray | None) -> tuple[int, ...]
 def allowed_counts(n_req: int, measured_row: np.ndarray | None) -> tuple[int, ...]:
     """Every GPU count a training job may run at (:func:`count_options` and :func:`grow_options`)."""
     return count_options(n_req) + grow_options(n_req, measured_row)
+
+
+# --------------------------------------------------------------------------------------------------
+# Declared shapes (see the module docstring)
+
+
+@dataclass(frozen=True)
+class DeclaredJobTable(JobTable):
+    """A :class:`JobTable` whose jobs may declare their own shapes (the live allocator's view).
+
+    ``declared[j]``: job ``j``'s declared shapes in the order it gave them (a placement's ``shape_index``
+    indexes this tuple), ``()`` for a job shaped by the policy. ``any_declared``: some job declares shapes
+    (policies skip every declared-shape check when it is False).
+    """
+
+    declared: tuple[tuple[Shape, ...], ...] = ()
+    any_declared: bool = False
+
+
+def shapes_of(jobs: JobTable, j: int) -> tuple[Shape, ...]:
+    """Job ``j``'s declared shapes, ``()`` when it declares none (or the table carries none)."""
+    d = getattr(jobs, "declared", ())
+    return d[j] if 0 <= j < len(d) else ()
+
+
+def any_declared(jobs: JobTable) -> bool:
+    """True when some job of the table declares its shapes."""
+    return bool(getattr(jobs, "any_declared", False))
+
+
+def declared_shares(jobs: JobTable, j: int, n: int) -> tuple[float, ...]:
+    """Distinct declared shares of job ``j`` on ``n`` GPUs, ascending (``()``: none declared on ``n``)."""
+    return tuple(sorted({float(s.compute_share_pct) for s in shapes_of(jobs, j) if s.num_gpus == n}))
+
+
+def declared_counts(jobs: JobTable, j: int) -> tuple[int, ...]:
+    """Distinct declared GPU counts of job ``j``, descending (its requested gang first)."""
+    return tuple(sorted({int(s.num_gpus) for s in shapes_of(jobs, j)}, reverse=True))
+
+
+def declared_share(jobs: JobTable, j: int, n: int, want: float) -> float | None:
+    """The share a policy places job ``j`` with on ``n`` GPUs when it would give it ``want`` percent.
+
+    A job without declared shapes gets ``want``. A declaring job gets the declared share on ``n`` GPUs
+    nearest ``want`` from above (the smallest that still grants what the policy meant), else its largest
+    one (e.g. a whole-GPU policy's 100 % -> the largest declared share); None when it declares no shape on
+    ``n`` GPUs (the placement must not happen).
+    """
+    if not shapes_of(jobs, j):
+        return float(want)
+    sh = declared_shares(jobs, j, n)
+    if not sh:
+        return None
+    return next((s for s in sh if s >= want - 1e-9), sh[-1])
+
+
+def declared_options(jobs: JobTable, j: int) -> tuple[tuple[int, float], ...]:
+    """Job ``j``'s declared (GPU count, share) pairs, requested gang first, shares ascending, no repeats."""
+    return tuple(sorted({(int(s.num_gpus), float(s.compute_share_pct)) for s in shapes_of(jobs, j)},
+                        key=lambda o: (-o[0], o[1])))
+
+
+def declared_matches(shapes: tuple[Shape, ...], n: int, share_pct: float) -> list[int]:
+    """Indices of the declared shapes on ``n`` GPUs with MPS share ``share_pct`` (declared order)."""
+    return [i for i, s in enumerate(shapes) if s.num_gpus == n and abs(s.compute_share_pct - share_pct) < 1e-6]
+
+
+def declared_util_cap(shapes: tuple[Shape, ...]) -> float:
+    """Utilisation a job of declared shapes can reach: its largest declared share (fraction of a GPU); inf
+    when it declares none. MPS caps the job at its share, so the policy reads its speed relative to its best
+    declared shape (``share_speed(best, cap) = 1``) rather than to a whole GPU it never asked for."""
+    return max((s.compute_share_pct for s in shapes), default=np.inf) / 100.0
