@@ -128,7 +128,7 @@ class MemoryStore(StoreBase):
     async def _list_page(self, states: tuple[str, ...], tenant: str, before: int | None,
                          want: int) -> tuple[list[tuple[int, str]], int | None, bool] | None:
         """As ``lua.LIST_JOBS`` (the candidates here: every indexed job matching now, which is what the Redis
-        indexes yield once their stale entries are skipped)."""
+        indexes yield once their stale entries are skipped). O(jobs) per page: a memory store holds few."""
         wanted = set(states)
         top = heapq.nlargest(want + 1, (
             (seq, j) for j, seq in self._index.items()

@@ -146,11 +146,11 @@ class Store(Protocol):
     async def list_jobs(
         self, states: Sequence[JobState] = (), tenant: str = "", page_size: int = 100, page_token: str = ""
     ) -> tuple[list[Job], str]: ...
-    async def list_active_jobs(self, *, memoise: bool = True) -> list[Job]:
+    async def list_active_jobs(self, *, for_round: bool = True) -> list[Job]:
         """Every job in a non-terminal state (PENDING, PLACED, RUNNING), in no particular order.
 
-        ``memoise=False``: for readers other than the scheduling round (GetClusterState), which use the
-        round's decode caches without replacing them."""
+        ``for_round=False``: for readers other than the scheduling round (GetClusterState); they keep their
+        own decode cache and leave the round's as it is."""
         ...
     async def sweep_finished_jobs(self, retention_s: float = DEFAULT_JOB_RETENTION_S,
                                   max_finished: int = DEFAULT_JOB_RETENTION_MAX, *, limit: int = SWEEP_LIMIT,
@@ -373,17 +373,23 @@ class StoreBase:
         now = time.time() if now is None else now
         return await self._sweep(now - retention_s, max_finished, limit)
 
-    async def list_active_jobs(self, *, memoise: bool = True) -> list[Job]:
+    async def list_active_jobs(self, *, for_round: bool = True) -> list[Job]:
         """Every non-terminal job, read in one round trip; decoding is memoised by the record's exact JSON.
 
         A scheduling round calls this every time: with a thousand queued jobs, re-parsing unchanged records
         would dominate the round, so a record whose stored bytes are unchanged reuses its decoded Job.
-        ``memoise=False`` (GetClusterState, any reader but the round): the caches are used, not replaced, so
-        such reads between two rounds do not cost the next round its memoised decodes.
+        ``for_round=False`` (GetClusterState, any reader but the round): memoised the same way in a cache of
+        its own (the round's caches are looked into, not replaced), so such reads neither decode every active
+        record each time (~25 us a record) nor cost the next round its memoised decodes.
         """
-        if not memoise:
-            jobs = (self._decoded(data) for data in await self._active_job_data() if data is not None)
-            return [j for j in jobs if not j.state.terminal]
+        if not for_round:
+            own: dict[str, Job] = self.__dict__.get("_reader_cache", {})
+            fresh_own: dict[str, Job] = {}
+            for data in await self._active_job_data():
+                if data is not None:
+                    fresh_own[data] = own.get(data) or self._decoded(data)
+            self.__dict__["_reader_cache"] = fresh_own
+            return [j for j in fresh_own.values() if not j.state.terminal]
         cache: dict[str, Job] = self.__dict__.get("_decode_cache", {})
         written = self._written_jobs()
         fresh: dict[str, Job] = {}

@@ -204,9 +204,9 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         nodes = await self._store.list_nodes()
         holder, epoch = await self._store.current_leader()
         usage: dict[str, apb.TenantUsage] = defaultdict(apb.TenantUsage)
-        # the active set only (one read, O(active jobs), however many finished jobs are kept); memoise=False:
-        # the round's decode caches are used, not replaced
-        for j in await self._store.list_active_jobs(memoise=False):
+        # the active set only (one read, O(active jobs), however many finished jobs are kept), decoded through
+        # a cache of its own (for_round=False: the scheduling round's memoised decodes stay as they are)
+        for j in await self._store.list_active_jobs(for_round=False):
             if tenant is not None and j.spec.tenant != tenant:
                 continue  # a tenant sees its own usage only
             u = usage[j.spec.tenant]

@@ -91,6 +91,9 @@ class AllocatorSettings(Settings):
             raise ConfigError(f"ELASTICO_NODE_GRACE_S={self.node_grace_s}: must be >= 0")
         if not 1 <= self.max_tenants <= 16:
             raise ConfigError(f"ELASTICO_MAX_TENANTS={self.max_tenants}: must be in [1, 16]")
+        for name in ("job_retention_s", "job_retention_max", "job_retention_sweep_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"ELASTICO_{name.upper()}={getattr(self, name)}: must be >= 0")
         if self.policy_max_attempts < 0:
             raise ConfigError(f"ELASTICO_POLICY_MAX_ATTEMPTS={self.policy_max_attempts}: must be >= 0")
         if not 0 < self.train_floor <= 1:

@@ -540,3 +540,18 @@ async def test_sweep_rejects_negative_limits(store):
         await store.sweep_finished_jobs(-1, 10)
     with pytest.raises(ValueError):
         await store.sweep_finished_jobs(10, 10, limit=0)
+
+
+async def test_other_readers_of_active_jobs_keep_their_own_decode_cache(store):
+    """GetClusterState's read (for_round=False) is memoised on its own and leaves the round's memoised decodes."""
+    a, _ = await store.create_job(make_job())
+    b, _ = await store.create_job(make_job())
+    done = await store.update_job(b, _with(b, state=JobState.CANCELLED, reason=StateReason.CANCELLED_BY_CLIENT))
+    assert done.state is JobState.CANCELLED
+    by_round = await store.list_active_jobs()
+    by_reader = await store.list_active_jobs(for_round=False)
+    assert [j.job_id for j in by_reader] == [a.job_id] == [j.job_id for j in by_round]
+    assert (await store.list_active_jobs(for_round=False))[0] is by_reader[0]  # unchanged record: not decoded again
+    assert (await store.list_active_jobs())[0] is by_round[0]  # the round's cache survived the reader's calls
+    moved = await store.update_job(a, _with(a, message="m"))
+    assert (await store.list_active_jobs(for_round=False))[0] == moved
