@@ -71,6 +71,16 @@ BAD = [
     ([prpb.PairQuery(a=prof(), b=prof(gpu="k80"))], "pairs[0].b.gpu_type"),
     ([prpb.PairQuery(a=prof(counters=pb.GpuCounters(sm_util_pct=140)), b=prof())], "pairs[0].a.counters.sm_util_pct"),
     ([prpb.PairQuery(a=prof(), b=prof())] * 301, "pairs"),
+    # model families and GPU types that canonicalise to nothing (were INTERNAL)
+    ([prpb.PairQuery(a=prof(family="---"), b=prof())], "pairs[0].a.model_family"),
+    ([prpb.PairQuery(a=prof(), b=prof(family="\x00"))], "pairs[0].b.model_family"),
+    ([prpb.PairQuery(a=prof(gpu="---"), b=prof(gpu="---"))], "pairs[0].a.gpu_type"),
+    ([prpb.PairQuery(a=prof(gpu="NVIDIA"), b=prof(gpu="NVIDIA"))], "pairs[0].a.gpu_type"),
+    # size limits (elastico.limits): the message never quotes the value
+    ([prpb.PairQuery(a=prof(family="x" * 10_000), b=prof())], "pairs[0].a.model_family"),
+    ([prpb.PairQuery(a=prof(precision="x" * 10_000), b=prof())], "pairs[0].a.precision"),
+    ([prpb.PairQuery(a=prof(), b=prof(gpu="x" * 10_000))], "pairs[0].b.gpu_type"),
+    ([prpb.PairQuery(a=prof(), b=prof(job_id="x" * 10_000))], "pairs[0].b.job_id"),
 ]
 
 
@@ -81,6 +91,29 @@ async def test_malformed_predict_is_invalid_argument(served, pairs, field):
         await stub.PredictInterference(prpb.PredictInterferenceRequest(pairs=pairs), timeout=20)
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert exc.value.details().startswith(field + ":"), exc.value.details()
+    assert len(exc.value.details()) <= 200 and "x" * 65 not in exc.value.details()
+
+
+def obs(a: prpb.TaskProfile | None = None, **kw) -> prpb.Observation:
+    return prpb.Observation(a=a or prof(), b=prof("ResNet-18", 32), norm_tput_a=0.5, norm_tput_b=0.6, **kw)
+
+
+BAD_OBSERVATIONS = [
+    ([obs(), obs(prof(family="---"))], "observations[1].a.model_family"),
+    ([obs(node_id="n" * 254)], "observations[0].node_id"),
+    ([obs(prof(family="x" * 10_000))], "observations[0].a.model_family"),
+    ([obs()] * 10_001, "observations"),
+]
+
+
+@pytest.mark.parametrize(("observations", "field"), BAD_OBSERVATIONS, ids=[f"{i}-{f}" for i, (_, f) in enumerate(BAD_OBSERVATIONS)])
+async def test_oversized_or_unusable_observations_are_invalid_and_nothing_is_stored(served, observations, field):
+    stub, _ = served
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await stub.ReportObservation(prpb.ReportObservationRequest(observations=observations), timeout=10)
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert exc.value.details().startswith(field + ":") and len(exc.value.details()) <= 200, exc.value.details()[:300]
+    assert (await stub.GetModelInfo(prpb.GetModelInfoRequest(), timeout=5)).pending_observations == 0
 
 
 async def test_malformed_observations_are_rejected_and_nothing_is_stored(served):

@@ -9,6 +9,8 @@ import grpc
 import numpy as np
 import pytest
 
+from elastico import limits
+from elastico.errors import ConfigError
 from elastico.rpc.server import ServiceBinding, create_server
 from elastico.v1 import pricer_pb2 as ppb
 from elastico.v1 import pricer_pb2_grpc
@@ -18,7 +20,7 @@ from services.pricer.settings import PricerSettings
 
 @pytest.fixture
 async def pricer() -> AsyncIterator[pricer_pb2_grpc.PricerStub]:
-    settings = PricerSettings.from_env({}, insecure=True, port=0, max_jobs=1000)
+    settings = PricerSettings.from_env({}, insecure=True, port=0, max_jobs=1000, max_cells=100_000)
     server, port = await create_server(settings, [ServiceBinding("elastico.v1.Pricer", PricerServicer(settings), pricer_pb2_grpc.add_PricerServicer_to_server)])
     await server.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
@@ -70,6 +72,11 @@ BAD = [
     (lambda r: r.warm_start_prices.extend([1.0]), "warm_start_prices"),
     (lambda r: r.warm_start_prices.extend([1.0, math.nan]), "warm_start_prices[1]"),
     (lambda r: setattr(r, "gap_tolerance", 2.0), "gap_tolerance"),
+    # size limits (elastico.limits), checked before any array is built
+    (lambda r: [r.jobs[1].shapes.add(utility=1.0, demand=[1.0, 1.0]) for _ in range(limits.SHAPES_PER_JOB_MAX)], "jobs[1].shapes"),
+    (lambda r: r.pools.extend(ppb.ResourcePool(name=f"p{i}", capacity=1) for i in range(limits.PRICER_POOLS_MAX)), "pools"),
+    (lambda r: setattr(r.pools[0], "name", "n" * (limits.POOL_NAME_MAX_CHARS + 1)), "pools[0].name"),
+    (lambda r: setattr(r.jobs[2], "job_id", "j" * (limits.JOB_ID_MAX_CHARS + 1)), "jobs[2].job_id"),
 ]
 
 
@@ -85,6 +92,23 @@ async def test_too_many_jobs_is_invalid_argument(pricer):
     with pytest.raises(grpc.aio.AioRpcError) as exc:
         await pricer.ComputeAllocation(request(jobs=1001), timeout=10)
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT and exc.value.details().startswith("jobs:")
+
+
+async def test_padded_size_over_max_cells_is_invalid_argument_naming_the_job(pricer):
+    req = request(jobs=900)  # 900 jobs x 3 shapes x 2 pools = 5,400 cells: fine
+    assert len((await pricer.ComputeAllocation(req, timeout=10)).assignments) == 900
+    for _ in range(60):  # one job of 63 shapes pads all 900 to 113,400 cells > max_cells (100,000)
+        req.jobs[500].shapes.add(utility=0.1, demand=[1.0, 1.0])
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await pricer.ComputeAllocation(req, timeout=10)
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT and exc.value.details().startswith("jobs[500].shapes:")
+
+
+def test_max_cells_setting_is_validated():
+    assert PricerSettings.from_env({}, insecure=True).max_cells == limits.PRICER_MAX_CELLS
+    assert PricerSettings.from_env({"ELASTICO_MAX_CELLS": "1000"}, insecure=True).max_cells == 1000
+    with pytest.raises(ConfigError, match="ELASTICO_MAX_CELLS"):
+        PricerSettings.from_env({"ELASTICO_MAX_CELLS": "0"}, insecure=True)
 
 
 async def test_empty_job_list_is_fine(pricer):

@@ -26,7 +26,9 @@ from elastico.domain import (
     validate_job_spec,
     validate_request_id,
 )
+from elastico import limits as L
 from elastico.errors import InvalidSpec
+from elastico.limits import clip, field_key
 from elastico.state import codec
 from tests.conftest import make_node, make_spec
 
@@ -47,14 +49,49 @@ BAD_SPECS = [
     (make_spec(shapes=(Shape(1, 50, 10, throughput=-1),)), "spec.shapes[0].throughput"),
     (make_spec(model_family=""), "spec.model_family"),
     (make_spec(batch_size=-3), "spec.batch_size"),
+    # size limits (elastico.limits)
+    (make_spec(name="n" * (L.NAME_MAX_CHARS + 1)), "spec.name"),
+    (make_spec(model_family="m" * (L.MODEL_FAMILY_MAX_CHARS + 1)), "spec.model_family"),
+    (make_spec(precision="p" * (L.PRECISION_MAX_CHARS + 1)), "spec.precision"),
+    (make_spec(command="c" * (L.COMMAND_MAX_CHARS + 1)), "spec.command"),
+    (make_spec(labels=tuple((f"k{i:03d}", "v") for i in range(L.LABELS_MAX_COUNT + 1))), "spec.labels"),
+    (make_spec(labels=(("team", "v" * (L.LABEL_VALUE_MAX_CHARS + 1)),)), 'spec.labels["team"]'),
+    (make_spec(labels=(("k" * (L.LABEL_KEY_MAX_CHARS + 1), "v"),)), f'spec.labels["{"k" * 32}..."]'),
+    (make_spec(shapes=(Shape(1, 50, 100),) * (L.SHAPES_PER_JOB_MAX + 1)), "spec.shapes"),
+    (make_spec(shapes=(Shape(1, 50, 100, gpu_type="g" * (L.GPU_TYPE_MAX_CHARS + 1)),)), "spec.shapes[0].gpu_type"),
+    (make_spec(allowed_nodes=tuple(f"n{i}" for i in range(L.ALLOWED_NODES_MAX_COUNT + 1))), "spec.allowed_nodes"),
+    (make_spec(allowed_nodes=("n1", "n" * (L.NODE_ID_MAX_CHARS + 1))), "spec.allowed_nodes[1]"),
 ]
 
 
-@pytest.mark.parametrize(("spec", "field"), BAD_SPECS, ids=[f for _, f in BAD_SPECS])
+@pytest.mark.parametrize(("spec", "field"), BAD_SPECS, ids=[f"{i}-{f[:24]}" for i, (_, f) in enumerate(BAD_SPECS)])
 def test_invalid_spec_names_field(spec, field):
     with pytest.raises(InvalidSpec) as exc:
         validate_job_spec(spec)
     assert exc.value.field == field
+    assert len(str(exc.value)) <= 200  # never the offending value itself
+
+
+def test_a_spec_at_every_limit_is_valid():
+    validate_job_spec(make_spec(
+        name="n" * L.NAME_MAX_CHARS, model_family="m" * L.MODEL_FAMILY_MAX_CHARS, precision="p" * L.PRECISION_MAX_CHARS,
+        command="c" * L.COMMAND_MAX_CHARS, labels=tuple((f"k{i:03d}", "v" * L.LABEL_VALUE_MAX_CHARS) for i in range(L.LABELS_MAX_COUNT)),
+        shapes=(Shape(1, 50, 100, gpu_type="g" * L.GPU_TYPE_MAX_CHARS),) * L.SHAPES_PER_JOB_MAX,
+        allowed_nodes=tuple("n" * L.NODE_ID_MAX_CHARS for _ in range(L.ALLOWED_NODES_MAX_COUNT))))
+    validate_job_spec(make_spec(labels=(("k" * L.LABEL_KEY_MAX_CHARS, ""),)))
+
+
+def test_clip_keeps_short_values_and_cuts_long_ones_with_their_length():
+    assert clip("abc") == "abc" and clip("a" * 64) == "a" * 64
+    assert clip("x" * 10_000) == "x" * 64 + "…(10000 chars)"
+    assert clip("abcdef", 3) == "abc…(6 chars)" and clip(12345, 2) == "12…(5 chars)"
+
+
+def test_field_key_is_short_printable_ascii():
+    assert field_key("team") == '["team"]' and field_key('a"b') == '["a\\"b"]'
+    for key in ("k" * 10_000, "é" * 400, "\x00\n" * 100, "🙂" * 50):
+        sub = field_key(key)
+        assert len(sub) <= 40 and sub.isascii() and sub.isprintable(), sub
 
 
 def test_valid_specs_pass():
@@ -63,10 +100,11 @@ def test_valid_specs_pass():
     validate_job_spec(make_spec(model_family="", shapes=(Shape(2, 50, 4096, throughput=3.0),)))
 
 
-@pytest.mark.parametrize("rid", ["", "x" * 129, "has space", "slash/no"], ids=["empty", "too-long", "space", "slash"])
+@pytest.mark.parametrize("rid", ["", "x" * 129, "x" * 10_000_000, "has space", "slash/no"], ids=["empty", "too-long", "huge", "space", "slash"])
 def test_bad_request_ids(rid):
-    with pytest.raises(InvalidSpec, match="request_id"):
+    with pytest.raises(InvalidSpec, match="request_id") as exc:
         validate_request_id(rid)
+    assert len(str(exc.value)) <= 100
 
 
 def test_terminal_states():
