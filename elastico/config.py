@@ -84,6 +84,8 @@ class Settings:
     shutdown_drain_s: float = 1.0
     redis_url: str = ""  # redis://host:port/db of the shared state; "" = service does not use Redis
     port_file: str = ""  # if set, the bound gRPC port is written here (for supervisors using port 0)
+    # largest request message accepted, MiB (each service sets its own: what its largest valid request needs)
+    max_request_mib: float = 4.0
     # --- transport security (docs/security.md) ---------------------------------------------------------
     # mTLS is the default: this process's certificate and key (its identity: the certificate's common name,
     # e.g. "allocator" or "node/<node id>") and the CA its peers' certificates must chain to. The files are
@@ -133,6 +135,8 @@ class Settings:
             raise ConfigError(f"ELASTICO_LOG_FORMAT={self.log_format!r}: must be one of {', '.join(LOG_FORMATS)}")
         if self.shutdown_grace_s < 0:
             raise ConfigError(f"ELASTICO_SHUTDOWN_GRACE_S={self.shutdown_grace_s}: must be >= 0")
+        if not 0 < self.max_request_mib <= 256:
+            raise ConfigError(f"ELASTICO_MAX_REQUEST_MIB={self.max_request_mib}: must be in (0, 256]")
         if not 0 <= self.shutdown_drain_s <= 300:
             raise ConfigError(f"ELASTICO_SHUTDOWN_DRAIN_S={self.shutdown_drain_s}: must be in [0, 300]")
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):

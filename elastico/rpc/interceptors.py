@@ -24,6 +24,7 @@ import grpc
 from prometheus_client import Counter, Histogram
 
 from elastico.errors import ElasticoError, InvalidSpec, PermissionDenied
+from elastico.limits import clip
 from elastico.logging import get_logger
 from elastico.rpc.security import Access, Caller, authorize, bind_caller
 
@@ -116,8 +117,8 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         if name not in MUTATING:
             return
         job_id = getattr(request, "job_id", "") or getattr(getattr(result, "job", None), "job_id", "")
-        audit_log.info("audit", method=name, outcome=code.name, job_id=job_id,
-                       request_id=getattr(request, "request_id", ""), **(caller or Caller()).describe())
+        audit_log.info("audit", method=name, outcome=code.name, job_id=clip(job_id, 128),
+                       request_id=clip(getattr(request, "request_id", ""), 128), **(caller or Caller()).describe())
 
     async def _fail(self, method: str, exc: BaseException, context: grpc.aio.ServicerContext, started: float,
                     caller: Caller | None = None, request: Any = None) -> None:

@@ -89,7 +89,7 @@ async def create_server(settings: Settings, bindings: Sequence[ServiceBinding]) 
                                           secure=files is not None and settings.tls_require_client_cert)
     server = grpc.aio.server(
         interceptors=[interceptor],
-        options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 * 1024 * 1024)],
+        options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", int(settings.max_request_mib * (1 << 20)))],
     )
     for b in bindings:
         b.add_to_server(b.servicer, server)

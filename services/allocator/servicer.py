@@ -8,6 +8,8 @@ status for GetClusterState, so every replica (leader or standby) answers the sam
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import json
 import os
 import re
@@ -33,6 +35,8 @@ from services.allocator.settings import AllocatorSettings
 log = get_logger(component="allocator")
 
 MAX_PAGE_SIZE = 1000
+MAX_REPLY_BYTES = 3 << 20  # a ListJobs page stays below gRPC clients' default 4 MiB receive limit
+MAX_WATCH_JOB_IDS = 1000
 EVENT_ID_RE = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")  # a Redis stream id (ASCII digits; Redis refuses longer)
 CAS_RETRIES = 5
 MAX_SUBMIT_BATCH = 256  # SubmitJob calls written together in one Store.create_jobs at most
@@ -159,13 +163,22 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     async def ListJobs(self, request: apb.ListJobsRequest, context: grpc.aio.ServicerContext) -> apb.ListJobsResponse:
         if request.page_size > MAX_PAGE_SIZE:
             raise InvalidSpec("page_size", f"must be at most {MAX_PAGE_SIZE}, got {request.page_size}")
-        if request.page_token and not request.page_token.isdigit():
+        if request.page_token and not (request.page_token.isascii() and request.page_token.isdigit() and len(request.page_token) <= 20):
             raise InvalidSpec("page_token", "is not a token returned by ListJobs")
+        if len(request.states) > 16:
+            raise InvalidSpec("states", f"at most 16 states, got {len(request.states)}")
         states = [convert.state_from_pb(s, f"states[{i}]") for i, s in enumerate(request.states)]
         tenant = access.list_tenant(current_caller().identity, request.tenant)
-        jobs, token = await self._store.list_jobs(states=states, tenant=tenant,
-                                                  page_size=request.page_size or 100, page_token=request.page_token)
-        return apb.ListJobsResponse(jobs=[convert.job_to_pb(j) for j in jobs], next_page_token=token)
+
+        async def page(size: int):
+            jobs, token = await self._store.list_jobs(states=states, tenant=tenant, page_size=size, page_token=request.page_token)
+            return [convert.job_to_pb(j) for j in jobs], token
+
+        pbs, token = await page(request.page_size or 100)
+        sizes = list(itertools.accumulate(m.ByteSize() for m in pbs))
+        if sizes and sizes[-1] > MAX_REPLY_BYTES:  # a shorter page, so that any client can receive it
+            pbs, token = await page(max(1, bisect.bisect_right(sizes, MAX_REPLY_BYTES)))
+        return apb.ListJobsResponse(jobs=pbs, next_page_token=token)
 
     async def WatchJobs(self, request: apb.WatchJobsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[apb.JobEvent]:
         after = request.after_event_id
@@ -175,6 +188,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         tenant = access.visible_tenant(identity)
         if not after:
             after = await self._store.last_event_id()
+        if len(request.job_ids) > MAX_WATCH_JOB_IDS:
+            raise InvalidSpec("job_ids", f"at most {MAX_WATCH_JOB_IDS} job ids, got {len(request.job_ids)}")
         wanted = set(request.job_ids)
         owners: dict[str, bool] = {}  # job id -> the caller's tenant owns it (a tenant's watch sees only its jobs)
         while not context.done():

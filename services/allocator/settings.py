@@ -25,6 +25,7 @@ def _policy_default(name: str):
 class AllocatorSettings(Settings):
     service_name: str = "allocator"
     port: int = 50050
+    max_request_mib: float = 1.0  # the largest valid SubmitJob is ~33 KiB (32 KiB spec)
     redis_namespace: str = "elastico"  # key namespace in Redis; lets clusters share one Redis
     pricer_address: str = ""  # host:port of the pricer; "" = price in-process (the pricer core, said so in logs)
     predictor_address: str = ""  # host:port of the predictor; "" with estimator=predictor = degraded (no co-location)

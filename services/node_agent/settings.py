@@ -121,6 +121,7 @@ def blocking_dir(path: Path, uid: int, gid: int) -> Path | None:
 class NodeAgentSettings(Settings):
     service_name: str = "node_agent"
     port: int = 50060
+    max_request_mib: float = 1.0  # its requests are a few bytes
     redis_namespace: str = "elastico"  # key namespace in Redis
     node_id: str = ""  # unique node name; "" = the host name
     advertise_address: str = ""  # host:port the allocator uses to reach this agent; "" = host:bound port

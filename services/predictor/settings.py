@@ -13,6 +13,7 @@ from services.predictor.model import DEFAULT_MODEL_PATH
 class PredictorSettings(Settings):
     service_name: str = "predictor"
     port: int = 50052
+    max_request_mib: float = 16.0  # 10,000 observations x ~1.1 kB at most
     redis_namespace: str = "elastico"  # key namespace in Redis (observation stream)
     model_path: str = str(DEFAULT_MODEL_PATH)  # artifact loaded at start-up; trained and written here if absent
     max_batch_pairs: int = 10_000  # largest PredictInterference batch accepted

@@ -13,6 +13,7 @@ from elastico.errors import ConfigError
 class PricerSettings(Settings):
     service_name: str = "pricer"
     port: int = 50051
+    max_request_mib: float = 32.0  # 100k jobs x 8 shapes x 2 pools is ~25 MB; memory is bounded by max_cells
     max_jobs: int = limits.PRICER_MAX_JOBS  # largest request accepted (jobs); bigger answers INVALID_ARGUMENT
     max_cells: int = limits.PRICER_MAX_CELLS  # largest padded problem: jobs x longest shape list x pools (float64 cells)
     default_gap_tolerance: float = 0.001  # relative gap at which the solver stops when the request says 0

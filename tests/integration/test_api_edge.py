@@ -143,3 +143,28 @@ async def test_a_sync_for_a_generation_that_never_comes_blocks_nobody(redis_serv
     finally:
         await srv.stop(0)
         await store.close()
+
+
+async def test_list_pages_stay_receivable_by_a_default_client(server):
+    """Pages are cut by size (under the 4 MiB a default client accepts), and paging still returns every job."""
+    from elastico.v1 import types_pb2
+
+    _, addr = server
+    labels = {f"k{i}": "v" * 480 for i in range(60)}  # ~30 KiB per spec, under the 32 KiB limit
+    async with grpc.aio.insecure_channel(addr) as ch:
+        stub = allocator_pb2_grpc.AllocatorStub(ch)
+        ids = set()
+        for i in range(140):
+            spec = types_pb2.JobSpec(name="big", tenant="t", kind=types_pb2.JOB_KIND_TRAINING, model_family="ResNet-50",
+                                     batch_size=32, training=types_pb2.TrainingWork(total_steps=10), labels=labels)
+            ids.add((await stub.SubmitJob(allocator_pb2.SubmitJobRequest(request_id=f"big-{i}", spec=spec), timeout=5)).job.job_id)
+        seen, token, pages = [], "", 0
+        while True:
+            resp = await stub.ListJobs(allocator_pb2.ListJobsRequest(page_size=1000, page_token=token), timeout=10)
+            assert resp.ByteSize() <= 4 << 20
+            seen += [j.job_id for j in resp.jobs]
+            pages += 1
+            token = resp.next_page_token
+            if not token:
+                break
+    assert pages >= 2 and len(seen) == len(set(seen)) and set(seen) == ids

@@ -92,7 +92,6 @@ OVERSIZED_SPECS = [
     (spec(model_family=LONG), "spec.model_family"),
     (spec(precision=LONG), "spec.precision"),
     (spec(command="c" * (L.COMMAND_MAX_CHARS + 1)), "spec.command"),
-    (spec(command="c" * (30 * 1024 * 1024)), "spec.command"),  # the probe's 30 MiB job
     (spec(labels={f"k{i}": "v" for i in range(L.LABELS_MAX_COUNT + 1)}), "spec.labels"),
     (spec(labels={"team": LONG}), 'spec.labels["team"]'),
     (spec(labels={"k" * 10_000: "v"}), f'spec.labels["{"k" * 32}..."]'),
@@ -113,6 +112,15 @@ async def test_oversized_job_spec_is_invalid_and_nothing_is_stored(suite, m, fie
     assert await suite["store"].find_job_by_request("r1") is None
     assert (await suite["store"].list_jobs())[0] == []
     # the default ListJobs keeps working (the probe's oversized job broke it for good)
+    assert list((await suite["alloc"].ListJobs(allocator_pb2.ListJobsRequest(), timeout=5)).jobs) == []
+
+
+async def test_the_probes_30_mib_job_is_refused_before_decoding_and_nothing_is_stored(suite):
+    """Above the allocator's ELASTICO_MAX_REQUEST_MIB (1 MiB) the transport refuses the message unread."""
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await suite["alloc"].SubmitJob(allocator_pb2.SubmitJobRequest(request_id="r1", spec=spec(command="c" * (30 << 20))), timeout=10)
+    assert exc.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert await suite["store"].find_job_by_request("r1") is None
     assert list((await suite["alloc"].ListJobs(allocator_pb2.ListJobsRequest(), timeout=5)).jobs) == []
 
 
