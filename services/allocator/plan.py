@@ -327,8 +327,11 @@ def place_restricted(decision: Decision | None, view: ClusterView, index: ViewIn
             pass  # translate drops it too
     mem_free = np.array([index.free.get(k, [0, 0])[1] for k in index.gpus], np.int64)
     for r, g_rows, sh in out.place:
-        for g in np.atleast_1d(g_rows):
-            mem_free[int(g)] -= int(index.gpu_mem_mib[int(g)] * float(sh) // 100)
+        g_rows = np.atleast_1d(g_rows)
+        declared = declared_matches(index.jobs[int(r)].spec.shapes, len(g_rows), float(sh))
+        for g in g_rows:  # what translate will commit: the declared shape's memory, else the share's
+            mem_free[int(g)] -= (index.jobs[int(r)].spec.shapes[declared[0]].mem_mib if declared
+                                 else int(index.gpu_mem_mib[int(g)] * float(sh) // 100))
     node_of = np.array([n for n, _ in index.gpus], dtype=object)
     placed_any = False
     for r in index.restricted:
@@ -532,6 +535,7 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
             plan.dropped.append((job.job_id, "placed while not pending, or twice in one round"))
             continue
         g_rows = [int(g) for g in np.atleast_1d(g_rows)]
+        n_gpus = len(g_rows)
 
         def on(rows: Sequence[int]) -> list[Placement]:
             return _candidates(job, [(*index.gpus[g], int(index.gpu_mem_mib[g]), index.gpu_type[g]) for g in rows], float(sh),
@@ -539,10 +543,10 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
 
         p = next((o for o in on(g_rows) if fits(o)), None) if len(set(g_rows)) == len(g_rows) else None
         if p is None and job.spec.shapes:  # e.g. its declared memory does not fit there: empty GPUs where it does
-            g_rows = _empty_gpus_for(job, len(g_rows), float(sh), view, index, free, planned)
+            g_rows = _empty_gpus_for(job, n_gpus, float(sh), view, index, free, planned)
             p = next((o for o in on(g_rows) if fits(o)), None) if g_rows else None
         if p is None:
-            plan.dropped.append((job.job_id, f"{len(np.atleast_1d(g_rows))} x {sh}% does not fit committed capacity"))
+            plan.dropped.append((job.job_id, f"{n_gpus} x {sh}% does not fit committed capacity"))
             continue
         take(p)
         taken.add(r)

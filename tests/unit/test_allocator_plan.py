@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastico.domain import GpuSlice, Job, JobState, Placement, Shape, StateReason, Workload, placement_id
+from elastico.domain import GpuSlice, Job, JobKind, JobState, Placement, Shape, StateReason, Workload, placement_id
 from services.allocator.clients import GrpcSolver
 from services.allocator.estimate import TypeResolver, default_types, split_type_name
 from services.allocator.plan import build_view, transitions, translate
-from services.allocator.policy import Decision
+from services.allocator.policy import POLICY_NAMES, Decision, make_policy
 from services.pricer.core import PricingProblem, SolverOptions
 from tests.conftest import make_job, make_node, make_spec
 
@@ -208,3 +208,170 @@ def test_view_groups_gpus_by_node_and_translate_drops_a_split_gang():
     assert plan.dropped == [(a.job_id, "gang breaks the node topology")]
     assert placed_on[b.job_id] == [("n2", 0), ("n2", 1)]
     assert placed_on[c.job_id] == [("n1", 0), ("n1", 1)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Declared shapes: every policy places a job that declares its shapes in exactly one of them
+
+
+def _declared_pairs(job: Job) -> set[tuple[int, float]]:
+    return {(s.num_gpus, s.compute_share_pct) for s in job.spec.shapes}
+
+
+def _assert_declared_placement(job: Job, p: Placement) -> None:
+    """``p`` is exactly one of ``job``'s declared shapes: its index, its GPUs, its share and memory on every slice."""
+    assert 0 <= p.shape_index < len(job.spec.shapes), (job.job_id, p.shape_index)
+    want = job.spec.shapes[p.shape_index]
+    assert p.shape == want
+    assert len(p.slices) == want.num_gpus
+    assert all((s.compute_share_pct, s.mem_mib) == (want.compute_share_pct, want.mem_mib) for s in p.slices)
+
+
+def _commit(jobs: list[Job], nodes: list, plan, now: float) -> tuple[list[Job], list]:
+    """Apply a plan the way the store does: preempted jobs back to PENDING, placements RUNNING, GPU usage recounted."""
+    by_id = {j.job_id: j for j in jobs}
+    for j in plan.preempt:
+        by_id[j.job_id] = replace(by_id[j.job_id], state=JobState.PENDING, placement=None, queued_at_s=now)
+    for j, p in [*plan.resize, *plan.place]:
+        by_id[j.job_id] = replace(by_id[j.job_id], state=JobState.RUNNING, placement=replace(p, committed_at_s=now))
+    use: dict = {}
+    for j in by_id.values():
+        for s in j.placement.slices if j.placement else ():
+            u = use.setdefault((s.node_id, s.gpu_index), [0.0, 0])
+            u[0] += s.compute_share_pct
+            u[1] += s.mem_mib
+    nodes = [replace(n, last_heartbeat_s=now, gpus=tuple(
+        replace(g, allocated_share_pct=use.get((n.node_id, g.index), [0.0, 0])[0],
+                allocated_mem_mib=use.get((n.node_id, g.index), [0.0, 0])[1]) for g in n.gpus)) for n in nodes]
+    for n in nodes:
+        for g in n.gpus:
+            assert g.allocated_share_pct <= 100.0 + 1e-6 and g.allocated_mem_mib <= g.mem_total_mib
+    return list(by_id.values()), nodes
+
+
+def _declared_mix() -> list[Job]:
+    """Jobs declaring one shape (the outside probe's 10 %/12,000 MiB, and 10 %/1 GiB), two shapes on one GPU
+    count, two shapes on two counts, a declared inference service, and jobs without shapes."""
+    one = Shape(1, 10.0, 12000)
+    small = Shape(1, 10.0, 1024)
+    two = (Shape(1, 30.0, 3000), Shape(1, 100.0, 15000))
+    counts = (Shape(2, 40.0, 5000), Shape(1, 60.0, 7000))
+    specs = ([make_spec(model_family="ResNet-18", batch_size=32, shapes=(one,))] * 3
+             + [make_spec(model_family="ResNet-18", batch_size=32, shapes=(small,))] * 3
+             + [make_spec(model_family="ResNet-50", batch_size=64, shapes=two)] * 2
+             + [make_spec(model_family="Transformer", batch_size=64, shapes=counts)] * 2
+             + [make_spec(JobKind.INFERENCE, model_family="ResNet-50", batch_size=1, shapes=(Shape(1, 20.0, 2000),))]
+             + [make_spec(model_family="ResNet-18", batch_size=64)] * 3)
+    return [make_job(spec=replace(s, training=replace(s.training, total_steps=10**9)) if s.training else s,
+                     submitted_at_s=NOW - 100 + i) for i, s in enumerate(specs)]
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_every_policy_places_declared_jobs_in_exactly_a_declared_shape(policy):
+    """Rounds of every policy over jobs that declare one or two shapes (and some that declare none): every
+    placement and resize of a declaring job, in the policy's decision and in the Placement committed, is one of
+    its declared shapes -- GPU count, share and memory -- with a shape_index into its declared list."""
+    from services.allocator.estimate import default_kappa, rule_matrix
+
+    kappa = default_kappa()
+    pol = make_policy(policy, rule_matrix(TYPES, kappa), kappa, train_floor=0.5)
+    jobs, nodes = _declared_mix(), [node("n1", gpus=4), node("n2", gpus=4)]
+    now, declared_placements = NOW, 0
+    for _ in range(6):
+        view, idx = build_view(jobs, nodes, TYPES, RESOLVE, now, 15, max_tenants=8)
+        d = pol.decide(view)
+        for r, g, sh in d.place:  # the policy's own decision already uses declared shapes only
+            job = idx.jobs[int(r)]
+            if job.spec.shapes:
+                assert (len(np.atleast_1d(g)), float(sh)) in _declared_pairs(job), (policy, job.spec.shapes, len(g), sh)
+        for r, sh in d.resize:
+            job = idx.jobs[int(r)]
+            if job.spec.shapes:
+                assert float(sh) in {s for _, s in _declared_pairs(job)}, (policy, job.spec.shapes, sh)
+        plan = translate(d, view, idx)
+        assert not [w for _, w in plan.dropped if "declared" in w]
+        for job, p in [*plan.place, *plan.resize]:
+            if job.spec.shapes:
+                _assert_declared_placement(job, p)
+                declared_placements += 1
+        jobs, nodes = _commit(jobs, nodes, plan, now)
+        now += 3600.0  # past every hysteresis (min_run_s, shrink_after_s): preemption and resizing may happen
+    assert declared_placements > 0
+    for job in jobs:
+        if job.placement is not None and job.spec.shapes:
+            _assert_declared_placement(job, job.placement)
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_the_probes_job_runs_with_its_declared_share_and_memory(policy):
+    """The outside probe: a job declaring only 10 %/12,000 MiB ran at 50 % with 8,192 MiB, shape_index 1 of a
+    one-shape list. Now: its share, its memory, shape_index 0 -- under every policy."""
+    from services.allocator.estimate import default_kappa, rule_matrix
+
+    kappa = default_kappa()
+    job = make_job(spec=make_spec(shapes=(Shape(num_gpus=1, compute_share_pct=10, mem_mib=12000),)))
+    view, idx = build_view([job], [node("n1", gpus=2)], TYPES, RESOLVE, NOW, 15)
+    plan = translate(make_policy(policy, rule_matrix(TYPES, kappa), kappa).decide(view), view, idx)
+    [(_, p)] = plan.place
+    assert p.shape_index == 0 and p.shape == job.spec.shapes[0]
+    assert [(s.compute_share_pct, s.mem_mib) for s in p.slices] == [(10.0, 12000)]
+
+
+def test_view_carries_declared_shapes_and_caps_the_utilisation_at_the_largest():
+    one = make_job(spec=make_spec(model_family="Transformer", batch_size=64, shapes=(Shape(1, 10.0, 1024),)))
+    plain = make_job(spec=make_spec(model_family="Transformer", batch_size=64))
+    view, idx = build_view([one, plain], [node("n1", gpus=1)], TYPES, RESOLVE, NOW, 15)
+    rows = {j.job_id: r for r, j in enumerate(idx.jobs)}
+    assert view.jobs.any_declared and view.jobs.declared[rows[one.job_id]] == one.spec.shapes
+    assert view.jobs.declared[rows[plain.job_id]] == ()
+    u = float(TYPES.solo_util[RESOLVE(plain.spec)])
+    assert u > 0.1 and view.jobs.solo_util[rows[plain.job_id]] == u
+    assert view.jobs.solo_util[rows[one.job_id]] == pytest.approx(0.1)  # MPS caps it at its 10 %
+
+
+def test_translate_drops_a_shape_the_job_did_not_declare_with_its_relaunch():
+    """A placement or resize of a declaring job at a share it did not declare is not applied (no policy-made shape,
+    no out-of-range shape_index); a relaunch of it (preempt + place) is dropped whole, so it keeps running."""
+    spec = make_spec(shapes=(Shape(1, 10.0, 12000), Shape(1, 40.0, 6000)))
+    queued = make_job(spec=spec)
+    run = placed(make_job(spec=spec), gpus=(0,), share=10.0)
+    run = replace(run, placement=replace(run.placement, slices=(GpuSlice("n1", 0, 10.0, 12000),)))
+    n1 = node(gpus=2)
+    n1 = replace(n1, gpus=(replace(n1.gpus[0], allocated_share_pct=10.0, allocated_mem_mib=12000), n1.gpus[1]))
+    view, idx = build_view([run, queued], [n1], TYPES, RESOLVE, NOW, 15)
+    rows = {j.job_id: r for r, j in enumerate(idx.jobs)}
+    a, b = rows[run.job_id], rows[queued.job_id]
+    plan = translate(Decision(preempt=[a], resize=[], place=[(a, np.array([1]), 50.0), (b, np.array([1]), 50.0)]), view, idx)
+    assert (plan.preempt, plan.resize, plan.place) == ([], [], [])
+    assert sorted(plan.dropped) == sorted([(run.job_id, "shape not among the job's declared shapes"),
+                                           (queued.job_id, "shape not among the job's declared shapes")])
+    plan = translate(Decision(resize=[(a, 75.0)]), view, idx)
+    assert plan.resize == [] and plan.dropped == [(run.job_id, "resize to 75.0% is not among the job's declared shapes")]
+    plan = translate(Decision(resize=[(a, 40.0)], place=[(b, np.array([1]), 40.0)]), view, idx)
+    [(_, grown)] = plan.resize
+    [(_, new)] = plan.place
+    assert (grown.shape_index, grown.slices[0].mem_mib, new.shape_index, new.slices[0].mem_mib) == (1, 6000, 1, 6000)
+
+
+def test_a_declared_shape_whose_memory_does_not_fit_goes_to_an_empty_gpu():
+    """The policies plan share and tenant slots, not memory: two jobs declaring 10 %/12,000 MiB both put on GPU 0
+    (16,384 MiB) -- the second goes to an empty GPU where its memory fits instead of waiting there for ever; with no
+    empty GPU left it waits. Never a smaller memory limit than declared."""
+    jobs = [make_job(spec=make_spec(shapes=(Shape(1, 10.0, 12000),)), submitted_at_s=NOW - 10 + i) for i in range(3)]
+    view, idx = build_view(jobs, [node("n1", gpus=2)], TYPES, RESOLVE, NOW, 15)
+    plan = translate(Decision(place=[(r, np.array([0]), 10.0) for r in range(3)]), view, idx)
+    assert [(p.slices[0].gpu_index, p.slices[0].mem_mib) for _, p in plan.place] == [(0, 12000), (1, 12000)]
+    assert [j for j, _ in plan.dropped] == [idx.jobs[2].job_id]
+
+
+def test_make_placement_indexes_the_declared_list():
+    from services.allocator.plan import make_placement
+
+    job = make_job(spec=make_spec(shapes=(Shape(1, 100.0, 16000), Shape(1, 10.0, 2000), Shape(1, 10.0, 4000))))
+    on = [("n1", 0, 16384, "v100")]
+    p = make_placement(job, on, 10.0, 10.0)
+    assert (p.shape_index, p.slices[0].mem_mib, p.shape) == (1, 2000, job.spec.shapes[1])
+    assert make_placement(job, on, 10.0, 10.0, shape_index=2).slices[0].mem_mib == 4000
+    assert make_placement(job, on, 50.0, 10.0) is None  # not declared: no placement (never the policy's own)
+    assert make_placement(job, on, 10.0, 10.0, shape_index=0) is None  # index of another shape
+    assert make_placement(job, [*on, ("n1", 1, 16384, "v100")], 100.0, 10.0) is None  # 2 GPUs: not declared

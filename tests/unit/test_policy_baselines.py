@@ -63,3 +63,59 @@ def test_gang_needs_all_gpus_at_once():
 def test_unknown_policy_is_rejected():
     with pytest.raises(ValueError, match="unknown"):
         make_policy("nope", np.zeros((4, 4)), 0.9)
+
+
+@pytest.mark.parametrize("policy", ["exclusive-fifo", "exclusive-backfill", "tiresias", "mps-equal-share", "lucid"])
+def test_declared_jobs_are_placed_in_a_declared_share(policy):
+    """A job declaring its shapes gets one of its shares on one of its GPU counts -- never the policy's whole
+    GPU or 50 % replica; a job without shapes keeps the policy's own share."""
+    from elastico.domain import Shape
+
+    from .test_policy_shapes import with_declared
+
+    declared = {0: (Shape(1, 10.0, 1024),), 1: (Shape(1, 30.0, 3000), Shape(1, 100.0, 15000)),
+                2: (Shape(2, 40.0, 5000), Shape(1, 60.0, 7000))}
+    jobs = [{"type": 0, "remaining": 10.0 + i} for i in range(2)] + [{"type": 0, "n": 2, "remaining": 12.0},
+                                                                        {"type": 0, "remaining": 13.0}]
+    v = with_declared(view(jobs, gpus=5), declared)
+    d = make_policy(policy, rule_matrix(), 0.9).decide(v)
+    assert sorted(placed_ids(d)) == [0, 1, 2, 3]
+    own = {"mps-equal-share": 50.0}.get(policy, 100.0)
+    for j, g, share in d.place:
+        if j in declared:
+            assert (len(g), share) in {(s.num_gpus, s.compute_share_pct) for s in declared[j]}
+        else:
+            assert share == own
+    # nearest the policy's own share from above, else the largest: whole-GPU policies -> largest, replicas -> >= 50 %
+    want = {0: 10.0, 1: 100.0, 2: 40.0}
+    assert {j: share for j, _, share in d.place if j in declared} == want
+
+
+def test_mps_equal_share_puts_a_declared_share_where_it_fits():
+    """A replica is free on both GPUs, but a 100 % declared job only fits the empty one (first fit would take
+    GPU 0, next to a 50 % tenant)."""
+    from elastico.domain import Shape
+
+    from .test_policy_shapes import with_declared
+
+    v = with_declared(view([{"type": 0}, {"type": 0}], gpus=2, placed={0: ([0], 50.0)}), {1: (Shape(1, 100.0, 16000),)})
+    d = make_policy("mps-equal-share", rule_matrix(), 0.9).decide(v)
+    assert [(j, list(g), s) for j, g, s in d.place] == [(1, [1], 100.0)]
+
+
+def test_lucid_packs_declared_tenants_at_declared_shares_only():
+    """Packing splits a GPU 50/50; declaring tenants take their declared shares nearest 50 % instead (the resident
+    60 %, the newcomer 30 %), and only if both fit the GPU."""
+    from elastico.domain import Shape
+
+    from .test_policy_shapes import with_declared
+
+    res, new = (Shape(1, 10.0, 1024), Shape(1, 60.0, 8000)), (Shape(1, 30.0, 3000),)
+    jobs = [{"type": 0, "remaining": 1.0}, {"type": 0, "remaining": 5.0}]
+    d = make_policy("lucid", rule_matrix(), 0.9).decide(with_declared(view(jobs, gpus=1, placed={0: ([0], 10.0)}),
+                                                                      {0: res, 1: new}))
+    assert [(j, s) for j, _, s in d.place] == [(1, 30.0)] and d.resize == [(0, 60.0)]
+    too_big = (Shape(1, 50.0, 3000),)  # 60 % + 50 % > 100 %: no packing
+    d = make_policy("lucid", rule_matrix(), 0.9).decide(with_declared(view(jobs, gpus=1, placed={0: ([0], 10.0)}),
+                                                                      {0: res, 1: too_big}))
+    assert d.place == [] and d.resize == []

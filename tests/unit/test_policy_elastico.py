@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -131,3 +133,67 @@ def test_a_pair_seen_slower_than_predicted_is_not_co_located_again(learn):
     pol = make_policy("elastico", np.ones_like(rule_matrix(1.0)), 1.0, learn_observed=learn, elastic_gpus=False)
     d = pol.decide(view(jobs, gpus=2, placed={0: ([0], 50), 1: ([0], 50), 2: ([1], 50)}, now=100.0))
     assert (placed_ids(d) == [3]) is not learn
+
+
+# ---- declared shapes (JobSpec.shapes): the job's own family replaces the policy's menu ---------------------
+def _declared(v, shapes):
+    from tests.unit.test_policy_shapes import with_declared
+
+    return with_declared(v, shapes)
+
+
+def test_declared_10pct_jobs_pack_by_their_share_not_the_menus():
+    """Eight jobs declaring 10 % on one GPU with eight tenant slots: all eight are placed at 10 % (the menu's
+    smallest share, 25 %, fits only four) -- no interference in this estimate, so only share and slots bind."""
+    from elastico.domain import Shape
+
+    jobs = [{"type": LIGHT, "arrival": i} for i in range(10)]
+    v = _declared(view(jobs, gpus=1, K=8), {j: (Shape(1, 10.0, 1024),) for j in range(10)})
+    d = make_policy("elastico", np.ones_like(rule_matrix(1.0)), 1.0).decide(v)
+    assert len(d.place) == 8 and {s for _, _, s in d.place} == {10.0}
+    plain = make_policy("elastico", np.ones_like(rule_matrix(1.0)), 1.0).decide(view(jobs, gpus=1, K=8))
+    assert len(plain.place) == 4 and {s for _, _, s in plain.place} == {25.0}  # the menu, for contrast
+
+
+def test_declared_shapes_are_priced_and_placed_never_the_menu():
+    """Two shapes declared (30 % and 70 %): the job takes one of them on its declared count; a job declaring
+    only a 2-GPU and a 1-GPU shape is never started on a halving or a grown gang it did not declare."""
+    from elastico.domain import Shape
+
+    jobs = [{"type": MEDIUM, "arrival": 0, "remaining": 100 * H}, {"type": HEAVY, "n": 2, "arrival": 1, "remaining": 100 * H}]
+    shapes = {0: (Shape(1, 30.0, 3000), Shape(1, 70.0, 9000)), 1: (Shape(2, 45.0, 5000), Shape(1, 90.0, 9000))}
+    d = elastico().decide(_declared(view(jobs, gpus=4), shapes))
+    got = {j: (len(g), s) for j, g, s in d.place}
+    assert got[0] == (1, 70.0)  # medium type (0.6 of a GPU): 30 % keeps only half its speed, below the floor
+    assert got[1] in {(2, 45.0), (1, 90.0)}
+
+
+def test_declared_job_is_not_grown_or_resized_beyond_its_shapes():
+    """Idle GPUs and a long share-capped job: a job without shapes grows its share and its gang; one that
+    declares a single shape keeps it (no resize, no relaunch on more GPUs)."""
+    from elastico.domain import Shape
+
+    from tests.unit.test_gpu_count_shapes import _scalable_types
+
+    v = view([{"type": HEAVY, "n": 1, "remaining": 100 * H}], gpus=8, placed={0: ([0], 50.0)}, now=10 * H)
+    v = replace(v, types=_scalable_types())
+    pol = make_policy("elastico", rule_matrix(1.0), 1.0, min_run_s=0.0)
+    d = pol.decide(v)
+    assert d.preempt == [0] or d.resize  # without shapes: grows
+    d = make_policy("elastico", rule_matrix(1.0), 1.0, min_run_s=0.0).decide(_declared(v, {0: (Shape(1, 50.0, 8192),)}))
+    assert (d.preempt, d.resize, d.place) == ([], [], [])
+    two = (Shape(1, 50.0, 8192), Shape(1, 80.0, 12000))  # a larger declared share: it may grow to exactly that
+    d = make_policy("elastico", rule_matrix(1.0), 1.0, min_run_s=0.0).decide(_declared(v, {0: two}))
+    assert d.resize == [(0, 80.0)] and d.preempt == [] and d.place == []
+
+
+def test_declared_inference_service_is_sized_in_its_declared_shares():
+    """A service sized by the SLO in 5 % steps otherwise: declaring 35 % and 60 %, it gets the smallest declared
+    share that meets its SLO."""
+    from elastico.domain import Shape
+
+    jobs = [{"kind": 1, "load": 0.2}]
+    d = elastico().decide(_declared(view(jobs, gpus=1), {0: (Shape(1, 60.0, 6000), Shape(1, 35.0, 4000))}))
+    assert [s for _, _, s in d.place] == [35.0]
+    d = elastico().decide(_declared(view(jobs, gpus=1), {0: (Shape(1, 60.0, 6000), Shape(1, 25.0, 4000))}))
+    assert [s for _, _, s in d.place] == [60.0]  # 25 % is short of load + SLO margin (0.2 + 0.1)

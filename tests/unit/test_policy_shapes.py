@@ -36,3 +36,44 @@ def test_type_table_fits_utilisation_from_measured_pairs():
     u = dict(zip(t.names, t.solo_util))
     assert 0.05 <= min(t.solo_util[:-1]) and max(t.solo_util[:-1]) <= 1.0
     assert u["ResNet-18 (batch size 16)"] < u["ResNet-50 (batch size 64)"]  # small CNN batch uses less
+
+
+# --------------------------------------------------------------------------------------------------
+# Declared shapes (JobSpec.shapes) in the policy's view
+
+
+def with_declared(v, shapes: dict):
+    """``v`` with jobs declaring shapes (``{job row: (Shape, ...)}``), as ``plan.build_view`` builds it: the
+    declared shapes in the view and a declaring training job's utilisation capped at its largest share."""
+    from dataclasses import fields, replace
+
+    from services.allocator.policy.shapes import DeclaredJobTable, declared_util_cap
+
+    t = v.jobs
+    util = t.solo_util.copy()
+    for j, sh in shapes.items():
+        if t.kind[j] == 0:
+            util[j] = min(util[j], declared_util_cap(sh))
+    table = DeclaredJobTable(**{f.name: getattr(t, f.name) for f in fields(t)},
+                             declared=tuple(tuple(shapes.get(j, ())) for j in range(len(t.kind))),
+                             any_declared=bool(shapes))
+    return replace(v, jobs=replace(table, solo_util=util))
+
+
+def test_declared_share_is_the_declared_one_nearest_the_policys_from_above():
+    from elastico.domain import Shape
+    from services.allocator.policy.shapes import declared_options, declared_share, declared_util_cap, shapes_of
+
+    from ._policy_builders import view
+
+    v = with_declared(view([{}, {}, {}], gpus=2), {0: (Shape(1, 10.0, 1024),),
+                                                   1: (Shape(2, 40.0, 5000), Shape(1, 30.0, 3000), Shape(1, 60.0, 7000))})
+    j = v.jobs
+    assert declared_share(j, 0, 1, 100.0) == 10.0 and declared_share(j, 0, 1, 5.0) == 10.0
+    assert declared_share(j, 0, 2, 100.0) is None  # no 2-GPU shape declared: no placement on 2 GPUs
+    assert [declared_share(j, 1, 1, w) for w in (25.0, 50.0, 100.0)] == [30.0, 60.0, 60.0]
+    assert declared_share(j, 1, 2, 50.0) == 40.0
+    assert declared_share(j, 2, 1, 50.0) == 50.0 and shapes_of(j, 2) == ()  # no shapes: the policy's own
+    assert declared_options(j, 1) == ((2, 40.0), (1, 30.0), (1, 60.0))  # requested gang first, shares ascending
+    assert declared_util_cap(j.declared[1]) == pytest.approx(0.6) and declared_util_cap(()) == np.inf
+    assert shapes_of(view([{}], gpus=1).jobs, 0) == ()  # the simulator's plain JobTable declares nothing

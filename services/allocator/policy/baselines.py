@@ -281,6 +281,8 @@ class LucidPacking(Policy):
             res = np.where(one, gj.max(axis=1), -1)
             one &= (res >= 0) & (jobs.kind[np.maximum(res, 0)] == TRAINING)
             share = declared_share(jobs, j, n, 50.0)  # 50 %, or a declaring job's declared share nearest it
+            if share is None:
+                continue
             key = (int(jobs.type_idx[j]), n) if share == 50.0 else (int(jobs.type_idx[j]), n, share)
             if one.sum() < n or key in failed:
                 continue

@@ -46,6 +46,11 @@ the node topology (:func:`placement.pick_gang`). Measurements behind every defau
    training pair seen running together slower than estimated is not co-located again on the estimate's
    word.
 
+Declared shapes (live jobs with ``JobSpec.shapes``, see :mod:`shapes`): such a job is priced and placed
+in its declared shapes only -- its declared (GPU count, share) pairs replace the share menu and the
+GPU-count shapes for it, in every pass (inference sizing, pricing, preemption, slack, share growth; gangs
+never grow beyond what it declares).
+
 State across rounds (all driven by the view's clock, so simulated runs stay deterministic): the posted
 prices and when they were solved, when the preemption pass last ran, the estimate as corrected by
 observations, and skip caches of rounds that would decide the same again.
@@ -71,11 +76,17 @@ from services.allocator.policy.placement import (
 from services.allocator.policy.pricing import choose_shapes
 from services.allocator.policy.shapes import (
     SHARES_PCT,
+    any_declared,
     count_options,
     count_speed,
+    declared_counts,
+    declared_options,
+    declared_share,
+    declared_shares,
     grow_options,
     min_count,
     shape_speed_table,
+    shapes_of,
     share_speed,
 )
 from services.allocator.policy.view import (
@@ -315,6 +326,11 @@ class ElastiCo(Policy):
             if self.slack and alone.any():
                 room = self._slack_share(load[alone], jobs.solo_util[run][alone])
                 reqs[alone] = np.where(np.isfinite(room), np.maximum(reqs[alone], room), reqs[alone])
+            if any_declared(jobs):  # a declaring service: its smallest declared share meeting the SLO, else its largest
+                for k, j in enumerate(run.tolist()):
+                    if shapes_of(jobs, j):
+                        own = declared_shares(jobs, j, 1)
+                        reqs[k] = required_share_pct(load[k:k + 1], self.slo_factor, nu[k:k + 1], own)[0] if own else cur[k]
             grow = has & (reqs > cur + 1e-9)
             shrink = has & (reqs < cur - 1e-9) & (view.now_s - jobs.last_change_s[run] >= self.shrink_after_s)
             later = has & (reqs < cur - 1e-9) & ~shrink
@@ -327,6 +343,8 @@ class ElastiCo(Policy):
                     gs[g, sl] = 0.0
                     if not self._evict_for(view, gj, gs, W, g, req, d):
                         req = max(c, min(req, 100.0 - float(gs[g].sum())))
+                        if shapes_of(jobs, j):  # the largest declared share that fits, else the current one
+                            req = max((x for x in declared_shares(jobs, j, 1) if c <= x <= req + 1e-9), default=c)
                     gs[g, sl] = req
                     if req != c:
                         d.resize.append((j, req))
@@ -337,7 +355,11 @@ class ElastiCo(Policy):
             j = int(j)
             load = float(jobs.load_forecast[j] * self.inference_headroom)
             placed = False
-            for share in self.inference_shares_pct:
+            own = shapes_of(jobs, j) != ()  # a declaring service: its declared shares (on one GPU) only
+            menu = self.inference_shares_pct if not own else declared_shares(jobs, j, 1)
+            if not menu:
+                continue
+            for share in menu:
                 if share / 100.0 - load < slo_margin(self.slo_factor) - 1e-9:
                     continue
                 pred = predict_join(self.M, self.kappa, gj, gs, jobs, view.types.inference_index, load, share,
@@ -346,7 +368,7 @@ class ElastiCo(Policy):
                 ok = pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok & cap_ok
                 g = pick_gang(-pred.share_free + pred.new_norm, ok, 1)
                 if g is not None:
-                    if self.slack and not (gj[g[0]] >= 0).any():  # alone: leave room for a training co-tenant
+                    if self.slack and not own and not (gj[g[0]] >= 0).any():  # alone: leave room for a training co-tenant
                         room = float(self._slack_share(np.array([load]), jobs.solo_util[[j]])[0])
                         share = max(share, room) if np.isfinite(room) else share
                     occupy(gj, gs, j, g, float(share))
@@ -354,7 +376,7 @@ class ElastiCo(Policy):
                     placed = True
                     break
             if not placed:  # LS service first: clear the GPU whose training tenants weigh least
-                req = float(required_share_pct(load, self.slo_factor, 1.0, self.inference_shares_pct))
+                req = float(required_share_pct(load, self.slo_factor, 1.0, menu))
                 tw = np.where(gj >= 0, W[np.maximum(gj, 0)], 0.0).sum(axis=1)
                 tw[(gj >= 0).any(axis=1) & (np.where(gj >= 0, jobs.kind[np.maximum(gj, 0)], 0) == INFERENCE).any(axis=1)] = np.inf
                 g = int(np.argmin(tw))
@@ -415,9 +437,11 @@ class ElastiCo(Policy):
             if attempts >= self.max_attempts or n_room[small] == 0:
                 break
             n, t, u = int(jobs.num_gpus[j]), int(jobs.type_idx[j]), float(jobs.solo_util[j])
-            for share in shares:
+            own = shapes_of(jobs, j) != ()  # a declaring job: its declared shares on its gang, largest first
+            for share in (shares if not own else sorted(declared_shares(jobs, j, n), reverse=True)):
                 key = (t, n, share)
-                if key in failed or n_room[share] < n or share / 100.0 < self.slack_floor * u - 1e-9:
+                room_n = n_room[share] if not own else int((free[rows] >= share - 1e-9).sum())
+                if key in failed or room_n < n or share / 100.0 < self.slack_floor * u - 1e-9:
                     continue
                 attempts += 1
                 pred = state.join(t, u, float(share), self.train_floor, self.slo_factor)
@@ -461,7 +485,11 @@ class ElastiCo(Policy):
         unused = 100.0 - slot_sum(gs)  # [G] unallocated share, percent
         slot_open = slot_any(gj < 0)  # [G] GPUs with a free tenant slot
         gfree = np.maximum(unused, 0.0)
-        open_gpu = (gfree >= min(self.shares_pct) - 1e-9) & slot_open
+        # smallest share any queued job may take: the menu's, or a declared one below it
+        decl = any_declared(jobs)
+        dmin = self._declared_min_share(jobs, pend) if decl else None
+        min_sh = min(self.shares_pct) if dmin is None else min(min(self.shares_pct), dmin)
+        open_gpu = (gfree >= min_sh - 1e-9) & slot_open
         free_share = float(gfree[open_gpu].sum())
         free_slots = int((gj < 0).sum())
         n_open = int(open_gpu.sum())
@@ -478,7 +506,13 @@ class ElastiCo(Policy):
         room = np.where(slot_open, gfree, 0.0)
         n_room = (room[None, :] >= sh[:, None] - 1e-9).sum(axis=1)  # [S] GPUs with room for each share
         _, okp = shape_speed_table(jobs.solo_util[pend], self.train_floor, self.shares_pct)
-        pend = pend[n_room[np.argmax(okp, axis=1)] >= nmin]
+        fits_now = n_room[np.argmax(okp, axis=1)] >= nmin
+        if decl:  # a declaring job: room for its smallest declared share on as many GPUs as its smallest count
+            for i, j in enumerate(pend.tolist()):
+                if shapes_of(jobs, j):
+                    smallest = min(s.compute_share_pct for s in shapes_of(jobs, j))
+                    fits_now[i] = int((room >= smallest - 1e-9).sum()) >= nmin[i]
+        pend = pend[fits_now]
         if len(pend) == 0:
             return
         # nothing changed since a round that could place nobody: the same attempt would fail again
@@ -492,6 +526,10 @@ class ElastiCo(Policy):
         # share (the rest cannot win capacity this round)
         sh_all = np.asarray(self.shares_pct, float)
         fs = sh_all[np.minimum(np.searchsorted(sh_all / 100.0 + 1e-9, jobs.solo_util[pend[top]]), len(sh_all) - 1)]
+        if decl:  # a declaring job's minimal demand: its smallest declared share
+            for i, j in enumerate(pend[top].tolist()):
+                if shapes_of(jobs, j):
+                    fs[i] = min(s.compute_share_pct for s in shapes_of(jobs, j))
         need = np.cumsum(self._min_gpus(view, pend[top]) * fs)
         top = top[: max(1, int(np.searchsorted(need, self.price_depth * free_share)) + 1)]
         cand = pend[top]
@@ -531,10 +569,11 @@ class ElastiCo(Policy):
         state = None  # built on the first prediction (most rounds fail the capacity precheck first)
         room = unused.copy()  # the tenants have not changed since (pricing only)
         open_ = slot_open.copy()
-        room_cnt = {float(x): int(((room >= x - 1e-9) & open_).sum()) for x in self.shares_pct}
+        col_shares = set(self.shares_pct) | set(sh.tolist())  # the menu's shares and any declared ones
+        room_cnt = {float(x): int(((room >= x - 1e-9) & open_).sum()) for x in col_shares}
         # predictions are made on the GPUs with room for the smallest share only (under contention a
         # handful of 512): same decisions, a fraction of the work
-        rows = np.flatnonzero((room >= float(min(self.shares_pct)) - 1e-9) & open_)
+        rows = np.flatnonzero((room >= float(min_sh) - 1e-9) & open_)
         try_order = np.argsort(-speed, axis=1, kind="stable")  # [J, S'] shapes by speed, once for all
         topo = view.topo
         shrunk_shapes = speed.shape[1] > len(self.shares_pct)
@@ -543,7 +582,7 @@ class ElastiCo(Policy):
         cand_l, type_l, choice_l = cand.tolist(), jobs.type_idx[cand].tolist(), choice.tolist()
         order_l, ok_l, n_l, sh_l = try_order.tolist(), ok.tolist(), n.tolist(), sh.tolist()
         for c in np.flatnonzero(choice >= 0).tolist():
-            if attempts >= self.max_attempts or free_slots == 0 or free_share < min(self.shares_pct):
+            if attempts >= self.max_attempts or free_slots == 0 or free_share < min_sh:
                 break
             j, t, first, n_c = cand_l[c], type_l[c], choice_l[c], n_l[c]
             tries = [first] + [s for s in order_l[c] if ok_l[c][s] and s != first]
@@ -583,7 +622,7 @@ class ElastiCo(Policy):
                 free_slots -= nj
                 room[g] -= share
                 open_[g] = (gj[g] < 0).any(axis=1)
-                room_cnt = {float(x): int(((room >= x - 1e-9) & open_).sum()) for x in self.shares_pct}
+                room_cnt = {float(x): int(((room >= x - 1e-9) & open_).sum()) for x in col_shares}
                 break
         self._idle_sig = (early, sig) if len(d.place) == placed_before else None
 
@@ -609,7 +648,16 @@ class ElastiCo(Policy):
     def _min_gpus(self, view: ClusterView, idx: np.ndarray) -> np.ndarray:
         """Fewest GPUs each job of ``idx`` may start on (its requested gang unless GPU-count shapes are on)."""
         n = view.jobs.num_gpus[idx]
-        return min_count(n) if self._count_shapes(view) and self.shrink_gpus else n
+        out = min_count(n) if self._count_shapes(view) and self.shrink_gpus else n
+        if any_declared(view.jobs):  # a declaring job: its smallest declared count
+            out = np.array([min(declared_counts(view.jobs, j)) if shapes_of(view.jobs, j) else o
+                            for j, o in zip(np.asarray(idx).tolist(), np.asarray(out).tolist())], np.int64)
+        return out
+
+    @staticmethod
+    def _declared_min_share(jobs, idx: np.ndarray) -> float | None:
+        """Smallest share any declaring job of ``idx`` declares; None when none of them declares shapes."""
+        return min((s.compute_share_pct for j in idx.tolist() for s in shapes_of(jobs, j)), default=None)
 
     def _count_shapes(self, view: ClusterView) -> bool:
         return self.elastic_gpus and view.types.scale_tput is not None
@@ -639,7 +687,50 @@ class ElastiCo(Policy):
         ok = (valid[:, :, None] & okp[:, None, :]).reshape(len(cand), C * S)
         gpus = np.repeat(cnt, S, axis=1).astype(float)
         share = np.tile(np.asarray(self.shares_pct, float), C)
-        return gpus, share, speed, ok, np.repeat(cspeed, S, axis=1)
+        cnt_sp = np.repeat(cspeed, S, axis=1)
+        if any_declared(jobs):
+            return self._declared_columns(view, cand, gpus, share, speed, ok, cnt_sp)
+        return gpus, share, speed, ok, cnt_sp
+
+    def _declared_columns(self, view: ClusterView, cand: np.ndarray, gpus, share, speed, ok, cnt_sp):
+        """:meth:`_shape_family` with the declaring candidates' declared shapes as their only ones: a column
+        per declared (GPU count, share) of any candidate (counts descending, shares ascending), feasible for
+        the jobs that declare it only; a declaring job's menu columns are infeasible. A declared shape is
+        feasible when its share keeps ``train_floor`` of the job's speed, or it is the job's largest declared
+        share on that count (as the 100 % shape always is for the menu). Its speed is the share speed x
+        the GPU-count speed of the declared count (measured curve, pessimistic; linear without one)."""
+        jobs = view.jobs
+        mine = {i: set(declared_options(jobs, j)) for i, j in enumerate(cand.tolist()) if shapes_of(jobs, j)}
+        if not mine:
+            return gpus, share, speed, ok, cnt_sp
+        cols = sorted(set().union(*mine.values()), key=lambda o: (-o[0], o[1]))
+        J, E = len(cand), len(cols)
+        g_x = np.tile(np.array([c for c, _ in cols], float), (J, 1))
+        s_x = np.array([s for _, s in cols], float)
+        sp_x, ok_x, c_x = np.zeros((J, E)), np.zeros((J, E), bool), np.ones((J, E))
+        scale = view.types.scale_tput
+        for i, opts in mine.items():
+            j = int(cand[i])
+            u, req = max(float(jobs.solo_util[j]), 1e-6), int(jobs.num_gpus[j])
+            top = {}
+            for c, s in opts:
+                top[c] = max(top.get(c, 0.0), s)
+            for e, (c, s) in enumerate(cols):
+                if (c, s) not in opts:
+                    continue
+                if c == req:
+                    cs = 1.0
+                elif scale is not None:
+                    cs = float(count_speed(scale[int(jobs.type_idx[j])], c, req))
+                else:
+                    cs = c / max(req, 1)
+                ssp = float(share_speed(s, u))
+                sp_x[i, e], c_x[i, e] = ssp * cs, cs
+                ok_x[i, e] = ssp + 1e-9 >= self.train_floor or s == top[c]
+            ok[i, :] = False  # none of the menu's shapes for a job that declares its own
+        return (np.concatenate([gpus, g_x], axis=1), np.concatenate([share, s_x]),
+                np.concatenate([speed, sp_x], axis=1), np.concatenate([ok, ok_x], axis=1),
+                np.concatenate([cnt_sp, c_x], axis=1))
 
     def _shrink_row(self, view: ClusterView, type_idx: int, req: int) -> tuple:
         """(counts [4], feasible [4], GPU-count speed [4]) of a job type's gang and its halvings (a repeat of
@@ -713,13 +804,15 @@ class ElastiCo(Policy):
             if W[vic].sum() * self.preempt_ratio >= W[c]:
                 fail_n = n
                 continue
+            share = declared_share(jobs, c, n, self._full_speed_share(float(jobs.solo_util[c])))
+            if share is None:
+                continue
             victims = sorted(vic.tolist(), key=lambda t: W[t])
             touched = set(target.tolist())
             for t in victims:
                 d.preempt.append(t)
                 touched.update(int(g) for g in jobs.gpus[t])
                 vacate(gj, gs, t, jobs.gpus[t])
-            share = self._full_speed_share(float(jobs.solo_util[c]))
             occupy(gj, gs, c, target, share)
             d.place.append((c, target, share))
             rows = np.fromiter(touched, np.int64, len(touched))
@@ -780,8 +873,8 @@ class ElastiCo(Policy):
         offers = []  # (best saving per added GPU, job, current count, [(count, saving)] ascending)
         for j, cur, req, rem, t in zip(cand.tolist(), ngpu.tolist(), jobs.num_gpus[cand].tolist(),
                                        jobs.remaining_est_s[cand].tolist(), jobs.type_idx[cand].tolist()):
-            if cur == 0 or j in gone or not math.isfinite(rem):
-                continue
+            if cur == 0 or j in gone or not math.isfinite(rem) or shapes_of(jobs, j):
+                continue  # (a declaring job never grows beyond the gangs it declares)
             _, speed, ascending = self._count_table(view, t, req)
             if ascending[-1] <= cur or cur not in speed:
                 continue
@@ -908,7 +1001,7 @@ class ElastiCo(Policy):
                 continue
             room = float((100.0 - gs[g].sum(axis=1)).min()) + float(cur[k])
             best = float(cur[k])
-            for s in self.shares_pct:
+            for s in (self.shares_pct if not shapes_of(jobs, j) else declared_shares(jobs, j, len(g))):
                 if best < s <= room + 1e-9:
                     best = float(s)
                     if float(share_speed(s, u[k])) >= 1.0 - 1e-9:
