@@ -203,7 +203,10 @@ async def keyspace(api) -> dict[bytes, bytes]:
     """Every key of the test's namespace with its serialized value."""
     r = api["redis"]
     keys = sorted([k async for k in r.scan_iter(match=api["prefix"] + "*")])
-    return {k: await r.dump(k) for k in keys}
+    out = {}
+    for k in keys:
+        out[k] = (await r.hgetall(k)) if (await r.type(k)) == b"hash" else await r.dump(k)
+    return out
 
 
 def spec(tenant: str = "", command: str = "") -> tpb.JobSpec:
@@ -252,7 +255,8 @@ async def test_a_tenant_is_its_identity(api):
     await expect(b.CancelJob(apb.CancelJobRequest(job_id=job.job_id), timeout=5), grpc.StatusCode.NOT_FOUND)
     await expect(b.ListJobs(apb.ListJobsRequest(tenant="team-a"), timeout=5), grpc.StatusCode.PERMISSION_DENIED, "tenant")
     await expect(api["stub"]["node"].ListJobs(apb.ListJobsRequest(), timeout=5), grpc.StatusCode.PERMISSION_DENIED)
-    assert await keyspace(api) == before
+    after = await keyspace(api)
+    assert after == before, {k: (before.get(k), after.get(k)) for k in set(after) | set(before) if after.get(k) != before.get(k)}
     mine = await submit(b)
     listed = (await b.ListJobs(apb.ListJobsRequest(), timeout=5)).jobs
     assert [j.job_id for j in listed] == [mine.job_id]
