@@ -15,6 +15,7 @@ import grpc
 
 from elastico.domain import WORKLOAD_STATUSES, NodeInfo, Workload
 from elastico.errors import InvalidSpec, NotFound, Unavailable
+from elastico.limits import clip
 from elastico.logging import get_logger
 from elastico.rpc import convert
 from elastico.state.store import Store
@@ -72,7 +73,7 @@ def _validate_list_request(request: npb.ListWorkloadsRequest) -> None:
             raise InvalidSpec(f"job_ids[{i}]", "must be 1-128 characters of [A-Za-z0-9._:-]")
     for i, status in enumerate(request.statuses):
         if status not in WORKLOAD_STATUSES:
-            raise InvalidSpec(f"statuses[{i}]", f"must be one of {', '.join(WORKLOAD_STATUSES)}, got {status!r}")
+            raise InvalidSpec(f"statuses[{i}]", f"must be one of {', '.join(WORKLOAD_STATUSES)}, got {clip(status)!r}")
 
 
 class NodeAgentServicer(node_agent_pb2_grpc.NodeAgentServicer):
