@@ -53,8 +53,10 @@ def build(settings: NodeAgentSettings):
         backend = make_backend(settings.gpu_backend, node_id, settings.sim_gpu_type, settings.sim_gpu_count, settings.sim_gpu_mem_mib,
                                settings.sim_time_scale)
         try:
+            policy = settings.workload_policy
             mps = make_mps(settings.mps, backend.name, settings.effective_mps_pipe_dir, settings.effective_mps_log_dir,
-                           settings.mps_control_bin, settings.mps_control_timeout_s)
+                           settings.mps_control_bin, settings.mps_control_timeout_s,
+                           run_as=(policy.uid, policy.gid) if policy.drops_privileges else None)
         except BaseException:
             backend.close()
             raise

@@ -212,12 +212,20 @@ class _ControlBase:
 
 
 class RealMps(_ControlBase):
-    """The NVIDIA control daemon, driven through its binary."""
+    """The NVIDIA control daemon, driven through its binary.
+
+    ``run_as`` (uid, gid): a root agent whose workloads run as an unprivileged user starts the daemon and sends
+    its commands as that user, with the pipe and log directories owned by it, so that the daemon, its servers
+    and every client share one UID (what MPS requires of the clients of a server).
+    """
 
     name = "real"
 
-    def __init__(self, pipe_dir: Path, log_dir: Path, control_bin: str = CONTROL_BIN, control_timeout_s: float = 5.0) -> None:
+    def __init__(self, pipe_dir: Path, log_dir: Path, control_bin: str = CONTROL_BIN, control_timeout_s: float = 5.0,
+                 run_as: tuple[int, int] | None = None) -> None:
         super().__init__(pipe_dir, log_dir, control_timeout_s)
+        self._user = {"user": run_as[0], "group": run_as[1], "extra_groups": []} if run_as else {}
+        self._run_as = run_as
         path = shutil.which(control_bin)
         if path is None:
             raise Unavailable(f"{control_bin} not found on PATH; install the NVIDIA driver utilities "
@@ -227,7 +235,11 @@ class RealMps(_ControlBase):
     def _spawn_daemon(self) -> None:
         env = {**os.environ, **self._daemon_env()}
         env.pop("CUDA_VISIBLE_DEVICES", None)  # the daemon must see every GPU: clients select their own
-        res = subprocess.run([self._bin, "-d"], env=env, capture_output=True, text=True, timeout=self.control_timeout_s)
+        if self._run_as is not None:
+            for d in (self.pipe_dir, self.log_dir):
+                os.chown(d, *self._run_as)
+        res = subprocess.run([self._bin, "-d"], env=env, capture_output=True, text=True, timeout=self.control_timeout_s,
+                             **self._user)
         if res.returncode != 0:
             raise Unavailable(f"{CONTROL_BIN} -d failed ({res.returncode}): {res.stderr.strip() or res.stdout.strip()}")
 
@@ -235,7 +247,7 @@ class RealMps(_ControlBase):
         env = {**os.environ, **self._daemon_env()}
         try:
             res = subprocess.run([self._bin], input=command + "\n", env=env, capture_output=True, text=True,
-                                 timeout=self.control_timeout_s)
+                                 timeout=self.control_timeout_s, **self._user)
         except subprocess.TimeoutExpired as exc:
             raise TimeoutError(command) from exc
         if res.returncode != 0:
@@ -340,7 +352,7 @@ class NoMps:
 
 
 def make_mps(mode: str, gpu_backend: str, pipe_dir: Path, log_dir: Path, control_bin: str = CONTROL_BIN,
-             control_timeout_s: float = 5.0) -> MpsController:
+             control_timeout_s: float = 5.0, run_as: tuple[int, int] | None = None) -> MpsController:
     """``auto`` = the real daemon on NVML GPUs, the simulated one on simulated GPUs.
 
     Raises:
@@ -350,7 +362,7 @@ def make_mps(mode: str, gpu_backend: str, pipe_dir: Path, log_dir: Path, control
         return NoMps(pipe_dir, log_dir)
     if mode == "simulated" or (mode == "auto" and gpu_backend == "simulated"):
         return SimulatedMps(pipe_dir, log_dir, control_timeout_s)
-    return RealMps(pipe_dir, log_dir, control_bin, control_timeout_s)
+    return RealMps(pipe_dir, log_dir, control_bin, control_timeout_s, run_as)
 
 
 # --- /proc helpers ---------------------------------------------------------------------------------

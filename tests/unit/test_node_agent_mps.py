@@ -156,3 +156,26 @@ def test_mode_selection(tmp_path):
     assert isinstance(make_mps("auto", "simulated", tmp_path, tmp_path), SimulatedMps)
     off = make_mps("off", "nvml", tmp_path, tmp_path)
     assert isinstance(off, NoMps) and off.client_env((1,), 50, 10) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1"}
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="starting the daemon as another user needs root")
+def test_a_root_agent_runs_the_daemon_as_the_workload_user(open_tmp, monkeypatch):
+    """Daemon, servers and clients share one UID: the daemon runs as the workload user in directories it owns."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    bindir = open_tmp / "bin"
+    bindir.mkdir()
+    ctl = bindir / CTL
+    ctl.write_text(FAKE_CTL.replace('echo "-d log=', 'echo "-d uid=$(id -u) log='))
+    ctl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    mps = make_mps("real", "nvml", open_tmp / "pipe", open_tmp / "log", control_timeout_s=5,
+                   run_as=(nobody.pw_uid, nobody.pw_gid))
+    mps.start()
+    try:
+        assert mps.health().state == "ok"
+    finally:
+        mps.stop()
+    assert (open_tmp / "pipe").stat().st_uid == nobody.pw_uid and (open_tmp / "log").stat().st_uid == nobody.pw_uid
+    assert (open_tmp / "pipe" / "calls.log").read_text().splitlines()[0] == f"-d uid={nobody.pw_uid} log={open_tmp / 'log'}"
