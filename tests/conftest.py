@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import shutil
 import tempfile
@@ -69,11 +70,11 @@ def half_gpu_shape() -> Shape:
     return Shape(num_gpus=1, compute_share_pct=50.0, mem_mib=8192)
 
 
-@pytest.fixture
-def open_tmp() -> Iterator[Path]:
-    """A temporary directory every user can enter (mode 0755, parents included), removed afterwards.
+@contextlib.contextmanager
+def reachable_dir() -> Iterator[Path]:
+    """A fresh temporary directory every user can enter (mode 0755, parents included), removed afterwards.
 
-    Local clusters run as root drop their workloads to ``nobody``, which must reach the run directory;
+    Agents run as root drop their workloads to ``nobody``, which must reach their state and run directories;
     pytest's own ``tmp_path`` lies under a 0700 directory.
     """
     d = Path(tempfile.mkdtemp(prefix="elastico-test-"))
@@ -82,3 +83,10 @@ def open_tmp() -> Iterator[Path]:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """``reachable_dir`` as a fixture."""
+    with reachable_dir() as d:
+        yield d

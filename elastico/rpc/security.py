@@ -43,20 +43,25 @@ class TLSFiles:
             return None
         return cls(settings.tls_cert_file, settings.tls_key_file, settings.tls_ca_file)
 
-    def stamp(self) -> tuple[float, ...]:
+    def stamp(self) -> tuple[int, ...]:
         """Modification times of the three files (what tells a reload is due)."""
-        out = []
-        for p in (self.cert_file, self.key_file, self.ca_file):
-            try:
-                out.append(os.stat(p).st_mtime_ns)
-            except OSError:
-                out.append(-1)
-        return tuple(out)
+        return file_stamp((self.cert_file, self.key_file, self.ca_file))
 
     def read(self) -> tuple[bytes, bytes, bytes]:
         """(certificate chain, private key, CA bundle) as PEM bytes."""
         with open(self.cert_file, "rb") as c, open(self.key_file, "rb") as k, open(self.ca_file, "rb") as a:
             return c.read(), k.read(), a.read()
+
+
+def file_stamp(paths: Sequence[str]) -> tuple[int, ...]:
+    """Modification times (ns) of ``paths``, -1 for a missing file: a change means the files were rotated."""
+    out = []
+    for p in paths:
+        try:
+            out.append(os.stat(p).st_mtime_ns)
+        except OSError:
+            out.append(-1)
+    return tuple(out)
 
 
 def server_credentials(files: TLSFiles, require_client_cert: bool = True) -> grpc.ServerCredentials:

@@ -13,7 +13,6 @@ answers 403 without one unless ``ELASTICO_HTTP_REQUIRE_CLIENT_CERT=0`` (role web
 from __future__ import annotations
 
 import json
-import os
 import ssl
 import time
 import uuid
@@ -22,6 +21,7 @@ from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from elastico.logging import get_logger
+from elastico.rpc.security import file_stamp
 from services.kube import webhook
 from services.kube.extender import Extender
 from services.kube.settings import KubeSettings
@@ -152,10 +152,10 @@ def ssl_context(settings: KubeSettings) -> ssl.SSLContext | None:
     if not settings.tls_cert_file:
         return None
     paths = [p for p in (settings.tls_cert_file, settings.tls_key_file, client_ca_file(settings) if client_auth(settings) else "") if p]
-    state = {"stamp": _stamp(paths), "ctx": _build_context(settings)}
+    state = {"stamp": file_stamp(paths), "ctx": _build_context(settings)}
 
     def reload_if_changed(sock: ssl.SSLObject, _server_name: str | None, _ctx: ssl.SSLContext) -> None:
-        stamp = _stamp(paths)
+        stamp = file_stamp(paths)
         if stamp != state["stamp"]:
             try:
                 state["ctx"] = _build_context(settings)
@@ -169,16 +169,6 @@ def ssl_context(settings: KubeSettings) -> ssl.SSLContext | None:
 
     state["ctx"].sni_callback = reload_if_changed
     return state["ctx"]
-
-
-def _stamp(paths: list[str]) -> tuple[int, ...]:
-    out = []
-    for p in paths:
-        try:
-            out.append(os.stat(p).st_mtime_ns)
-        except OSError:
-            out.append(-1)
-    return tuple(out)
 
 
 def _build_context(settings: KubeSettings) -> ssl.SSLContext:

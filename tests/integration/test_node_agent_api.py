@@ -23,7 +23,8 @@ from services.node_agent.runner import find_tagged, kill_tagged
 from services.node_agent.servicer import NodeAgent, NodeAgentServicer
 from services.node_agent.settings import NodeAgentSettings
 from tests.conftest import make_job, make_spec
-from tests.integration.test_node_agent_process import reachable_dir, synthetic_workload_env
+from tests.conftest import reachable_dir
+from tests.integration.test_node_agent_process import synthetic_workload_env
 from tests.integration.test_services_api import expect_code
 
 NODE = "api-node"

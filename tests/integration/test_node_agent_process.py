@@ -11,19 +11,16 @@ made where that user can reach them, and ``synthetic_workload_env`` says who run
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import os
 import pwd
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,7 +33,7 @@ from services.node_agent.coloc import ColocationTruth, Tenant
 from services.node_agent.mps import SimulatedMps, read_environ
 from services.node_agent.runner import find_tagged, kill_tagged
 from services.node_agent.settings import WorkloadPolicy, workload_python
-from tests.conftest import make_job, make_spec
+from tests.conftest import make_job, make_spec, reachable_dir
 
 pytestmark = pytest.mark.slow
 NODE = "sim-node"
@@ -62,17 +59,6 @@ def synthetic_workload_env() -> dict[str, str]:
     run as root) where ``nobody`` can run this interpreter; otherwise root workloads, explicitly allowed. The
     latter happens when the interpreter lives in a directory only root may enter, e.g. a pyenv under /root (0700)."""
     return dict(ROOT_WORKLOADS) if os.getuid() == 0 and not nobody_runs_python() else {}
-
-
-@contextlib.contextmanager
-def reachable_dir() -> Iterator[Path]:
-    """A fresh directory the workload user can enter (pytest's own tmp_path is under a 0700 directory)."""
-    d = Path(tempfile.mkdtemp(prefix="elastico-test-"))
-    d.chmod(0o711)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def agent_env(redis_url: str, state_dir: Path, **extra: str) -> dict[str, str]:

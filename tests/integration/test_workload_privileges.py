@@ -22,13 +22,13 @@ from elastico.domain import JobState, StateReason
 from elastico.errors import ConfigError
 from services.node_agent.runner import find_tagged
 from services.node_agent.settings import NodeAgentSettings
+from tests.conftest import reachable_dir
 from tests.integration.test_node_agent_process import (
     NODE,
     REPO,
     ROOT_WORKLOADS,
     eventually,
     place,
-    reachable_dir,
     registered,
     run_agent,
     workloads,
