@@ -39,26 +39,27 @@ $(MODEL): $(MODEL_SRC) | $(GEN)
 model: $(MODEL)
 
 test: protos model
+	$(BIN)/lint-imports --no-cache
 	$(PY) -m pytest -q
 
 up: protos model
-	$(PY) -m elastico.cluster up --nodes $(NODES)
+	$(PY) -m devtools.cluster up --nodes $(NODES)
 
 down:
-	@test -x $(PY) && $(PY) -m elastico.cluster down || true
+	@test -x $(PY) && $(PY) -m devtools.cluster down || true
 
 ps: protos
-	$(PY) -m elastico.cluster ps
+	$(PY) -m devtools.cluster ps
 
 logs: protos
-	$(PY) -m elastico.cluster logs
+	$(PY) -m devtools.cluster logs
 
 status: protos
-	$(PY) -m elastico.cluster status
+	$(PY) -m devtools.cluster status
 
 # The README's first command: start the local cluster, show health and the GPUs the agents report, stop.
 demo: protos model
-	$(PY) -m elastico.demo --nodes $(NODES)
+	$(PY) -m devtools.demo --nodes $(NODES)
 
 bench: protos model
 	@for b in bench/*.py; do m=$$(basename $$b .py); [ "$$m" = "__init__" ] && continue; \

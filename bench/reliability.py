@@ -1,6 +1,6 @@
 """``python -m bench.reliability [--smoke] [--seed N]``: the outside reliability probe of a live local cluster.
 
-It starts a real local cluster the way ``make up`` does (``elastico.cluster.up(2)``: embedded Redis with AOF and one
+It starts a real local cluster the way ``make up`` does (``devtools.cluster.up(2)``: embedded Redis with AOF and one
 ACL user per process, pricer, predictor, allocator, two node agents with four simulated V100s each), secure as
 shipped (mTLS everywhere, the operator's bearer token, plus two tenant tokens issued into the allocator's tokens
 file), with the fast timers of the end-to-end tests, in a fresh temporary run directory. It then probes it only
@@ -68,7 +68,8 @@ from pathlib import Path
 import grpc
 import redis
 
-from elastico import auth, cluster
+from devtools import cluster
+from elastico import auth
 from elastico.domain import Job, JobKind, JobSpec, JobState, StateReason, TrainingWork
 from elastico.healthcheck import health_status
 from elastico.redis_embedded import EmbeddedRedis, free_port

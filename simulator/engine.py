@@ -7,7 +7,7 @@ the forecast the policy sees moves), ``WINDOW_END`` (snapshot of work done when 
 (periodic scheduling round, for policies whose decisions change with time alone).
 All events at one instant are processed first, then at most one scheduling round runs (coalesced).
 
-Speeds are ground truth (:mod:`simulator.groundtruth`); the policy sees only its estimate matrix.
+Speeds are ground truth (:mod:`elastico.coloc.truth`); the policy sees only its estimate matrix.
 A resize or a restart after preemption costs ``restart_s`` of zero progress for training (MPS limits are
 fixed at launch: checkpoint, relaunch); inference resizes are make-before-break (no downtime, counted
 as restarts). Every placement is checked: a GPU never holds more than 100 % share or K tenants, and a gang
@@ -26,11 +26,13 @@ import numpy as np
 
 from services.allocator.policy.baselines import Policy
 from services.allocator.policy.inference import slo_margin
-from services.allocator.policy.interference import compose_additive, utilisation_rule
-from services.allocator.policy.profiles import TypeTable, scaling_curve
-from services.allocator.policy.shapes import allowed_counts, count_speed, relative_tput, share_speed
-from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, JobTable, Topology, slot_sum
-from simulator.groundtruth import GroundTruth
+from elastico.coloc.rates import compose_additive, utilisation_rule
+from elastico.coloc.profiles import TypeTable, scaling_curve
+from services.allocator.policy.shapes import allowed_counts, count_speed, relative_tput
+from elastico.coloc.rates import share_speed
+from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, JobTable, Topology
+from elastico.coloc.rates import slot_sum
+from elastico.coloc.truth import GroundTruth
 from simulator.traces import BIN_S, InferenceServices, TrainingJobs
 
 ARRIVAL, INF_END, COMPLETE, LOAD, WINDOW_END, ROUND = range(6)

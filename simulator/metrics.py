@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.allocator.policy.profiles import TypeTable
+from elastico.coloc.profiles import TypeTable
 from services.allocator.policy.shapes import allowed_counts, count_speed, relative_tput
 from simulator.engine import SimResult
 from simulator.traces import InferenceServices, TrainingJobs

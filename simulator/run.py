@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from services.allocator.policy import POLICY_NAMES, RuleEstimator, load_type_table, make_policy
-from services.allocator.policy.profiles import DATA_DIR
+from services.allocator.policy import POLICY_NAMES, RuleEstimator, make_policy
+from elastico.coloc.profiles import load_type_table
+from elastico.coloc.profiles import DATA_DIR
 from simulator.engine import Engine, SimConfig
-from simulator.groundtruth import GroundTruth
+from elastico.coloc.truth import GroundTruth
 from simulator.metrics import summarise
 from simulator.traces import TraceError, load_inference, load_training, static_inference_gpus
 
@@ -42,7 +43,7 @@ def make_estimate(types, truth: GroundTruth, estimator: str = "auto") -> tuple[n
     """
     if estimator in ("auto", "predictor"):
         try:
-            from services.allocator.policy import PredictorEstimator
+            from services.predictor.estimator import PredictorEstimator
 
             est = PredictorEstimator.from_artifact()
             return est.pair_matrix(types), "predictor (models/interference.json)"

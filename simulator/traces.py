@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from services.allocator.policy.inference import slo_margin
-from services.allocator.policy.profiles import TypeTable
+from elastico.coloc.profiles import TraceError, TypeTable
 
 BIN_S = 60.0  # demand profile resolution, s
 
@@ -97,11 +97,6 @@ class InferenceServices:
 
 
 TRAINING_COLUMNS = ("arrival_time_s", "job_type", "num_gpus")  # plus a duration: see load_training
-
-
-class TraceError(ValueError):
-    """A trace (or measured-pairs) file that cannot be read as documented (the message names the file, line
-    and column)."""
 
 
 def _number(path, row: dict, col: str) -> float:

@@ -24,8 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from elastico.domain import JobKind, JobSpec
-from services.allocator.policy import RuleEstimator, TypeTable, calibrate_kappa, load_type_table
-from services.allocator.policy.profiles import DATA_DIR
+from services.allocator.policy import RuleEstimator
+from elastico.coloc.profiles import TypeTable, load_type_table
+from elastico.coloc.rates import calibrate_kappa
+from elastico.coloc.profiles import DATA_DIR
 
 _TYPE_RE = re.compile(r"^(?P<model>.+) \(batch size (?P<bs>\d+)\)$")
 

@@ -35,16 +35,12 @@ from elastico.domain import (
     placement_id,
 )
 from elastico.state.store import FULL_GPU_SHARE_UNITS, share_units
-from services.allocator.policy import INFERENCE, TRAINING, ClusterView, Decision, TypeTable
+from services.allocator.policy import INFERENCE, TRAINING, ClusterView, Decision
+from elastico.coloc.profiles import TypeTable
 from services.allocator.policy.inference import slo_margin
 from services.allocator.policy.placement import TenantState, pick_gang, sub_gang
-from services.allocator.policy.shapes import (
-    SHARES_PCT,
-    DeclaredJobTable,
-    declared_matches,
-    declared_util_cap,
-    share_speed,
-)
+from services.allocator.policy.shapes import SHARES_PCT, DeclaredJobTable, declared_matches, declared_util_cap
+from elastico.coloc.rates import share_speed
 from services.allocator.policy.view import Topology, occupy, vacate
 
 # --------------------------------------------------------------------------------------------------

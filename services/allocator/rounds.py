@@ -57,8 +57,9 @@ from services.allocator.plan import (
     transitions,
     translate,
 )
-from services.allocator.policy import TypeTable, make_policy
-from services.allocator.policy.interference import compose_additive
+from services.allocator.policy import make_policy
+from elastico.coloc.profiles import TypeTable
+from elastico.coloc.rates import compose_additive
 from services.allocator.policy.placement import pair_estimate
 from services.allocator.settings import AllocatorSettings
 

@@ -1,16 +1,16 @@
 """Co-location on simulated GPUs: the node agent's adapter to the simulator's ground truth.
 
-One ground truth: how fast each tenant of a shared GPU runs is decided by :mod:`simulator.groundtruth`
-(:meth:`~simulator.groundtruth.GroundTruth.speeds`, the same rules as the trace simulator's engine). This
+One ground truth: how fast each tenant of a shared GPU runs is decided by :mod:`elastico.coloc.truth`
+(:meth:`~elastico.coloc.truth.GroundTruth.speeds`, the same rules as the trace simulator's engine). This
 module only adapts the node agent's view of a workload to it and turns normalised speed into steps/s:
 
 1. **Job type.** A workload's ``model`` (its ``JobSpec.model_family``) and per-GPU ``batch_size`` map to a
    row of the GPU type's ``TypeTable`` exactly as the simulator maps trace rows
-   (:func:`simulator.groundtruth.type_index`): the type ``"<model> (batch size <bs>)"``, else the first
+   (:func:`elastico.coloc.truth.type_index`): the type ``"<model> (batch size <bs>)"``, else the first
    type of that model family, else -- **unknown model** -- the type with the median solo utilisation.
    A GPU type without any data: every training workload gets utilisation
-   :data:`~simulator.groundtruth.UNKNOWN_TYPE_UTIL` and the utilisation rule against every co-tenant.
-2. **One GPU** (the simulator's rules, see ``simulator/groundtruth.py``): a lone tenant keeps 1.0; a
+   :data:`~elastico.coloc.truth.UNKNOWN_TYPE_UTIL` and the utilisation rule against every co-tenant.
+2. **One GPU** (the simulator's rules, see ``elastico/coloc/truth.py``): a lone tenant keeps 1.0; a
    measured pair of the GPU type keeps its measured fraction (``data/coloc_gavel_pairs.csv``); a pair Gavel
    could not co-locate keeps ``FAILED_PAIR_NORM`` (0.05); an unmeasured pair (or a pair with an
    inference service) the calibrated utilisation rule ``kappa x min(1, 1 / (u_a + u_b))``; k > 2 tenants
@@ -33,26 +33,14 @@ import csv
 import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.groundtruth import GroundTruth, UNKNOWN_TYPE_UTIL, default_truth, type_index
+from elastico.coloc.truth import UNKNOWN_TYPE_UTIL, GroundTruth, default_truth, type_index
+from services.node_agent.gpu import Tenant
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 ISOLATED_CSV = "gavel_isolated_throughputs.csv"
 DEFAULT_ISOLATED_STEPS_PER_S = 10.0  # isolated speed assumed for a model the data does not know
-
-
-@dataclass(frozen=True)
-class Tenant:
-    """One workload's claim on the GPUs of a node, as the emulation needs it."""
-
-    job_id: str
-    model: str  # model family, e.g. "ResNet-50" (Gavel spelling; case and punctuation are ignored)
-    batch_size: int  # per-GPU batch size; 0 = unknown
-    gpu_indices: tuple[int, ...]
-    compute_share_pct: float  # MPS active-thread percentage on each of its GPUs, (0, 100]
-    kind: str = "training"  # "training" or "inference"
 
 
 def _norm_model(name: str) -> str:

@@ -5,21 +5,34 @@ never a silent fallback: ``nvml`` fails loudly on a machine without a driver, an
 back, with a warning in the log.
 
 Real GPUs set each workload's pace themselves; simulated GPUs must be told. ``emulated_rates`` is that
-seam: the simulated backend answers from the simulator's ground truth (``coloc.ColocationTruth``), NVML
-answers nothing, and the reconciler writes whatever comes back into the synthetic workloads' rate files.
+seam: the simulated backend (:mod:`services.node_agent.simulated`, imported only when selected) answers from
+the co-location ground truth, NVML answers nothing, and the reconciler writes whatever comes back into the
+synthetic workloads' rate files.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from elastico.domain import GpuCounters, GpuInfo
 from elastico.errors import Unavailable
 from elastico.logging import get_logger
-from services.node_agent.coloc import ColocationTruth, Tenant
 
 log = get_logger(component="gpu")
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """One workload's claim on the GPUs of a node, as a backend that sets workloads' pace needs it."""
+
+    job_id: str
+    model: str  # model family, e.g. "ResNet-50" (Gavel spelling; case and punctuation are ignored)
+    batch_size: int  # per-GPU batch size; 0 = unknown
+    gpu_indices: tuple[int, ...]
+    compute_share_pct: float  # MPS active-thread percentage on each of its GPUs, (0, 100]
+    kind: str = "training"  # "training" or "inference"
 
 
 class GpuBackend(Protocol):
@@ -43,60 +56,6 @@ class GpuBackend(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-class SimulatedBackend:
-    """``count`` identical GPUs of ``gpu_type`` whose co-located throughput follows measured data.
-
-    Device counters are derived from what runs: SM utilisation is the sum of the tenants' MPS shares
-    scaled by the fraction of speed they keep, memory used the sum of their pinned limits.
-    """
-
-    name = "simulated"
-
-    def __init__(self, node_id: str, gpu_type: str, count: int, mem_mib: int, truth: ColocationTruth | None = None,
-                 time_scale: float = 1.0) -> None:
-        if not time_scale > 0:
-            raise ValueError("time_scale must be > 0")
-        self.gpu_type = gpu_type
-        self.time_scale = time_scale  # simulated seconds per wall second (trace replays); 1 = real time
-        self._truth = truth
-        self._gpus = [
-            GpuInfo(index=i, uuid=f"GPU-SIM-{node_id}-{i}", gpu_type=gpu_type, mem_total_mib=mem_mib,
-                    counters=GpuCounters(sm_util_pct=0.0, mem_bw_util_pct=0.0, mem_used_mib=0.0))
-            for i in range(count)
-        ]
-        self._counters: dict[int, GpuCounters] = {}
-
-    @property
-    def truth(self) -> ColocationTruth:
-        if self._truth is None:
-            self._truth = ColocationTruth.default()
-        return self._truth
-
-    def gpus(self) -> list[GpuInfo]:
-        from dataclasses import replace
-
-        return [replace(g, counters=self._counters.get(g.index, g.counters)) for g in self._gpus]
-
-    def process_counters(self) -> dict[int, GpuCounters]:
-        return {}
-
-    def emulated_rates(self, tenants: Sequence[Tenant], mem_mib: dict[str, int] | None = None) -> dict[str, tuple[float, float]]:
-        rates = self.truth.rates(tenants, self.gpu_type)
-        if self.time_scale != 1.0:  # accelerated time: every workload runs time_scale x faster, norms unchanged
-            rates = {j: (r * self.time_scale, n) for j, (r, n) in rates.items()}
-        counters: dict[int, GpuCounters] = {}
-        for g in self._gpus:
-            on = [t for t in tenants if g.index in t.gpu_indices]
-            sm = min(100.0, sum(t.compute_share_pct * rates[t.job_id][1] for t in on))
-            mem = float(sum((mem_mib or {}).get(t.job_id, 0) for t in on))
-            counters[g.index] = GpuCounters(sm_util_pct=sm, mem_bw_util_pct=sm * 0.6, mem_used_mib=mem)
-        self._counters = counters
-        return rates
-
-    def close(self) -> None:
-        return None
 
 
 # GPM metrics read on Hopper and newer (nvmlGpmQueryDeviceSupport says which devices)
@@ -257,12 +216,13 @@ def make_backend(kind: str, node_id: str, gpu_type: str, count: int, mem_mib: in
     Raises:
         Unavailable: ``kind`` is ``nvml`` and NVML cannot be loaded.
     """
-    if kind == "simulated":
-        return SimulatedBackend(node_id, gpu_type, count, mem_mib, time_scale=time_scale)
     if kind == "nvml":
         return NvmlBackend()
-    try:
-        return NvmlBackend()
-    except Unavailable as exc:
-        log.warning("NVML unavailable, falling back to SIMULATED GPUs (gpu_backend=auto)", error=str(exc))
-        return SimulatedBackend(node_id, gpu_type, count, mem_mib, time_scale=time_scale)
+    if kind != "simulated":
+        try:
+            return NvmlBackend()
+        except Unavailable as exc:
+            log.warning("NVML unavailable, falling back to SIMULATED GPUs (gpu_backend=auto)", error=str(exc))
+    from services.node_agent.simulated import SimulatedBackend  # the co-location data only where it is used
+
+    return SimulatedBackend(node_id, gpu_type, count, mem_mib, time_scale=time_scale)

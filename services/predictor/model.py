@@ -92,6 +92,7 @@ from pathlib import Path
 import numpy as np
 import xgboost as xgb
 
+from elastico.coloc.rates import compose_k_way
 from services.predictor import features as F
 from services.predictor.features import JobProfile, Observation, ProfileCatalog
 
@@ -111,10 +112,6 @@ GENERAL_SET = "*"
 #: classifiers (Gavel writes exactly 1.0 where the co-located throughput equals the isolated one; Lucid's
 #: noise above 1 counts too, since outputs are clipped to 1 anyway).
 _CAP_LEVEL = 0.999
-
-#: Smallest per-pair normalised throughput used when composing k-way slowdowns (avoids 1/0).
-_MIN_NORM = 1e-3
-
 
 #: XGBoost objectives whose prediction is ``base margin + sum of trees`` (no link function).
 _IDENTITY_OBJECTIVES = frozenset({"reg:squarederror", "reg:pseudohubererror", "reg:absoluteerror"})
@@ -564,37 +561,6 @@ _MF_VARIANTS = ((False, False), (True, False), (False, True))
 # --------------------------------------------------------------------------------------------------
 # k-way composition
 # --------------------------------------------------------------------------------------------------
-
-
-def compose_k_way(pairwise: np.ndarray) -> np.ndarray:
-    """Normalised throughput of each of k tenants from pairwise predictions.
-
-    ``pairwise[i, j]`` is tenant i's normalised throughput next to tenant j alone (diagonal ignored).
-    Each co-tenant j *adds* the time it steals from i: alone next to j, i needs ``1 / p_ij`` of its solo
-    time, i.e. ``1 / p_ij - 1`` extra. With several co-tenants the extra times add up:
-
-        norm_i = 1 / (1 + sum_{j != i} (1 / p_ij - 1))
-
-    Why additive and not multiplicative (``prod_j p_ij``): for k jobs that each saturate the GPU
-    (p = 1/2 for every pair) time-slicing gives each 1/k; the additive rule gives exactly 1/k, while the
-    product gives (1/2)^(k-1) and would call three saturating jobs 1/4 instead of 1/3. For light co-tenants
-    (p near 1) both agree. Bounds, which the tests check: ``prod_j p_ij <= norm_i <= min_j p_ij`` (adding a
-    co-tenant never helps, and the additive rule is never more pessimistic than independent slowdowns).
-    Values are clipped to [0, 1]; p below 1e-3 is treated as 1e-3.
-
-    Args:
-        pairwise: ``[k, k]`` array of pairwise normalised throughputs.
-
-    Returns:
-        ``[k]`` array; a single tenant keeps 1.0.
-    """
-    p = np.asarray(pairwise, float)
-    k = p.shape[0]
-    if p.shape != (k, k):
-        raise ValueError(f"pairwise: shape {p.shape} is not square")
-    extra = 1.0 / np.clip(p, _MIN_NORM, 1.0) - 1.0
-    np.fill_diagonal(extra, 0.0)
-    return np.clip(1.0 / (1.0 + extra.sum(axis=1)), 0.0, 1.0)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The suite as separate processes (embedded Redis, pricer, predictor, allocator(s), 2 node agents on simulated
 GPUs) replaying a 50-job slice of the Philly trace through the gRPC API, in accelerated time, with
-invariants checked on every sample (``elastico.replay``): no GPU above 100 % share or its memory, no job
+invariants checked on every sample (``devtools.replay``): no GPU above 100 % share or its memory, no job
 running twice, every retried submission returning the same job, no job lost. Faults: ``kill -9`` of the
 allocator mid-run (restarted), and the leader paused with SIGSTOP past its lease while a standby takes over.
 """
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from elastico import cluster
+from devtools import cluster
 from elastico.redis_embedded import free_port
-from elastico.replay import Replay, trace_jobs
+from devtools.replay import Replay, trace_jobs
 from services.allocator.settings import AllocatorSettings
 from elastico.v1 import allocator_pb2, allocator_pb2_grpc
 from elastico.v1 import types_pb2 as tpb

@@ -1,4 +1,4 @@
-"""The whole suite as separate processes: `python -m elastico.cluster up` / `down`, as `make up` runs it."""
+"""The whole suite as separate processes: `python -m devtools.cluster up` / `down`, as `make up` runs it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from elastico import cluster, pki
+from devtools import cluster
+from elastico import pki
 from elastico.redis_embedded import free_port
 from elastico.rpc.security import ClientTLS, TLSFiles
 
@@ -45,7 +46,7 @@ def cluster_env(open_tmp: Path) -> dict[str, str]:
 
 
 def _cli(env: dict[str, str], *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "elastico.cluster", *args], env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "devtools.cluster", *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_up_serves_everything_and_down_leaves_nothing(cluster_env):

@@ -19,7 +19,7 @@ from elastico.domain import Job, JobState, Shape, TrainingWork
 from elastico.state.redis_store import RedisStore
 from services.allocator.policy import POLICY_NAMES
 from services.allocator.rounds import Scheduler
-from services.node_agent.gpu import SimulatedBackend
+from services.node_agent.simulated import SimulatedBackend
 from services.node_agent.mps import SimulatedMps, read_environ
 from services.node_agent.reconcile import Reconciler
 from services.node_agent.runner import kill_tagged

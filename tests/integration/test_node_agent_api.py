@@ -15,7 +15,7 @@ from elastico.domain import GpuSlice, JobState, Placement, Shape, StateReason
 from elastico.rpc.server import ServiceBinding, create_server
 from elastico.state.redis_store import RedisStore
 from elastico.v1 import node_agent_pb2, node_agent_pb2_grpc, predictor_pb2, predictor_pb2_grpc
-from services.node_agent.gpu import SimulatedBackend
+from services.node_agent.simulated import SimulatedBackend
 from services.node_agent.mps import SimulatedMps
 from services.node_agent.observations import PredictorReporter
 from services.node_agent.reconcile import Reconciler

@@ -29,7 +29,8 @@ import pytest
 
 from elastico.domain import GpuSlice, JobState, Placement, Shape, StateReason, Workload
 from elastico.state.redis_store import RedisStore
-from services.node_agent.coloc import ColocationTruth, Tenant
+from services.node_agent.coloc import ColocationTruth
+from services.node_agent.gpu import Tenant
 from services.node_agent.mps import SimulatedMps, read_environ
 from services.node_agent.runner import find_tagged, kill_tagged
 from services.node_agent.settings import WorkloadPolicy, workload_python

@@ -27,7 +27,7 @@ from elastico.v1 import (
 )
 from services.allocator.servicer import AllocatorServicer
 from services.allocator.settings import AllocatorSettings
-from services.node_agent.gpu import SimulatedBackend
+from services.node_agent.simulated import SimulatedBackend
 from services.node_agent.servicer import NodeAgent, NodeAgentServicer
 from services.pricer.servicer import PricerServicer
 from services.pricer.settings import PricerSettings

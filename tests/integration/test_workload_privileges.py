@@ -195,7 +195,7 @@ def test_agent_refuses_to_start_with_root_workloads(redis_server):
 def test_a_private_checkout_keeps_commands_unprivileged(tmp_path, open_tmp, monkeypatch):
     """Where the workload user cannot read the checkout, only the agent's own synthetic workload runs as the agent;
     a local cluster in a private run dir keeps its node state where the workload user can enter."""
-    from elastico import cluster
+    from devtools import cluster
     from services.node_agent import settings as agent_settings
 
     private = tmp_path / "private"

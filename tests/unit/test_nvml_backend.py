@@ -14,7 +14,8 @@ import pynvml
 import pytest
 
 from elastico.errors import Unavailable
-from services.node_agent.gpu import NvmlBackend, SimulatedBackend, gpu_type_from_name, make_backend
+from services.node_agent.gpu import NvmlBackend, gpu_type_from_name, make_backend
+from services.node_agent.simulated import SimulatedBackend
 
 FUNCS = ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetMemoryInfo",
          "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlGpmQueryDeviceSupport",

@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from services.allocator.policy import load_type_table, required_share_pct, share_speed, training_shapes
+from services.allocator.policy import required_share_pct, training_shapes
+from elastico.coloc.profiles import load_type_table
+from elastico.coloc.rates import share_speed
 
 
 @pytest.mark.parametrize("share,util,expected", [

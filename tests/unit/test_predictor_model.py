@@ -17,8 +17,8 @@ from hypothesis.extra.numpy import arrays
 from services.predictor import features as F
 from services.predictor.evaluate import cv_folds
 from services.predictor.features import JobProfile, Observation, ProfileCatalog
-from services.predictor.model import (ArtifactError, InterferenceModel, TrainParams, compose_k_way, load_model,
-                                      save_model, train_model)
+from services.predictor.model import ArtifactError, InterferenceModel, TrainParams, load_model, save_model, train_model
+from elastico.coloc.rates import compose_k_way
 
 REPO = Path(__file__).resolve().parents[2]
 NAN = float("nan")

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.allocator.policy import POLICY_NAMES, ClusterView, JobTable, load_type_table, make_policy
+from services.allocator.policy import POLICY_NAMES, ClusterView, JobTable, make_policy
+from elastico.coloc.profiles import load_type_table
 from services.allocator.policy.placement import first_free_gpus, pick_gang
 from services.allocator.policy.view import INFERENCE, TRAINING, Topology, occupy, vacate
 

@@ -4,8 +4,8 @@ The live allocator and the simulator call the same entry points:
 
 * :func:`make_policy` (name, estimate matrix, kappa, **options) -> a policy with ``decide(view) -> Decision``;
 * :class:`ClusterView` / :class:`JobTable` (what a round sees) and :class:`Decision` (what it answers);
-* :func:`load_type_table` (job-type profiles), :class:`InterferenceEstimator` implementations
-  (:class:`PredictorEstimator`, :class:`RuleEstimator`, :class:`MatrixEstimator`);
+* :class:`InterferenceEstimator` implementations (:class:`RuleEstimator`, :class:`MatrixEstimator`; the
+  predictor's adapter lives with the predictor and is injected by the front ends);
 * :func:`training_shapes` (a job's shape family as ``elastico.domain.Shape``), :func:`required_share_pct`.
 """
 
@@ -23,17 +23,8 @@ from services.allocator.policy.baselines import (
 )
 from services.allocator.policy.elastico import ElastiCo
 from services.allocator.policy.inference import required_share_pct, within_slo
-from services.allocator.policy.interference import (
-    InterferenceEstimator,
-    MatrixEstimator,
-    PredictorEstimator,
-    RuleEstimator,
-    calibrate_kappa,
-    compose_additive,
-    utilisation_rule,
-)
-from services.allocator.policy.profiles import TypeTable, load_type_table
-from services.allocator.policy.shapes import SHARES_PCT, share_speed, training_shapes
+from services.allocator.policy.interference import InterferenceEstimator, MatrixEstimator, RuleEstimator
+from services.allocator.policy.shapes import SHARES_PCT, training_shapes
 from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, Decision, JobTable
 
 #: Policy names accepted by :func:`make_policy`, in report order.
@@ -73,7 +64,6 @@ def make_policy(name: str, estimate: np.ndarray, kappa: float, **options) -> Pol
 __all__ = [
     "POLICY_NAMES", "make_policy", "Policy", "ElastiCo", "ExclusiveFifo", "ExclusiveBackfill", "Tiresias",
     "MpsEqualShare", "LucidPacking", "ClusterView", "JobTable", "Decision", "TRAINING", "INFERENCE",
-    "TypeTable", "load_type_table", "InterferenceEstimator", "PredictorEstimator", "RuleEstimator",
-    "MatrixEstimator", "calibrate_kappa", "compose_additive", "utilisation_rule", "SHARES_PCT",
-    "share_speed", "training_shapes", "required_share_pct", "within_slo",
+    "InterferenceEstimator", "RuleEstimator", "MatrixEstimator", "SHARES_PCT", "training_shapes",
+    "required_share_pct", "within_slo",
 ]

@@ -64,7 +64,7 @@ import numpy as np
 
 from services.allocator.policy.baselines import Policy
 from services.allocator.policy.inference import required_share_pct, slo_margin
-from services.allocator.policy.interference import utilisation_rule
+from elastico.coloc.rates import utilisation_rule
 from services.allocator.policy.placement import (
     TenantState,
     pick_gang,
@@ -74,33 +74,10 @@ from services.allocator.policy.placement import (
     weighted_loss,
 )
 from services.allocator.policy.pricing import choose_shapes
-from services.allocator.policy.shapes import (
-    SHARES_PCT,
-    any_declared,
-    count_options,
-    count_speed,
-    declared_counts,
-    declared_options,
-    declared_share,
-    declared_shares,
-    grow_options,
-    min_count,
-    shape_speed_table,
-    shapes_of,
-    share_speed,
-)
-from services.allocator.policy.view import (
-    INFERENCE,
-    TRAINING,
-    ClusterView,
-    Decision,
-    occupy,
-    slot_all,
-    slot_any,
-    slot_max,
-    slot_sum,
-    vacate,
-)
+from services.allocator.policy.shapes import SHARES_PCT, any_declared, count_options, count_speed, declared_counts, declared_options, declared_share, declared_shares, grow_options, min_count, shape_speed_table, shapes_of
+from elastico.coloc.rates import share_speed
+from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, Decision, occupy, slot_all, slot_any, slot_max, vacate
+from elastico.coloc.rates import slot_sum
 
 
 class ElastiCo(Policy):

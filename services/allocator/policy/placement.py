@@ -10,9 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from services.allocator.policy.inference import slo_margin
-from services.allocator.policy.interference import _MIN_NORM, compose_additive, utilisation_rule, utilisation_rule_both
-from services.allocator.policy.shapes import share_speed
-from services.allocator.policy.view import INFERENCE, JobTable, Topology, free_share, slot_all, slot_sum
+from elastico.coloc.rates import MIN_NORM as _MIN_NORM, compose_additive, utilisation_rule, utilisation_rule_both
+from elastico.coloc.rates import share_speed
+from services.allocator.policy.view import INFERENCE, JobTable, Topology, free_share, slot_all
+from elastico.coloc.rates import slot_sum
 
 
 def pair_estimate(M: np.ndarray, kappa: float, ta, ua, tb, ub) -> np.ndarray:

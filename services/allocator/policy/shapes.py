@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from elastico.coloc.rates import share_speed
 from elastico.domain import Shape
 from services.allocator.policy.view import JobTable
 
@@ -42,20 +43,6 @@ SHARES_PCT: tuple[int, ...] = (25, 50, 75, 100)
 
 #: Memory of the default simulated GPU (V100 16 GB), MiB.
 DEFAULT_GPU_MEM_MIB = 16384
-
-
-def share_speed(share_pct: np.ndarray | float, solo_util: np.ndarray | float) -> np.ndarray:
-    """Fraction of isolated speed a job keeps under an MPS share (saturating model above).
-
-    Args:
-        share_pct: MPS share, percent of one GPU.
-        solo_util: solo utilisation, fraction of one GPU (> 0).
-
-    Returns:
-        Speed fraction in (0, 1].
-    """
-    s = np.asarray(share_pct, float) / 100.0
-    return np.minimum(1.0, s / np.maximum(np.asarray(solo_util, float), 1e-6))
 
 
 def training_shapes(num_gpus: int, solo_util: float, iso_tput_steps_s: float, min_speed: float = 0.5,
@@ -108,7 +95,7 @@ def relative_tput(scale_row: np.ndarray, n) -> np.ndarray:
     ``scale_row`` is one row ``[4]`` (``n`` any shape) or rows ``[J, 4]`` with ``n`` of shape ``[J, C]``.
     Piecewise-linear between the measured counts 1/2/4/8, linear beyond 8 (``T(8) n / 8``).
     """
-    from services.allocator.policy.profiles import SCALE_COUNTS
+    from elastico.coloc.profiles import SCALE_COUNTS
 
     xs = np.asarray(SCALE_COUNTS, float)
     row = np.asarray(scale_row, float)
@@ -162,7 +149,7 @@ def count_options(n_req: int, max_halvings: int = 3) -> tuple[int, ...]:
 def grow_options(n_req: int, measured_row: np.ndarray | None) -> tuple[int, ...]:
     """GPU counts above ``n_req`` a job may grow to: measured counts of its type (ascending), none if the
     request itself is not a measured count (no extrapolation of a scaling curve upwards)."""
-    from services.allocator.policy.profiles import SCALE_COUNTS
+    from elastico.coloc.profiles import SCALE_COUNTS
 
     if measured_row is None or int(n_req) not in SCALE_COUNTS or not measured_row[SCALE_COUNTS.index(int(n_req))]:
         return ()

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.allocator.policy.profiles import TypeTable
+from elastico.coloc.profiles import TypeTable
+from elastico.coloc.rates import slot_sum
 
 TRAINING = 0  # value of ``JobTable.kind`` for training jobs
 INFERENCE = 1  # value of ``JobTable.kind`` for inference services
@@ -145,22 +146,6 @@ class Decision:
     resize: list[tuple[int, float]] = field(default_factory=list)  # (job id, new share percent) in place
     place: list[tuple[int, np.ndarray, float]] = field(default_factory=list)  # (job id, GPU indices, share %)
     info: dict = field(default_factory=dict)  # diagnostics (solver status, prices, gap)
-
-
-def slot_sum(a: np.ndarray) -> np.ndarray:
-    """Sums over the last axis (the K tenant slots) of a numeric ``[G, K]`` (or ``[G, K, K]``) array,
-    added slot by slot.
-
-    Bit-identical to ``a.sum(axis=-1)`` (numpy adds fewer than 8 terms in order too) at a fraction of the
-    per-row overhead of a reduction over a short axis, which dominates at a few thousand slots.
-    """
-    K = a.shape[-1]
-    if K == 0 or K >= 8:
-        return a.sum(axis=-1)
-    out = a[..., 0].copy()
-    for k in range(1, K):
-        out += a[..., k]
-    return out
 
 
 def _slot_fold(mask: np.ndarray, op, empty: bool) -> np.ndarray:

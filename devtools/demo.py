@@ -2,10 +2,10 @@
 
 For each policy (ElastiCo, then exclusive FIFO, the paper's static baseline):
 
-1. start the whole local suite (``elastico.cluster``): embedded Redis, pricer, predictor, allocator (with
+1. start the whole local suite (``devtools.cluster``): embedded Redis, pricer, predictor, allocator (with
    that policy) and N node agents on simulated GPUs, all in **accelerated time** (``--time-scale``: the
    simulated GPUs run that many seconds per wall second and the allocator's policy clock is scaled alike);
-2. replay the slice through the allocator's gRPC API (``elastico.replay``): every job submitted at its
+2. replay the slice through the allocator's gRPC API (``devtools.replay``): every job submitted at its
    (scaled) arrival, retried once with the same request id, followed to completion, invariants checked
    on every sample;
 3. stop the suite.
@@ -17,7 +17,7 @@ simulated, and the difference.
 The interference estimate: the allocator is configured with the calibrated utilisation rule
 (``ELASTICO_ESTIMATOR=rule``), the estimate the simulator uses when no trained predictor artifact is
 present, so that both sides decide on the same numbers. The simulated GPUs take their co-location speeds
-from the simulator's ground truth (``simulator/groundtruth.py``, through ``services/node_agent/coloc.py``),
+from the simulator's ground truth (``elastico/coloc/truth.py``, through ``services/node_agent/coloc.py``),
 so what remains in the difference row is the control plane (latency, reconcile and report intervals).
 """
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastico import cluster
+from devtools import cluster
 
 TRACE = "data/traces/gavel_philly_vc_traces_seed0.csv"
 # 60 consecutive Philly jobs (59 x 1 GPU, one 4-GPU job) arriving over ~1.1 h, none longer than 2 h alone:
@@ -54,7 +54,7 @@ def _suite_env(policy: str, scale: float, gpus_per_node: int, run_dir: Path) -> 
 
 def run_live(policy: str, jobs, nodes: int, gpus_per_node: int, scale: float, timeout_s: float, run_root: Path):
     """One live replay of ``jobs`` under ``policy``; returns (Observed, summary dict)."""
-    from elastico.replay import Replay, live_result
+    from devtools.replay import Replay, live_result
     from simulator.metrics import summarise
 
     env = _suite_env(policy, scale, gpus_per_node, run_root / policy)
@@ -89,7 +89,7 @@ def run_live(policy: str, jobs, nodes: int, gpus_per_node: int, scale: float, ti
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m elastico.demo", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--gpus-per-node", type=int, default=4)
     ap.add_argument("--trace", default=TRACE)
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from simulator.report import table
     from simulator.run import build_workload, run_policies
 
-    from elastico.replay import trace_jobs
+    from devtools.replay import trace_jobs
 
     t_start = time.time()
     gpus = a.nodes * a.gpus_per_node

@@ -1,4 +1,6 @@
-"""Ground truth of the simulator: what co-located jobs *actually* achieve. Measured data, not our predictor.
+"""Ground truth of co-location: what co-located jobs *actually* achieve. Measured data, not our predictor.
+
+The simulator's engine and the simulated GPU backend of the node agent both read it.
 
 * Training x training on one GPU: the measured pair (``coloc_gavel_pairs.csv``, rows of the cluster's GPU
   type): ``norm_tput_a`` for (a next to b) and ``norm_tput_b`` for (b next to a). Pairs Gavel could not
@@ -6,7 +8,7 @@
   stand-in for an OOM/restart loop) -- policies that co-locate them pay for it.
 * Pairs without a measurement (including the ~20% withheld from ``data/`` and every pair involving an
   inference service): the conservative utilisation rule of
-  :func:`services.allocator.policy.interference.utilisation_rule`, with ``kappa`` calibrated as the 25th
+  :func:`elastico.coloc.rates.utilisation_rule`, with ``kappa`` calibrated as the 25th
   percentile of measured / processor-sharing ratios (:func:`calibrate_kappa`).
 * k > 2 tenants: additive composition of the pairwise values (``compose_additive``).
 * MPS shares: a tenant's speed is additionally capped by ``share_speed(share, solo_util)`` when the policy
@@ -30,10 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from services.allocator.policy.interference import calibrate_kappa, compose_additive, utilisation_rule
-from services.allocator.policy.profiles import DATA_DIR, INFERENCE_TYPE, TypeTable, load_type_table
-from services.allocator.policy.shapes import share_speed
-from simulator.traces import TraceError
+from elastico.coloc.profiles import DATA_DIR, INFERENCE_TYPE, TraceError, TypeTable, load_type_table
+from elastico.coloc.rates import calibrate_kappa, compose_additive, share_speed, utilisation_rule
 
 #: Columns of a measured-pairs file (``coloc_gavel_pairs.csv`` schema) that the ground truth reads.
 PAIR_COLUMNS = ("gpu_type", "job_type_a", "job_type_b", "norm_tput_a", "norm_tput_b", "coloc_failed")
@@ -121,7 +121,7 @@ class GroundTruth:
 # ---- job types of workloads that are not trace rows (node agent, live jobs) ------------------------------
 
 #: Solo utilisation assumed for a training workload on a GPU type without any measured data (the default of
-#: :func:`services.allocator.policy.profiles.fit_solo_utilisation` when nothing can be fitted).
+#: :func:`elastico.coloc.profiles.fit_solo_utilisation` when nothing can be fitted).
 UNKNOWN_TYPE_UTIL = 0.75
 
 _TYPE_NAME_RE = re.compile(r"^(?P<model>.+) \(batch size (?P<bs>\d+)\)$")

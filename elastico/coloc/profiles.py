@@ -39,8 +39,13 @@ from pathlib import Path
 
 import numpy as np
 
+class TraceError(ValueError):
+    """A trace or measured-data file that cannot be read as documented (the message names the file, line
+    and column)."""
+
+
 #: Project data folder (``data/`` at the repository root).
-DATA_DIR = Path(__file__).resolve().parents[3] / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 
 #: GPU counts with measured isolated throughput in Gavel's profiles (columns of ``TypeTable.scale_tput``).
 SCALE_COUNTS: tuple[int, ...] = (1, 2, 4, 8)

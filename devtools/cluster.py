@@ -1,4 +1,4 @@
-"""Local cluster supervisor: ``python -m elastico.cluster up|down|ps|logs|status``.
+"""Local cluster supervisor: ``python -m devtools.cluster up|down|ps|logs|status``.
 
 ``up`` starts Redis (a private, embedded redis-server with AOF under the run directory, unless
 ``ELASTICO_REDIS_URL`` points at one), the pricer, predictor and allocator, and N node agents on
@@ -374,7 +374,7 @@ def status() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m elastico.cluster", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m devtools.cluster", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="start Redis, the services and N node agents")
     p_up.add_argument("--nodes", type=int, default=int(os.environ.get("ELASTICO_NODES", "2")))
