@@ -1,7 +1,7 @@
 """Pod JSON -> the allocator job it asks for (pure: no HTTP, no gRPC, no Kubernetes client).
 
 A pod opts in with the label ``elastico.io/enabled: "true"`` and describes its GPU slice with
-``elastico.io/*`` annotations (table in the README). Every malformed value raises ``InvalidSpec`` whose
+``elastico.io/*`` annotations (table in docs/kubernetes.md). Every malformed value raises ``InvalidSpec`` whose
 ``field`` is the annotation's name, so the webhook's rejection and the extender's answer tell the user
 exactly which annotation to fix.
 

@@ -5,7 +5,7 @@ The extender's Go structs have no JSON tags, so the keys are the Go field names:
 ``FailedAndUnresolvableNodes``, ``Error``}, ``HostPriorityList`` [{``Host``, ``Score``}],
 ``ExtenderBindingArgs`` {``PodName``, ``PodNamespace``, ``PodUID``, ``Node``}, ``ExtenderBindingResult`` {``Error``}.
 
-Design (README "Kubernetes"): kube-scheduler picks the node, the allocator picks the GPU slice on it.
+Design (docs/kubernetes.md): kube-scheduler picks the node, the allocator picks the GPU slice on it.
 
 * **filter** keeps the candidate nodes whose ElastiCo agent is ready and has the pod's gang of GPUs with the share
   and memory free (``Allocator.GetClusterState``);
