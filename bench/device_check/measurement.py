@@ -1,0 +1,315 @@
+"""One measurement: tenants started as child processes, warmed up, measured over one common window, sampled.
+
+``Runner`` holds what every stage shares: the budget (checked before every stage and measurement, skipping what
+no longer fits), the live children (killed, by pid, on the way out), the report rewritten as JSON after every
+step, and the solo rates the co-located ones are normalised to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from queue import Empty, Queue
+from typing import Any
+
+from bench.device_check.host import JSON_NAME, REPO, SCHEMA, TOOL_DIRS, Terminated, WorkerError, as_dict, now, tail
+from bench.device_check.workloads import MPS_SHARES, PAIR_SHARES, PAIRS, WORKLOADS
+
+DEFAULT_WINDOW_S = 5.0
+QUICK_WINDOW_S = 2.0
+DRY_WINDOW_S = 0.1
+
+
+class Child:
+    """One worker process: JSON events from its stdout on a queue, stderr in a file."""
+
+    def __init__(self, label: str, workload: str, seconds: float, env: dict[str, str], fake: bool, tmp: Path) -> None:
+        self.label = label
+        self.workload = workload
+        self.stderr_path = tmp / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}-{time.monotonic_ns()}.stderr"
+        # fake workers need only the standard library: -S skips site-packages (5x faster start, quick tests)
+        cmd = [sys.executable, *(["-S"] if fake else []), "-m", "bench.device_check", "--worker", workload,
+               "--seconds", f"{seconds:g}", *(["--fake"] if fake else [])]
+        self.t_spawn = time.monotonic()
+        with open(self.stderr_path, "w") as err:
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=err, text=True, bufsize=1)
+        self.events: Queue[dict[str, Any]] = Queue()
+        self.noise: list[str] = []
+        threading.Thread(target=self._read, daemon=True, name=f"read-{label}").start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    self.events.put(json.loads(line))
+                    continue
+                except json.JSONDecodeError:
+                    pass
+            if line:
+                self.noise.append(line[:300])
+        self.events.put({"event": "exit"})
+
+    def stderr_tail(self) -> str:
+        return tail(self.stderr_path, 1500).strip()
+
+    def wait_event(self, kind: str, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerError(f"{self.label}: no '{kind}' within {timeout:.0f} s")
+            try:
+                ev = self.events.get(timeout=min(left, 0.5))
+            except Empty:
+                continue
+            if ev.get("event") == kind:
+                return ev
+            if ev.get("event") == "error":
+                raise WorkerError(f"{self.label}: {ev.get('error')}\n{ev.get('traceback', '')[-1200:]}")
+            if ev.get("event") == "exit":
+                try:
+                    rc = self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    rc = None
+                raise WorkerError(f"{self.label} exited (rc {rc}) before '{kind}'; stderr: "
+                                  f"{self.stderr_tail()[-800:] or '(empty)'}")
+
+    def go(self, t_go: float) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"go {t_go:.6f}\n")
+        self.proc.stdin.flush()
+
+    def finish(self) -> None:
+        """Reap the child; kill it (it is ours, by pid) if it has not exited within a few seconds."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    """One co-tenant of a measurement: its label, workload, MPS share and extra environment."""
+
+    label: str
+    workload: str
+    share_pct: int | None  # MPS active-thread percentage; None = no MPS
+    env: dict[str, str]
+
+
+class Runner:
+    """Budget, children, measurements and the JSON report of one run (the stages are its subclasses')."""
+
+    def __init__(self, args: argparse.Namespace, gpu_mod: types.ModuleType, mps_mod: types.ModuleType) -> None:
+        self.args = args
+        self.gpu_mod, self.mps_mod = gpu_mod, mps_mod  # services.node_agent.gpu and .mps (project.load_project)
+        self.dry = bool(args.dry_run)
+        self.window = float(args.seconds if args.seconds is not None else
+                            DRY_WINDOW_S if self.dry else QUICK_WINDOW_S if args.quick else DEFAULT_WINDOW_S)
+        self.budget = float(args.budget_s)
+        self.out = Path(args.out)
+        self.t0 = time.monotonic()
+        self.tmp = Path(tempfile.mkdtemp(prefix="elastico-device-check-"))
+        self.go_delay = 0.02 if self.dry else 0.3
+        self.startup_est = 1.0 if self.dry else 20.0  # seconds from spawn to 'ready'; first one imports torch cold
+        self.ready_timeout = 20.0 if self.dry else 90.0
+        self.live: list[Child] = []
+        self.measuring: set[int] = set()
+        self.backend: Any = None
+        self.mem_total_mib: int | None = None
+        self.solo_plain: dict[str, float] = {}
+        self.solo_mps: dict[str, dict[int, float]] = {}
+        self.mps_ok = False
+        self.n_meas = 0
+        plan = self._plan()
+        self.report: dict[str, Any] = {
+            "schema": SCHEMA, "status": "running", "mode": "dry-run" if self.dry else "gpu",
+            "started_at": now(), "finished_at": None, "elapsed_s": 0.0, "budget_s": self.budget,
+            "window_s": self.window, "args": {k: v for k, v in vars(args).items() if k not in ("worker", "fake")},
+            "workloads": WORKLOADS, "plan": plan, "stages": {}, "summary": [],
+        }
+
+    # --- bookkeeping -------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def remaining(self) -> float:
+        return self.budget - self.elapsed()
+
+    def say(self, msg: str) -> None:
+        print(f"[{self.elapsed():6.1f}s] {msg}", flush=True)
+
+    def _plan(self) -> dict[str, Any]:
+        n = 1 + len(WORKLOADS) + 1 + len(WORKLOADS) * len(MPS_SHARES) + len(PAIRS) * len(PAIR_SHARES)
+        per = self.window + (1.0 if self.dry else 5.0) + self.go_delay
+        return {"measurements": n, "optional_timeslice_pairs": len(PAIRS),
+                "estimated_s": round(n * per + (1 if self.dry else 25), 1),
+                "assumes_startup_s": 1.0 if self.dry else 5.0}
+
+    def write(self) -> None:
+        self.report["elapsed_s"] = round(self.elapsed(), 2)
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            path = self.out / JSON_NAME
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(self.report, indent=1, default=str))
+            os.replace(tmp, path)
+        except OSError as exc:
+            print(f"device_check: cannot write {self.out / JSON_NAME}: {exc}", file=sys.stderr, flush=True)
+
+    def stage(self, name: str, fn: Callable[[dict[str, Any]], None], min_s: float) -> None:
+        res: dict[str, Any] = {}
+        entry: dict[str, Any] = {"status": "running", "started_s": round(self.elapsed(), 2), "elapsed_s": None,
+                                 "error": None, "result": res}
+        self.report["stages"][name] = entry
+        if self.remaining() < min_s:
+            entry.update(status="skipped", error=f"budget: {self.remaining():.0f} s left, stage needs ~{min_s:.0f} s")
+            self.say(f"stage {name}: SKIPPED ({entry['error']})")
+            self.write()
+            return
+        self.say(f"stage {name} ...")
+        self.write()
+        t = time.monotonic()
+        try:
+            fn(res)
+            entry["status"] = "ok"
+        except Terminated:
+            entry.update(status="interrupted", error="terminated (SIGTERM/SIGINT)")
+            raise
+        except Exception as exc:  # noqa: BLE001 - recorded; the next stage runs
+            entry.update(status="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-3000:])
+        finally:
+            entry["elapsed_s"] = round(time.monotonic() - t, 2)
+            self.say(f"stage {name}: {entry['status'].upper()} in {entry['elapsed_s']:.1f} s"
+                     + (f" -- {entry['error']}" if entry["error"] else ""))
+            self.write()
+
+    def measurement_cost(self, seconds: float) -> float:
+        return self.startup_est + seconds + self.go_delay + 1.0
+
+    def _grace(self, timeout: float) -> float:
+        """A child's wait, shortened near the end of the budget (the run must end well inside its limit)."""
+        return min(timeout, max(15.0 if not self.dry else timeout, self.remaining() + 30.0))
+
+    def child_env(self, extra: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env["PYTHONUNBUFFERED"] = "1"
+        env["PATH"] = os.pathsep.join([env.get("PATH", "")] + list(TOOL_DIRS))
+        env.update(extra)
+        return env
+
+    # --- one measurement ------------------------------------------------------------------------------
+    def measure(self, label: str, mode: str, tenants: list[TenantSpec], seconds: float,
+                ready_timeout: float | None = None, mps: Any = None) -> dict[str, Any]:
+        """Start every tenant, wait until all are warm, measure them over one common window."""
+        rec: dict[str, Any] = {"label": label, "mode": mode, "window_s": seconds, "tenants": [], "counters": None,
+                               "error": None}
+        cost = self.measurement_cost(seconds)
+        if self.remaining() < cost:
+            rec["error"] = f"skipped: budget ({self.remaining():.0f} s left, needs ~{cost:.0f} s)"
+            rec["skipped"] = True
+            self.say(f"  {label}: SKIPPED (budget)")
+            return rec
+        t = time.monotonic()
+        children: list[Child] = []
+        try:
+            for tn in tenants:
+                c = Child(tn.label, tn.workload, seconds, self.child_env(tn.env), self.dry, self.tmp)
+                children.append(c)
+                self.live.append(c)
+            deadline = time.monotonic() + self._grace(ready_timeout or self.ready_timeout)
+            readies = [c.wait_event("ready", max(0.1, deadline - time.monotonic())) for c in children]
+            startup = max(time.monotonic() - c.t_spawn for c in children)
+            self.startup_est = max(1.0 if self.dry else 3.0, startup + 1.0)
+            t_go = time.time() + self.go_delay
+            for c in children:
+                c.go(t_go)
+                self.measuring.add(c.proc.pid)
+            rec["counters"] = self.sample(t_go, seconds, {c.label: c.proc.pid for c in children}, mps)
+            results = [c.wait_event("result", seconds + self._grace(60.0)) for c in children]
+            for tn, c, ready, res in zip(tenants, children, readies, results):
+                rec["tenants"].append({
+                    "label": tn.label, "workload": tn.workload, "share_pct": tn.share_pct, "pid": c.proc.pid,
+                    "steps_per_s": res["steps_per_s"], "steps": res["steps"], "seconds": res["seconds"],
+                    "start_lag_s": res.get("start_lag_s"), "startup_s": ready.get("startup_s"),
+                    "sm_count_seen": ready.get("sm_count"), "share_env_seen": ready.get("share_env"),
+                    "peak_mem_mib": res.get("peak_mem_mib"), "latency_ms": res.get("latency_ms"),
+                })
+        except Terminated:
+            raise
+        except Exception as exc:  # noqa: BLE001 - recorded with the measurement
+            rec["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            for c in children:
+                self.measuring.discard(c.proc.pid)
+                c.finish()
+                if c in self.live:
+                    self.live.remove(c)
+            rec["wall_s"] = round(time.monotonic() - t, 2)
+            self.n_meas += 1
+        rates = "  ".join(f"{x['label']} {x['steps_per_s']:.1f}/s" for x in rec["tenants"])
+        self.say(f"  {label}: {rates or 'FAILED: ' + str(rec['error'])[:300]}")
+        return rec
+
+    def sample(self, t_go: float, seconds: float, pids: dict[str, int], mps: Any) -> dict[str, Any] | None:
+        """NVML device and per-process counters inside the window (GPM needs two samples), MPS health."""
+        if self.backend is None and mps is None:
+            return None
+        out: dict[str, Any] = {}
+        try:
+            time.sleep(max(0.0, t_go + 0.25 * seconds - time.time()))
+            if self.backend is not None:
+                self.backend.gpus()
+            time.sleep(max(0.0, t_go + 0.75 * seconds - time.time()))
+            if self.backend is not None:
+                gpus = self.backend.gpus()
+                out["gpu0"] = as_dict(gpus[0].counters) if gpus else None
+                procs = self.backend.process_counters()
+                out["processes"] = {str(pid): as_dict(c) for pid, c in procs.items()}
+                out["tenant_pids_seen"] = {label: str(pid) in out["processes"] for label, pid in pids.items()}
+            if mps is not None:
+                h = mps.health()
+                out["mps_health"] = {"state": h.state, "servers": list(h.server_pids),
+                                     "clients": sorted(h.client_pids), "detail": h.detail}
+        except Exception as exc:  # noqa: BLE001
+            out["error"] = f"{type(exc).__name__}: {exc}"
+        return out
+
+    @staticmethod
+    def normalise(rec: dict[str, Any], base: dict[str, float] | dict[str, float | None],
+                  same_share: dict[str, float | None] | None) -> None:
+        """Each tenant's rate over its solo rate in ``base`` (and ``same_share``); their sum as ``combined_norm``."""
+        total: float | None = 0.0
+        for t in rec["tenants"]:
+            b = base.get(t["workload"])
+            t["norm"] = t["steps_per_s"] / b if b else None
+            if same_share is not None:
+                s = same_share.get(t["workload"])
+                t["norm_vs_solo_same_share"] = t["steps_per_s"] / s if s else None
+            total = total + t["norm"] if (total is not None and t["norm"] is not None) else None
+        rec["combined_norm"] = total if rec["tenants"] else None
