@@ -12,9 +12,9 @@ NODES  ?= 2
 # The interference model artifact: trained from the shipped data when absent or older than the code or
 # data it is built from (seconds, fixed seed).
 MODEL  := models/interference.json
-MODEL_SRC := services/predictor/features.py services/predictor/model.py services/predictor/train.py $(wildcard data/*.csv)
+MODEL_SRC := services/predictor/features.py services/predictor/datasets.py $(wildcard services/predictor/model/*.py) services/predictor/train.py $(wildcard data/*.csv)
 
-.PHONY: all venv protos model test demo up down ps logs status bench clean distclean
+.PHONY: all venv protos model test demo up down ps logs status bench device-deps clean distclean
 
 all: protos
 
@@ -61,12 +61,21 @@ status: protos
 demo: protos model
 	$(PY) -m devtools.demo --nodes $(NODES)
 
+# Every benchmark that runs on this machine, one after another (bench.device_check needs a GPU: see below).
+BENCHES := headline pricer predictor allocator state_reads reliability
 bench: protos model
-	@for b in bench/*.py; do m=$$(basename $$b .py); [ "$$m" = "__init__" ] && continue; \
-	  echo "== bench.$$m =="; $(PY) -m bench.$$m || exit 1; done
+	@for m in $(BENCHES); do echo "== bench.$$m =="; $(PY) -m bench.$$m || exit 1; done
+
+# bench.device_check on the GPU machine (no virtualenv there): the pinned structlog, unpacked into .device-deps/site;
+# carry .device-deps and run `PYTHONPATH=.device-deps/site python3 -m bench.device_check --out DIR` from the root.
+device-deps: $(STAMP)
+	rm -rf .device-deps
+	$(BIN)/pip download --quiet --no-deps --only-binary=:all: \
+	  structlog==$$(sed -n 's/^ *"structlog==\([^"]*\)".*/\1/p' pyproject.toml) -d .device-deps
+	$(PY) -m zipfile -e .device-deps/structlog-*.whl .device-deps/site
 
 clean:
-	rm -rf .run .pytest_cache .hypothesis elastico/v1 models
+	rm -rf .run .pytest_cache .hypothesis elastico/v1 models .device-deps
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: down clean

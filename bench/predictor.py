@@ -30,9 +30,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from services.predictor import features as F
+from services.predictor import datasets as D
+from services.predictor.datasets import ProfileCatalog
 from services.predictor.evaluate import check_targets, cross_validate, format_table
-from services.predictor.features import ProfileCatalog
 from services.predictor.model import TrainParams, train_model
 
 LATENCY_TARGET_P99_MS = 10.0
@@ -123,8 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     catalog = ProfileCatalog.default()
     label = " [SMOKE: reduced model, not the acceptance figures]" if args.smoke else ""
-    rows = (F.read_pair_file(F.PROJECT_DATA_DIR / "coloc_gavel_pairs.csv", catalog) if args.smoke
-            else F.shipped_observations(catalog))
+    rows = (D.read_pair_file(D.PROJECT_DATA_DIR / "coloc_gavel_pairs.csv", catalog) if args.smoke
+            else D.shipped_observations(catalog))
     sources = sorted({r.source for r in rows})
     print(f"== Accuracy: grouped {folds}-fold CV over the shipped rows ({', '.join(sources)}); group = job-type "
           f"pair on every GPU type and in every environment{label}")
@@ -148,8 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for text, ok in check_targets(scored.subset(mask), absolute=False):
                 results.append((f"{env}: {text}", ok))
                 print(f"{'PASS' if ok else 'FAIL'}  {text}")
-    if not args.smoke and not (F.shared_data_dir() / "coloc_lucid_pairs.csv").is_file():
-        print(f"\n(Lucid pairs not found under {F.shared_data_dir()}: skipped)")
+    if not args.smoke and not (D.shared_data_dir() / "coloc_lucid_pairs.csv").is_file():
+        print(f"\n(Lucid pairs not found under {D.shared_data_dir()}: skipped)")
 
     if not args.smoke:
         print("\n-- Spread over CV split seeds (model only, Gavel measured pairs)")

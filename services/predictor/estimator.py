@@ -10,7 +10,7 @@ import numpy as np
 
 from elastico.coloc.profiles import TypeTable
 from services.predictor import model as pm
-from services.predictor.features import ProfileCatalog
+from services.predictor.datasets import ProfileCatalog
 
 
 class PredictorEstimator:

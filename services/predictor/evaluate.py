@@ -43,7 +43,8 @@ import numpy as np
 import xgboost as xgb
 
 from services.predictor import features as F
-from services.predictor.features import JobProfile, Observation, ProfileCatalog
+from services.predictor.datasets import ProfileCatalog, detect_pair_schema, read_pair_file, shipped_observations
+from services.predictor.features import JobProfile, Observation
 from services.predictor.model import (DEFAULT_MODEL_PATH, ArtifactError, InterferenceModel, TrainParams,
                                       ordered_examples, train_model)
 
@@ -322,7 +323,7 @@ def check_targets(scored: Scored, absolute: bool = True) -> list[tuple[str, bool
 
 
 def _describe(path: Path, rows: Sequence[Observation]) -> str:
-    schema = F.detect_pair_schema(path)
+    schema = detect_pair_schema(path)
     return f"{path.name} ({schema} schema): {len(rows)} pairs"
 
 
@@ -338,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         catalog = ProfileCatalog.default()
-        rows = F.read_pair_file(args.pairs, catalog)
+        rows = read_pair_file(args.pairs, catalog)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -353,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ArtifactError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        scored = score_model(model, rows, F.shipped_observations(catalog))
+        scored = score_model(model, rows, shipped_observations(catalog))
         print(f"model {model.version} ({args.model}); {scored.n_pairs} pairs scored, {scored.n_failed} failed "
               f"pairs excluded, {scored.low_confidence} low-confidence")
         if scored.n_in_training:
@@ -364,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(format_table(scored))
     if args.cv:
-        gavel = F.detect_pair_schema(args.pairs) == "gavel"
+        gavel = detect_pair_schema(args.pairs) == "gavel"
         if not gavel:
             print("(the absolute targets are defined for Gavel; only the comparisons with baselines apply)")
         for text, ok in check_targets(scored, absolute=gavel):

@@ -11,31 +11,18 @@ combinations (sums, products, same-family flags, the utilisation-sum heuristic).
 learned encodings (family-pair means) to these; their column names are part of this schema too, so the
 schema version covers every column the model sees.
 
-Where profiles come from:
-
-* the shipped Gavel data (``data/gavel_isolated_throughputs.csv``, MIT): solo throughput of 26 training
-  job types on K80/P100/V100, one and several GPUs, and a second measurement campaign
-  (``data/gavel_oracle_isolated_throughputs.csv``). No counters exist for these jobs.
-* Lucid's isolated profiles (``lucid_isolated_profiles.csv``; S-Lab non-commercial licence, so read from
-  the shared data folder when present and never copied into the project): NVML counters on an RTX 3090.
-* live, the node agents (counters of the running job), converted by the servicer.
-
-:class:`ProfileCatalog` holds the profiles derived from data files and completes a live profile (fills its
-unknown fields, never overrides known ones) so that a request naming only "ResNet-50, batch 64 on v100"
-gets the same solo characteristics the model was trained with.
+An :class:`Observation` is one co-location measurement of two profiles. Where profiles and observations
+come from (data files, the profile catalogue) is :mod:`services.predictor.datasets`.
 
 This module is pure: numpy and the standard library only.
 """
 
 from __future__ import annotations
 
-import csv
 import math
-import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 
 import numpy as np
 
@@ -44,28 +31,6 @@ import numpy as np
 SCHEMA_VERSION = "pf-5"
 
 NAN = float("nan")
-
-# --------------------------------------------------------------------------------------------------
-# Paths
-# --------------------------------------------------------------------------------------------------
-
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-
-#: Datasets shipped inside the project (Gavel, MIT licence in data/LICENSES/).
-PROJECT_DATA_DIR = _REPO_ROOT / "data"
-
-
-def shared_data_dir() -> Path:
-    """The shared data folder (Lucid files live only there).
-
-    ``ELASTICO_SHARED_DATA`` overrides; the default is ``../shared/data`` next to the repository. The folder
-    may be absent: callers must check the files they need exist.
-    """
-    env = os.environ.get("ELASTICO_SHARED_DATA")
-    if env:
-        return Path(env)
-    return _REPO_ROOT.parent / "shared" / "data"
-
 
 # --------------------------------------------------------------------------------------------------
 # Vocabularies (part of the schema version)
@@ -121,9 +86,8 @@ GPU_SPECS: Mapping[str, GpuSpec] = {
 KNOWN_GPUS: tuple[str, ...] = tuple(GPU_SPECS)
 
 #: Measurement environments with a categorical code. Co-location behaviour depends on the software stack
-#: and the measurement method as well as on the GPU: Gavel's two campaigns of the *same* pairs disagree
-#: (per-pair correlation 0.33 on V100), and training one model on Gavel and Lucid together made Gavel's
-#: grouped-CV error worse (0.032 -> 0.035). So every row carries the environment it was measured in and
+#: and the measurement method as well as on the GPU (Gavel's two campaigns of the *same* pairs disagree;
+#: figures in docs/history/predictor.md), so every row carries the environment it was measured in and
 #: the model keeps environments apart (see ``services.predictor.model``).
 #: "" is this cluster: live requests and node-agent observations; "gavel" and "gavel-oracle" are Gavel's
 #: measured and older campaigns, "lucid" is Lucid's RTX 3090 measurements.
@@ -324,9 +288,8 @@ COMBO_FEATURES: tuple[str, ...] = (
 #: 0 = A's family next to B's family on this GPU type (in this environment), 1 = the same family pair on
 #: any GPU type of this environment, 2 = A's architecture class next to B's class on this GPU type,
 #: 3 = the class pair on any GPU type of this environment, 4 = the family pair in any environment,
-#: 5 = the class pair in any environment; ``enc_pair_level`` says which. (Backing off, instead of offering
-#: all levels side by side, measured better: the coarser levels only add noise where the family pair is
-#: known.)
+#: 5 = the class pair in any environment; ``enc_pair_level`` says which. One backed-off value rather than
+#: every level side by side: the coarser levels only add noise where the family pair is known.
 ENCODING_FEATURES: tuple[str, ...] = ("enc_pair_mean", "enc_pair_level")
 
 #: Full column list of an ordered pair row, in order.
@@ -474,7 +437,7 @@ def pair_matrix(pairs: Sequence[tuple[JobProfile, JobProfile]],
 
 
 # --------------------------------------------------------------------------------------------------
-# Observations (co-located measurements) and data files
+# Observations (co-located measurements)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -501,246 +464,3 @@ class Observation:
     def group(self) -> tuple:
         """The unordered job-type pair, independent of GPU type: rows of one group are held out together."""
         return tuple(sorted((self.a.job_key, self.b.job_key), key=repr))
-
-
-_GAVEL_BATCH = re.compile(r"\(batch size (\d+)\)")
-
-
-def parse_gavel_job_type(job_type: str) -> tuple[str, int | None]:
-    """``"ResNet-18 (batch size 64)"`` -> ``("ResNet-18", 64)``; ``"A3C"`` -> ``("A3C", None)``."""
-    m = _GAVEL_BATCH.search(job_type)
-    family = job_type.split(" (")[0].strip()
-    return family, (int(m.group(1)) if m else None)
-
-
-def _read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
-class ProfileCatalog:
-    """Solo profiles derived from data files, keyed by (family, batch size, precision, training, GPU type).
-
-    Use :meth:`complete` to fill the unknown fields of a live profile; :meth:`gavel` and :meth:`lucid` look
-    up the profile of a data-file job.
-    """
-
-    def __init__(self, profiles: Iterable[JobProfile] = ()) -> None:
-        self._by_key: dict[tuple, JobProfile] = {}
-        for p in profiles:
-            self.add(p)
-
-    @staticmethod
-    def _key(p: JobProfile) -> tuple:
-        return p.job_key + (p.gpu_type,)
-
-    def add(self, p: JobProfile) -> None:
-        """Add or replace the profile of ``p``'s job type on its GPU type."""
-        self._by_key[self._key(p)] = p
-
-    def __len__(self) -> int:
-        return len(self._by_key)
-
-    def __iter__(self):
-        return iter(self._by_key.values())
-
-    def get(self, model_family: str, batch_size: int | None, gpu_type: str, precision: str = "",
-            training: bool = True) -> JobProfile | None:
-        """The catalogued profile, or None. An unknown precision matches a catalogued fp32 entry."""
-        probe = JobProfile(model_family, gpu_type, batch_size, precision, training)
-        found = self._by_key.get(self._key(probe))
-        if found is None and not probe.precision:
-            found = self._by_key.get(self._key(replace(probe, precision="fp32")))
-        return found
-
-    def complete(self, p: JobProfile) -> JobProfile:
-        """``p`` with unknown fields filled from the catalogued profile of its job type (if any).
-
-        Known fields of ``p`` (live counters, MPS share) always win.
-        """
-        found = self._by_key.get(self._key(p))
-        if found is None and not p.precision:
-            found = self._by_key.get(self._key(replace(p, precision="fp32")))
-        return p.completed_by(found) if found is not None else p
-
-    # ---- constructors from data files -----------------------------------------------------------
-
-    @classmethod
-    def default(cls, project_data: Path | None = None, shared_data: Path | None = None) -> ProfileCatalog:
-        """Gavel profiles from the project's data folder plus Lucid profiles when the shared folder has them."""
-        cat = cls.from_gavel(project_data or PROJECT_DATA_DIR)
-        lucid = (shared_data or shared_data_dir()) / "lucid_isolated_profiles.csv"
-        if lucid.is_file():
-            for p in lucid_profiles(lucid):
-                cat.add(p)
-        return cat
-
-    @classmethod
-    def from_gavel(cls, data_dir: Path) -> ProfileCatalog:
-        """Profiles of Gavel's 26 job types on each GPU type, from its isolated-throughput files.
-
-        Derived per job type and GPU type (solo measurements only, nothing from co-location):
-        throughput (steps/s), speed-up from the slowest to the fastest GPU type (a compute-boundness
-        proxy: input-bound jobs barely speed up), this GPU's speed relative to the fastest, the ratio
-        between Gavel's two measurement campaigns, and data-parallel scaling on 2 and 8 GPUs (consolidated
-        on one server and spread over servers). Gavel jobs ran in fp32 and are all training jobs.
-        """
-        iso: dict[tuple[str, str, int], float] = {}
-        path = Path(data_dir) / "gavel_isolated_throughputs.csv"
-        for r in _read_csv(path):
-            value = float(r["isolated_tput"])
-            if value > 0:  # 0 marks a configuration Gavel did not measure
-                iso[(r["worker_type"], r["job_type"], int(r["scale_factor"]))] = value
-        oracle: dict[tuple[str, str], float] = {}
-        opath = Path(data_dir) / "gavel_oracle_isolated_throughputs.csv"
-        if opath.is_file():
-            for r in _read_csv(opath):
-                if float(r["isolated_tput"]) > 0:
-                    oracle[(r["worker_type"], r["job_type"])] = float(r["isolated_tput"])
-        gpus = sorted({w for (w, _, sf) in iso if sf == 1 and "_" not in w})
-        job_types = sorted({j for (_, j, _) in iso})
-        cat = cls()
-        for jt in job_types:
-            family, bs = parse_gavel_job_type(jt)
-            solo = {g: iso.get((g, jt, 1), NAN) for g in gpus}
-            finite = [v for v in solo.values() if v > 0]
-            fastest = max(finite) if finite else NAN
-            speedup = fastest / min(finite) if finite else NAN
-            for g in gpus:
-                t1 = solo[g]
-                t2 = iso.get((g, jt, 2), NAN)
-                t8 = iso.get((g, jt, 8), NAN)
-                u2 = iso.get((f"{g}_unconsolidated", jt, 2), NAN)
-                cat.add(JobProfile(
-                    model_family=family, gpu_type=g, batch_size=bs, precision="fp32", training=True,
-                    isolated_tput_steps_s=t1, gpu_speedup_ratio=speedup, rel_speed_this_gpu=t1 / fastest,
-                    remeasure_ratio=oracle.get((g, jt), NAN) / t1,
-                    scaling_2gpu_ratio=t2 / t1, scaling_8gpu_ratio=t8 / t1, unconsolidated_2gpu_ratio=u2 / t2,
-                ))
-        return cat
-
-    def gavel(self, job_type: str, gpu_type: str) -> JobProfile:
-        """Profile of a Gavel job type (``"ResNet-18 (batch size 64)"``) on ``gpu_type``.
-
-        Falls back to a task-features-only profile when the catalogue lacks the job type.
-        """
-        family, bs = parse_gavel_job_type(job_type)
-        found = self.get(family, bs, gpu_type, "fp32")
-        return found or JobProfile(family, gpu_type, bs, "fp32", True)
-
-    def lucid(self, model: str, batch_size: int, amp: bool, dataset: str = "") -> JobProfile:
-        """Profile of a Lucid job (RTX 3090); counters present when Lucid's isolated profiles were loaded."""
-        precision = "amp" if amp else "fp32"
-        found = self.get(model, batch_size, "rtx3090", precision)
-        return found or JobProfile(model, "rtx3090", batch_size, precision, True, dataset=dataset)
-
-
-def lucid_profiles(path: Path) -> list[JobProfile]:
-    """Lucid's isolated profiles (``lucid_isolated_profiles.csv``): NVML counters on an RTX 3090.
-
-    ``gpu_util`` and ``gmem_util`` are NVML GPU and memory utilisation (%), ``gmem`` is memory used (MiB).
-    Lucid's ``speed`` column has model-specific units, so it is not used as steps/s.
-    """
-    out = []
-    for r in _read_csv(Path(path)):
-        out.append(JobProfile(
-            model_family=r["model"], gpu_type="rtx3090", batch_size=int(r["batchsize"]),
-            precision="amp" if r["amp"].strip() == "1" else "fp32", training=True,
-            gpu_util_pct=min(100.0, float(r["gpu_util"])), mem_bw_util_pct=min(100.0, float(r["gmem_util"])),
-            mem_used_mib=float(r["gmem"]), dataset=r["dataset"],
-        ))
-    return out
-
-
-#: Header columns that identify each pair-file schema.
-GAVEL_PAIR_COLUMNS = ("gpu_type", "job_type_a", "job_type_b", "norm_tput_a", "norm_tput_b", "coloc_failed")
-LUCID_PAIR_COLUMNS = ("model1", "batchsize1", "amp1", "speed1", "model2", "batchsize2", "amp2", "speed2")
-
-
-def detect_pair_schema(path: Path) -> str:
-    """``"gavel"`` or ``"lucid"`` from the CSV header.
-
-    Raises:
-        ValueError: when the header matches neither schema.
-    """
-    with open(path, newline="") as fh:
-        header = next(csv.reader(fh), [])
-    cols = set(header)
-    if set(GAVEL_PAIR_COLUMNS) <= cols:
-        return "gavel"
-    if set(LUCID_PAIR_COLUMNS) <= cols:
-        return "lucid"
-    raise ValueError(f"{path}: header matches neither the Gavel nor the Lucid pair schema: {header[:8]}")
-
-
-def _gavel_campaign(row: Mapping[str, str], a: JobProfile, b: JobProfile) -> str:
-    """The Gavel campaign a pair-file row comes from, recognised by its isolated throughputs.
-
-    The measured campaign's rows carry the isolated throughput of ``gavel_isolated_throughputs.csv`` (the
-    catalogue's ``isolated_tput_steps_s``); the oracle campaign's carry ``gavel_oracle_isolated_throughputs``
-    (``isolated_tput_steps_s * remeasure_ratio``). Returns "gavel" or "gavel-oracle"; rows that match
-    neither (unknown job types) count as "gavel".
-    """
-    votes = {"gavel": 0, "gavel-oracle": 0}
-    for p, col in ((a, "isolated_tput_a"), (b, "isolated_tput_b")):
-        try:
-            value = float(row.get(col, "") or "nan")
-        except ValueError:
-            continue
-        measured = p.isolated_tput_steps_s
-        oracle = measured * p.remeasure_ratio
-        if measured > 0 and math.isclose(value, measured, rel_tol=1e-6):
-            votes["gavel"] += 1
-        elif oracle > 0 and math.isclose(value, oracle, rel_tol=1e-6):
-            votes["gavel-oracle"] += 1
-    return "gavel-oracle" if votes["gavel-oracle"] > votes["gavel"] else "gavel"
-
-
-def read_pair_file(path: Path, catalog: ProfileCatalog | None = None) -> list[Observation]:
-    """Observations from a pair file in the Gavel or Lucid schema (autodetected).
-
-    Gavel rows with ``coloc_failed = 1`` become ``failed`` observations (no throughput target). Gavel rows
-    whose co-located value equals the isolated one (``a/b_equals_isolated``, probably capping in Gavel's
-    post-processing) are kept as measured: the cap says the job kept (at least) its solo speed. Rows of
-    Gavel's older campaign (``coloc_gavel_oracle_pairs.csv`` and files like it) are recognised by their
-    isolated throughputs and get ``env = "gavel-oracle"``, the others ``env = "gavel"``; Lucid rows get
-    ``env = "lucid"``.
-    """
-    catalog = catalog if catalog is not None else ProfileCatalog.default()
-    schema = detect_pair_schema(path)
-    out: list[Observation] = []
-    for r in _read_csv(Path(path)):
-        if schema == "gavel":
-            a = catalog.gavel(r["job_type_a"], r["gpu_type"])
-            b = catalog.gavel(r["job_type_b"], r["gpu_type"])
-            env = _gavel_campaign(r, a, b)
-            a, b = replace(a, env=env), replace(b, env=env)
-            failed = r["coloc_failed"].strip() == "1"
-            ya = NAN if failed else float(r["norm_tput_a"])
-            yb = NAN if failed else float(r["norm_tput_b"])
-            out.append(Observation(a, b, ya, yb, failed, env))
-        else:
-            a = catalog.lucid(r["model1"], int(r["batchsize1"]), r["amp1"].strip() == "1", r.get("dataset1", ""))
-            b = catalog.lucid(r["model2"], int(r["batchsize2"]), r["amp2"].strip() == "1", r.get("dataset2", ""))
-            a, b = replace(a, env="lucid"), replace(b, env="lucid")
-            out.append(Observation(a, b, float(r["speed1"]), float(r["speed2"]), False, "lucid"))
-    return out
-
-
-def shipped_observations(catalog: ProfileCatalog | None = None, include_lucid: bool = True,
-                         include_oracle: bool = True) -> list[Observation]:
-    """The training data shipped with (or next to) the project.
-
-    Gavel's measured pairs (``data/coloc_gavel_pairs.csv``, environment "gavel"); Gavel's older campaign of
-    the same pairs (``data/coloc_gavel_oracle_pairs.csv``, "gavel-oracle") when ``include_oracle``; Lucid's
-    pairs from the shared folder (``"lucid"``) when present and ``include_lucid``.
-    """
-    catalog = catalog if catalog is not None else ProfileCatalog.default()
-    rows = read_pair_file(PROJECT_DATA_DIR / "coloc_gavel_pairs.csv", catalog)
-    oracle = PROJECT_DATA_DIR / "coloc_gavel_oracle_pairs.csv"
-    if include_oracle and oracle.is_file():
-        rows += read_pair_file(oracle, catalog)
-    lucid = shared_data_dir() / "coloc_lucid_pairs.csv"
-    if include_lucid and lucid.is_file():
-        rows += read_pair_file(lucid, catalog)
-    return rows

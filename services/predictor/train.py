@@ -23,20 +23,20 @@ from pathlib import Path
 
 import numpy as np
 
-from services.predictor import features as F
-from services.predictor.features import Observation, ProfileCatalog
+from services.predictor.datasets import ProfileCatalog, read_pair_file, shipped_observations
+from services.predictor.features import Observation
 from services.predictor.model import DEFAULT_MODEL_PATH, InterferenceModel, TrainParams, train_model
 
-__all__ = ["train_model", "training_rows", "main"]
+__all__ = ["training_rows", "main"]
 
 
 def training_rows(observation_files: Sequence[Path] = (), include_lucid: bool = True,
                   catalog: ProfileCatalog | None = None) -> list[Observation]:
     """The shipped training rows plus the rows of ``observation_files`` (Gavel or Lucid schema each)."""
     catalog = catalog if catalog is not None else ProfileCatalog.default()
-    rows = F.shipped_observations(catalog, include_lucid=include_lucid)
+    rows = shipped_observations(catalog, include_lucid=include_lucid)
     for path in observation_files:
-        rows += F.read_pair_file(Path(path), catalog)
+        rows += read_pair_file(Path(path), catalog)
     return rows
 
 

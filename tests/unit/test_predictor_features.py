@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.predictor import datasets as D
 from services.predictor import features as F
-from services.predictor.features import JobProfile, Observation, ProfileCatalog
+from services.predictor.datasets import ProfileCatalog
+from services.predictor.features import JobProfile, Observation
 
 NAN = float("nan")
 
@@ -109,7 +111,7 @@ def test_util_heuristic() -> None:
 
 
 def test_gavel_catalogue_profiles() -> None:
-    cat = ProfileCatalog.from_gavel(F.PROJECT_DATA_DIR)
+    cat = ProfileCatalog.from_gavel(D.PROJECT_DATA_DIR)
     assert len(cat) == 26 * 3
     p = cat.gavel("ResNet-50 (batch size 64)", "v100")
     assert p.model_family == "resnet50" and p.batch_size == 64 and p.precision == "fp32"
@@ -122,7 +124,7 @@ def test_gavel_catalogue_profiles() -> None:
 
 
 def test_catalogue_completion_fills_unknown_and_keeps_known() -> None:
-    cat = ProfileCatalog.from_gavel(F.PROJECT_DATA_DIR)
+    cat = ProfileCatalog.from_gavel(D.PROJECT_DATA_DIR)
     live = JobProfile("ResNet-50", "v100", 64, "", gpu_util_pct=91.0, mps_share_pct=50.0)
     done = cat.complete(live)
     assert done.gpu_util_pct == 91.0 and done.mps_share_pct == 50.0
@@ -136,7 +138,7 @@ def test_default_catalogue_and_training_rows_work_without_shared_data(tmp_path, 
     monkeypatch.setenv("ELASTICO_SHARED_DATA", str(tmp_path / "absent"))
     cat = ProfileCatalog.default()
     assert len(cat) == 26 * 3
-    rows = F.shipped_observations(cat)
+    rows = D.shipped_observations(cat)
     assert len(rows) == 2 * 843 and {r.source for r in rows} == {"gavel", "gavel-oracle"}
     assert {r.a.env for r in rows if r.source == "gavel"} == {"gavel"}
     assert sum(r.failed for r in rows if r.source == "gavel") == 58
@@ -161,16 +163,16 @@ def test_read_pair_files_in_both_schemas(tmp_path: Path) -> None:
         "k80,A3C,CycleGAN,A3C,,CycleGAN,,0,1,1,0,0,0,0,0,1,0,0",
     ])
     l = _write(tmp_path / "l.csv", LUCID_HEADER, ["1,VGG,CIFAR-10,1,64,0,0.9,PPO,LunarLander,1,32,1,0.95,50,20,4000"])
-    cat = ProfileCatalog.from_gavel(F.PROJECT_DATA_DIR)
-    assert F.detect_pair_schema(g) == "gavel" and F.detect_pair_schema(l) == "lucid"
-    rows = F.read_pair_file(g, cat)
+    cat = ProfileCatalog.from_gavel(D.PROJECT_DATA_DIR)
+    assert D.detect_pair_schema(g) == "gavel" and D.detect_pair_schema(l) == "lucid"
+    rows = D.read_pair_file(g, cat)
     assert not rows[0].failed and rows[0].norm_tput_b == 0.6 and rows[0].b.model_family == "lstm"
     assert rows[1].failed and math.isnan(rows[1].norm_tput_a)
-    (lr,) = F.read_pair_file(l, cat)
+    (lr,) = D.read_pair_file(l, cat)
     assert lr.a.gpu_type == "rtx3090" and lr.b.precision == "amp" and lr.norm_tput_a == 0.9
     bad = _write(tmp_path / "bad.csv", "a,b,c", ["1,2,3"])
     with pytest.raises(ValueError, match="neither"):
-        F.detect_pair_schema(bad)
+        D.detect_pair_schema(bad)
 
 
 def test_observation_validation_and_group_symmetry() -> None:
@@ -184,9 +186,9 @@ def test_observation_validation_and_group_symmetry() -> None:
 
 
 def test_gavel_campaign_is_recognised_from_isolated_throughputs() -> None:
-    cat = ProfileCatalog.from_gavel(F.PROJECT_DATA_DIR)
-    measured = F.read_pair_file(F.PROJECT_DATA_DIR / "coloc_gavel_pairs.csv", cat)
-    oracle = F.read_pair_file(F.PROJECT_DATA_DIR / "coloc_gavel_oracle_pairs.csv", cat)
+    cat = ProfileCatalog.from_gavel(D.PROJECT_DATA_DIR)
+    measured = D.read_pair_file(D.PROJECT_DATA_DIR / "coloc_gavel_pairs.csv", cat)
+    oracle = D.read_pair_file(D.PROJECT_DATA_DIR / "coloc_gavel_oracle_pairs.csv", cat)
     assert {(r.a.env, r.b.env, r.source) for r in measured} == {("gavel", "gavel", "gavel")}
     assert {(r.a.env, r.b.env, r.source) for r in oracle} == {("gavel-oracle", "gavel-oracle", "gavel-oracle")}
     assert measured[0].a.domain == "k80@gavel" and JobProfile("VGG", "v100").domain == "v100"

@@ -14,9 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from services.predictor import datasets as D
 from services.predictor import features as F
+from services.predictor.datasets import ProfileCatalog
 from services.predictor.evaluate import cv_folds
-from services.predictor.features import JobProfile, Observation, ProfileCatalog
+from services.predictor.features import JobProfile, Observation
 from services.predictor.model import ArtifactError, InterferenceModel, TrainParams, load_model, save_model, train_model
 from elastico.coloc.rates import compose_k_way
 
@@ -26,12 +28,12 @@ NAN = float("nan")
 
 @pytest.fixture(scope="module")
 def catalog() -> ProfileCatalog:
-    return ProfileCatalog.from_gavel(F.PROJECT_DATA_DIR)
+    return ProfileCatalog.from_gavel(D.PROJECT_DATA_DIR)
 
 
 @pytest.fixture(scope="module")
 def rows(catalog: ProfileCatalog) -> list[Observation]:
-    return F.read_pair_file(F.PROJECT_DATA_DIR / "coloc_gavel_pairs.csv", catalog)
+    return D.read_pair_file(D.PROJECT_DATA_DIR / "coloc_gavel_pairs.csv", catalog)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,7 @@ def test_batched_equals_single_and_memo(model: InterferenceModel, profiles: list
 def test_two_thread_prediction_equals_one_thread(model: InterferenceModel, profiles: list[JobProfile],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Boosters run on a second thread for large batches: the same numbers, in the same rows."""
-    import services.predictor.model as M
+    import services.predictor.model.ensemble as M
 
     rng = np.random.default_rng(3)
     pairs = [(profiles[i], profiles[j]) for i, j in rng.integers(0, len(profiles), (300, 2))]
@@ -213,7 +215,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 def test_evaluate_cli_on_small_files(model: InterferenceModel, tmp_path: Path) -> None:
     path = model.save(tmp_path / "model.json")
-    lines = (F.PROJECT_DATA_DIR / "coloc_gavel_pairs.csv").read_text().splitlines()
+    lines = (D.PROJECT_DATA_DIR / "coloc_gavel_pairs.csv").read_text().splitlines()
     small = tmp_path / "gavel_small.csv"
     small.write_text("\n".join([lines[0], *lines[1:30], *lines[-30:]]) + "\n")
     res = _run("--model", str(path), "--pairs", str(small))
@@ -262,8 +264,8 @@ def test_online_refresh_reduces_error_of_a_badly_predicted_pair(rows: list[Obser
 
 
 def test_environments_are_kept_apart_and_unknown_env_uses_the_reference(catalog: ProfileCatalog) -> None:
-    measured = F.read_pair_file(F.PROJECT_DATA_DIR / "coloc_gavel_pairs.csv", catalog)
-    oracle = F.read_pair_file(F.PROJECT_DATA_DIR / "coloc_gavel_oracle_pairs.csv", catalog)
+    measured = D.read_pair_file(D.PROJECT_DATA_DIR / "coloc_gavel_pairs.csv", catalog)
+    oracle = D.read_pair_file(D.PROJECT_DATA_DIR / "coloc_gavel_oracle_pairs.csv", catalog)
     m = train_model(measured + oracle, seed=0, catalog=catalog, params=TrainParams(n_bags=1, rounds=40))
     assert m.meta["envs_seen"] == ["gavel", "gavel-oracle"] and m.meta["reference_env"] == "gavel"
     assert set(m.to_json_dict()["boosters"]) == {"*", "gavel", "gavel-oracle"}
