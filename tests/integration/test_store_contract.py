@@ -459,7 +459,7 @@ async def test_paging_is_stable_while_jobs_change_state(store):
             moved_out.add(ids[ahead])
         step += 1
     assert len(seen) == len(set(seen)) and seen == sorted(seen, key=ids.index, reverse=True)
-    assert not moved_out & set(seen)  # left PENDING before their page: not listed
+    assert moved_out and not moved_out & set(seen)  # left PENDING before their page: not listed
     assert set(ids) - moved_out <= set(seen)  # every job pending until its page was listed
 
     # no filter: every job exactly once while states keep changing
