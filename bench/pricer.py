@@ -1,4 +1,4 @@
-"""Benchmark: elastic shadow pricing (services/pricer/core.py) against the exact MILP (HiGHS).
+"""Benchmark: elastic shadow pricing (services/pricer/core/) against the exact MILP (HiGHS).
 
 Run ``python -m bench.pricer`` for the full table (a few minutes) or ``--smoke`` for a tiny run
 (seconds; exits non-zero if any allocation exceeds a capacity). Everything is measured side by side in

@@ -36,6 +36,7 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -70,6 +71,8 @@ class TypeTable:
     scale_tput: np.ndarray | None = None
     #: [T, 4] bool, True where ``scale_tput`` is a measurement (growing a gang is offered only between these)
     scale_measured: np.ndarray | None = None
+    # name -> index, cached on the instance by index() (ClassVar so the dataclass makes no field of it)
+    _lookup: ClassVar[dict[str, int]]
 
     def index(self, name: str) -> int:
         """Index of a job type; unknown training types map to the closest family member or raise KeyError."""

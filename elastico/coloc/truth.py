@@ -196,6 +196,7 @@ def tenant_speeds(gpu_type: str, tenants, data_dir: Path | str = DATA_DIR, mps_l
         name, share = t[0], float(t[1])
         util = t[2] if len(t) > 2 else None
         inf = name == INFERENCE_TYPE
+        i: int | None
         if inf:
             i = types.inference_index
         else:

@@ -19,7 +19,7 @@ import json
 import operator
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -52,7 +52,7 @@ def _field_encoder(tp: Any) -> Callable[[Any], Any] | None:
         return None
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        args: Sequence[Any] = [a for a in typing.get_args(tp) if a is not type(None)]
         if len(args) != 1:
             return to_jsonable
         inner = _field_encoder(args[0])
@@ -156,4 +156,4 @@ _json_loads = json.loads
 
 def loads(cls: type[T], text: str | bytes) -> T:
     """Parse JSON written by ``dumps`` into an instance of ``cls``."""
-    return _decoder(cls)(_json_loads(text))
+    return _decoder(typing.cast(Hashable, cls))(_json_loads(text))

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import cast
 
 from elastico.domain import NodeInfo, Placement, Workload
 from elastico.errors import Conflict, NotFound, StaleEpoch
@@ -30,7 +31,7 @@ _TERMINAL = ("succeeded", "failed", "cancelled")
 class MemoryStore(StoreBase):
     """Dictionary-backed store; ``_apply`` runs each transaction under one lock, check-then-write."""
 
-    def __init__(self, clock: callable = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = asyncio.Lock()
         self._clock = clock
         self._jobs: dict[str, tuple[int, str, str]] = {}  # job_id -> (version, state, data)
@@ -160,7 +161,7 @@ class MemoryStore(StoreBase):
             return SweepResult(deleted=deleted, more=taken == limit)
 
     async def _gpu_usage(self, node_id: str, gpu_indices: Sequence[int]) -> list[tuple[int, int]]:
-        return [tuple(self._gpu_used.get((node_id, i), (0, 0))) for i in gpu_indices]
+        return [cast("tuple[int, int]", tuple(self._gpu_used.get((node_id, i), (0, 0)))) for i in gpu_indices]
 
     # --- nodes ---------------------------------------------------------------------------------------
     async def put_node(self, node: NodeInfo) -> None:

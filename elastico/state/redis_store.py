@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, ParamSpec, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -35,7 +35,7 @@ R = TypeVar("R")
 EVENT_STREAM_MAXLEN = 100_000
 
 
-def _unavailable_on_connection_error(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+def _unavailable_on_connection_error(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
@@ -76,7 +76,7 @@ class RedisStore(StoreBase):
 
     @_unavailable_on_connection_error
     async def ping(self) -> bool:
-        return bool(await self._r.ping())
+        return bool(await cast("Awaitable[bool]", self._r.ping()))
 
     @staticmethod
     def _tx_payload(tx: Transaction, records: list[str]) -> dict[str, Any]:
@@ -138,11 +138,11 @@ class RedisStore(StoreBase):
 
     @_unavailable_on_connection_error
     async def _get_job_data(self, job_id: str) -> str | None:
-        return await self._r.hget(self._k.job(job_id), "data")
+        return await cast("Awaitable[str | None]", self._r.hget(self._k.job(job_id), "data"))
 
     @_unavailable_on_connection_error
     async def _request_owner(self, request_id: str) -> str | None:
-        return await self._r.hget(self._k.requests, request_id)
+        return await cast("Awaitable[str | None]", self._r.hget(self._k.requests, request_id))
 
     @_unavailable_on_connection_error
     async def _list_page(self, states: tuple[str, ...], tenant: str, before: int | None,
@@ -167,7 +167,7 @@ class RedisStore(StoreBase):
     async def _gpu_usage(self, node_id: str, gpu_indices: Sequence[int]) -> list[tuple[int, int]]:
         pipe = self._r.pipeline(transaction=False)
         for i in gpu_indices:
-            pipe.hmget(self._k.gpu(node_id, i), "share_used", "mem_used")
+            pipe.hmget(self._k.gpu(node_id, i), "share_used", "mem_used")  # type: ignore[arg-type]  # stubs: keys as a list only
         rows = await pipe.execute()
         return [(int(s or 0), int(m or 0)) for s, m in rows]
 
@@ -195,8 +195,8 @@ class RedisStore(StoreBase):
             share_cap, mem_cap = gpu_capacity_units(g)
             key = self._k.gpu(node.node_id, g.index)
             pipe.hset(key, mapping={"share_cap": share_cap, "mem_cap": mem_cap})
-            pipe.hsetnx(key, "share_used", 0)
-            pipe.hsetnx(key, "mem_used", 0)
+            pipe.hsetnx(key, "share_used", 0)  # type: ignore[arg-type]  # redis-py encodes ints; stubs say str
+            pipe.hsetnx(key, "mem_used", 0)  # type: ignore[arg-type]
         await pipe.execute()
 
     @_unavailable_on_connection_error

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from elastico.domain import GpuInfo, Job, JobEvent, JobState, NodeInfo, Placement, StateReason, Workload
 from elastico.errors import Conflict, NotFound, StaleEpoch, WrongState
@@ -528,7 +528,7 @@ class StoreBase:
 
     async def get_all_workloads(self, node_ids: Sequence[str]) -> dict[str, tuple[int, dict[str, Workload]]]:
         """``get_workloads`` of every node in ``node_ids`` (backends read them in one step)."""
-        return {n: await self.get_workloads(n) for n in node_ids}
+        return {n: await cast(Store, self).get_workloads(n) for n in node_ids}  # subclasses define it
 
     # --- nodes --------------------------------------------------------------------------------------
     def _with_usage(self, node: NodeInfo, usage: list[tuple[int, int]]) -> NodeInfo:

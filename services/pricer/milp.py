@@ -3,7 +3,7 @@
 Why it exists: the shadow-pricing solver certifies its own answers with a dual bound, but that bound is
 the LP relaxation's, so it cannot say how much of the remaining gap is integrality. Tests and the
 benchmark compare against this exact optimum on instances small enough for branch and bound. It is
-not meant for production rounds: HiGHS needs about a second at 1,000 jobs and tens of seconds at 10,000.
+not meant for production rounds: branch and bound slows down steeply with the number of jobs.
 
 Formulation: one binary ``x[j, s]`` per usable shape (it exists, has positive utility and fits an
 empty cluster; the others can never improve an optimal solution), ``sum_s x[j, s] <= 1`` per job
@@ -93,8 +93,11 @@ def solve_milp(problem: PricingProblem, time_limit_s: float = 60.0, mip_rel_gap:
         options={"time_limit": float(time_limit_s), "mip_rel_gap": float(mip_rel_gap)},
     )
     nodes = int(getattr(res, "mip_node_count", 0) or 0)
-    if res.x is None:  # time limit before any incumbent: waiting is feasible, the bound is HiGHS'
-        bound = -float(getattr(res, "mip_dual_bound", np.nan))
+    # HiGHS' bound, or (None: stopped before it had one) the trivial one, every job in its best shape
+    highs_bound = getattr(res, "mip_dual_bound", None)
+    trivial = float(np.where(usable, u, 0.0).max(axis=1).sum())
+    if res.x is None:  # time limit before any incumbent: waiting is feasible
+        bound = -float(highs_bound) if highs_bound is not None else trivial
         return PricingResult(
             choice=choice,
             prices=np.zeros(R),
@@ -118,7 +121,7 @@ def solve_milp(problem: PricingProblem, time_limit_s: float = 60.0, mip_rel_gap:
         load = load - d[victim, choice[victim]]
         choice[victim] = -1
     value = allocation_value(problem, choice)
-    bound = -float(getattr(res, "mip_dual_bound", -value))
+    bound = -float(highs_bound) if highs_bound is not None else trivial
     if not np.isfinite(bound):
         bound = value
     bound = max(bound, value)

@@ -1,4 +1,4 @@
-"""Elastic shadow pricing (services/pricer/core.py) against its contract and the exact MILP reference."""
+"""Elastic shadow pricing (services/pricer/core/) against its contract and the exact MILP reference."""
 
 from __future__ import annotations
 
@@ -68,7 +68,8 @@ def assert_feasible(p: PricingProblem, choice: np.ndarray) -> None:
     assert np.all(manual <= np.asarray(p.capacity) * (1 + 1e-12) + 1e-12)
 
 
-def assert_certificate(p: PricingProblem, res) -> None:
+def assert_certificate(p: PricingProblem, res, opts: SolverOptions | None = None) -> None:
+    """The result's contract, ``opts`` being the options it was solved with."""
     assert res.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE)
     assert_feasible(p, res.choice)
     assert res.primal_value == pytest.approx(allocation_value(p, res.choice), rel=1e-12, abs=1e-12)
@@ -77,13 +78,9 @@ def assert_certificate(p: PricingProblem, res) -> None:
     assert res.gap == pytest.approx(relative_gap(res.primal_value, res.dual_bound), rel=1e-9, abs=1e-15)
     assert np.all(res.prices >= 0.0) and np.all(np.isfinite(res.prices))
     # the reported prices certify the reported bound (up to float noise)
-    assert dual_bound(p, res.prices) == pytest.approx(res.dual_bound, rel=1e-9, abs=1e-9) or (
-        dual_bound(p, res.prices) <= res.dual_bound + 1e-9
-    )
-    assert (res.status is SolveStatus.OPTIMAL) == (res.gap <= SolverOptions().gap_tolerance) or res.status in (
-        SolveStatus.OPTIMAL,
-        SolveStatus.FEASIBLE,
-    )
+    assert dual_bound(p, res.prices) <= res.dual_bound * (1 + 1e-9) + 1e-9
+    # OPTIMAL exactly when the gap is within the requested tolerance
+    assert (res.status is SolveStatus.OPTIMAL) is (res.gap <= (opts or SolverOptions()).gap_tolerance)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -192,8 +189,9 @@ CASES = [
 @pytest.mark.parametrize("u,d,c,mask,value,choice", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_small_cases_reach_the_optimum(u, d, c, mask, value, choice):
     p = problem(u, d, c, mask)
-    res = solve(p, SolverOptions(gap_tolerance=0.0))
-    assert_certificate(p, res)
+    opts = SolverOptions(gap_tolerance=0.0)
+    res = solve(p, opts)
+    assert_certificate(p, res, opts)
     assert res.primal_value == pytest.approx(value)
     if choice is not None:
         assert res.choice.tolist() == choice
@@ -247,8 +245,9 @@ dims = st.tuples(
 @given(dims, st.sampled_from(["elastic", "subgradient"]))
 def test_capacity_never_exceeded_and_certificate_holds(d, method):
     p = random_problem(*d)
-    res = solve(p, SolverOptions(method=method, max_iterations=60))
-    assert_certificate(p, res)
+    opts = SolverOptions(method=method, max_iterations=60)
+    res = solve(p, opts)
+    assert_certificate(p, res, opts)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -257,11 +256,14 @@ def test_primal_le_milp_le_dual_bound(d):
     p = random_problem(*d)
     res = solve(p, SolverOptions(gap_tolerance=1e-4))
     exact = solve_milp(p, time_limit_s=20.0)
-    assert exact.status is SolveStatus.OPTIMAL
+    assert exact.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE)  # some draws take HiGHS > 20 s to prove
     assert_feasible(p, exact.choice)
     tol = 1e-9 * max(1.0, abs(exact.primal_value))
-    assert res.primal_value <= exact.primal_value + tol
+    # neither allocation beats the other's bound on the optimum
+    assert res.primal_value <= exact.dual_bound + tol
     assert exact.primal_value <= res.dual_bound + tol
+    if exact.status is SolveStatus.OPTIMAL:  # proved: the MILP's allocation is the optimum
+        assert res.primal_value <= exact.primal_value + tol
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -283,8 +285,8 @@ def test_gap_goes_to_zero_where_the_lp_relaxation_is_tight(seed):
     small, large = many_small_jobs(seed, jobs=400), many_small_jobs(seed, jobs=3000)
     opts = SolverOptions(gap_tolerance=1e-5, max_iterations=400)
     res_small, res_large = solve(small, opts), solve(large, opts)
-    assert_certificate(small, res_small)
-    assert_certificate(large, res_large)
+    assert_certificate(small, res_small, opts)
+    assert_certificate(large, res_large, opts)
     assert res_small.gap <= 2e-3
     assert res_large.gap <= 2e-4, res_large.gap  # 0.02% of the LP bound: nothing left worth finding
     assert res_large.gap < res_small.gap
@@ -312,7 +314,8 @@ def test_subgradient_method_is_slower_but_sound():
     p = many_small_jobs(5)
     res = solve(p, SolverOptions(method="subgradient", max_iterations=300, gap_tolerance=1e-3))
     assert_certificate(p, res)
-    assert res.iterations >= 1
+    assert res.status is SolveStatus.OPTIMAL  # sound: reaches the tolerance within its iteration budget
+    assert res.iterations > solve(p, SolverOptions(gap_tolerance=1e-3)).iterations  # slower: more price updates
 
 
 def test_large_round_uses_the_coarse_warm_start_and_stays_feasible():
