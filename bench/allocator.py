@@ -42,9 +42,20 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from elastico.domain import (GpuInfo, Job, JobKind, JobSpec, JobState, NodeInfo, Placement, StateReason, TrainingWork,
-                             Workload, placement_id)
 from elastico import auth, pki
+from elastico.domain import (
+    GpuInfo,
+    Job,
+    JobKind,
+    JobSpec,
+    JobState,
+    NodeInfo,
+    Placement,
+    StateReason,
+    TrainingWork,
+    Workload,
+    placement_id,
+)
 from elastico.healthcheck import health_status
 from elastico.redis_embedded import EmbeddedRedis, free_port
 from elastico.rpc.security import ClientTLS, TLSFiles
@@ -300,13 +311,17 @@ def main(argv: list[str] | None = None) -> int:
     for mode in ("mTLS + tokens", "plaintext"):
         print(f"== {mode}", file=sys.stderr, flush=True)
         runs[mode] = asyncio.run(bench(jobs, rounds, pending, NODES, secure=mode != "plaintext"))
-    verdict = (lambda ok: "smoke" if a.smoke else ("PASS" if ok else "FAIL"))
+    def verdict(ok: bool) -> str:
+        return "smoke" if a.smoke else ("PASS" if ok else "FAIL")
+
     for mode, r in runs.items():
         med = statistics.median(r["round_s"])
         ok1 = r["rate"] >= TARGET_RATE and r["placed"] >= r["jobs"]
         ok2 = med <= TARGET_ROUND_S and not r["pricer_degraded"]
         judged = mode != "plaintext"  # the shipped configuration is what the targets judge
-        tag = (lambda ok: f"  [{verdict(ok)}]" if judged else "  [reference]")
+        def tag(ok: bool, judged: bool = judged) -> str:
+            return f"  [{verdict(ok)}]" if judged else "  [reference]"
+
         print(f"-- {mode}")
         print(f"1. sustained SubmitJob + placement: {r['jobs']} jobs submitted in {r['submit_s']:.2f} s "
               f"({r['submit_rate']:.0f} submits/s), all {r['placed']} placed after {r['all_placed_s']:.2f} s "

@@ -65,8 +65,8 @@ def _grpc_latency(model, pairs, iterations: int) -> list[float]:
     import asyncio
     import tempfile
 
-    from elastico.logging import configure_logging
     from elastico import pki
+    from elastico.logging import configure_logging
     from elastico.rpc.security import ClientTLS, TLSFiles
     from elastico.rpc.server import ServiceBinding, create_server
     from elastico.v1 import predictor_pb2 as prpb

@@ -22,8 +22,19 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from elastico.domain import (GpuInfo, GpuSlice, Job, JobKind, JobSpec, JobState, NodeInfo, Placement, Shape, StateReason,
-                             TrainingWork)
+from elastico.domain import (
+    GpuInfo,
+    GpuSlice,
+    Job,
+    JobKind,
+    JobSpec,
+    JobState,
+    NodeInfo,
+    Placement,
+    Shape,
+    StateReason,
+    TrainingWork,
+)
 from elastico.redis_embedded import EmbeddedRedis
 from elastico.state.redis_store import RedisStore
 from elastico.v1 import allocator_pb2 as apb

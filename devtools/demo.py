@@ -100,11 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default="elastico,exclusive-fifo")
     ap.add_argument("--timeout-s", type=float, default=60.0, help="per live run")
     a = ap.parse_args(argv)
+    from devtools.replay import trace_jobs
     from simulator.engine import SimConfig
     from simulator.report import table
     from simulator.run import build_workload, run_policies
-
-    from devtools.replay import trace_jobs
 
     t_start = time.time()
     gpus = a.nodes * a.gpus_per_node

@@ -18,10 +18,10 @@ Used by ``make demo`` and the end-to-end tests. The slice is loaded with the sim
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
-import dataclasses
 from dataclasses import dataclass, field
 
 import grpc

@@ -12,8 +12,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from elastico.errors import InvalidSpec
 from elastico import limits as L
+from elastico.errors import InvalidSpec
 from elastico.limits import field_key, too_long
 
 

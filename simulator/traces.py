@@ -56,8 +56,8 @@ from pathlib import Path
 
 import numpy as np
 
-from services.allocator.policy.inference import slo_margin
 from elastico.coloc.profiles import TraceError, TypeTable
+from services.allocator.policy.inference import slo_margin
 
 BIN_S = 60.0  # demand profile resolution, s
 

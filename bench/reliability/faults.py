@@ -18,8 +18,7 @@ import grpc
 import redis
 
 from bench.reliability.jobs import Audit, Submitted, audit_jobs
-from bench.reliability.live import (CHANNEL_OPTIONS, REPO_ROOT, TENANTS, Run, kill9, proc_env, retry, save_pid, say,
-                                    section)
+from bench.reliability.live import CHANNEL_OPTIONS, REPO_ROOT, TENANTS, Run, kill9, proc_env, retry, save_pid, say, section
 from devtools import cluster
 from elastico.redis_embedded import EmbeddedRedis
 from elastico.v1 import allocator_pb2 as apb

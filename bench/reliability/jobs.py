@@ -111,8 +111,8 @@ def audit_jobs(run: Run, sub: Submitted) -> Audit:
         for tenant in TENANTS:
             token = ""
             while True:
-                resp = retry(lambda: stub.ListJobs(apb.ListJobsRequest(tenant=tenant, page_size=1000, page_token=token),
-                                                    timeout=30))
+                resp = retry(lambda tenant=tenant, token=token: stub.ListJobs(
+                    apb.ListJobsRequest(tenant=tenant, page_size=1000, page_token=token), timeout=30))
                 for j in resp.jobs:
                     if j.request_id in sub.request_ids:
                         by_request.setdefault(j.request_id, set()).add(j.job_id)
@@ -123,7 +123,7 @@ def audit_jobs(run: Run, sub: Submitted) -> Audit:
         for rid, jobs in sub.acked.items():
             for job_id in jobs - set(found):  # not listed: ask for it directly before calling it lost
                 try:
-                    found[job_id] = retry(lambda: stub.GetJob(apb.GetJobRequest(job_id=job_id), timeout=10)).job
+                    found[job_id] = retry(lambda job_id=job_id: stub.GetJob(apb.GetJobRequest(job_id=job_id), timeout=10)).job
                     by_request.setdefault(rid, set()).add(job_id)
                 except grpc.RpcError as exc:
                     if exc.code() != grpc.StatusCode.NOT_FOUND:

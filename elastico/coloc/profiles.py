@@ -40,6 +40,7 @@ from typing import ClassVar
 
 import numpy as np
 
+
 class TraceError(ValueError):
     """A trace or measured-data file that cannot be read as documented (the message names the file, line
     and column)."""

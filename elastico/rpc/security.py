@@ -279,7 +279,7 @@ class Caller:
         return out
 
 
-_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("elastico_caller", default=Caller())
+_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("elastico_caller", default=Caller())  # noqa: B039 - Caller is frozen
 
 
 def current_caller() -> Caller:

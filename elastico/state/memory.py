@@ -24,7 +24,6 @@ from elastico.state.store import (
     gpu_capacity_units,
 )
 
-
 _TERMINAL = ("succeeded", "failed", "cancelled")
 
 

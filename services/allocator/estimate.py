@@ -23,11 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from elastico.coloc.profiles import DATA_DIR, TypeTable, load_type_table
+from elastico.coloc.rates import calibrate_kappa
 from elastico.domain import JobKind, JobSpec
 from services.allocator.policy import RuleEstimator
-from elastico.coloc.profiles import TypeTable, load_type_table
-from elastico.coloc.rates import calibrate_kappa
-from elastico.coloc.profiles import DATA_DIR
 
 _TYPE_RE = re.compile(r"^(?P<model>.+) \(batch size (?P<bs>\d+)\)$")
 

@@ -20,11 +20,11 @@ from dataclasses import replace
 
 import grpc
 
+from elastico.auth import TokenStore
 from elastico.domain import Job, JobState, StateReason, validate_request_id
 from elastico.errors import Conflict, InvalidSpec, NotFound, PermissionDenied, WrongState
 from elastico.logging import get_logger
 from elastico.rpc import convert
-from elastico.auth import TokenStore
 from elastico.rpc.security import Access, PeerPolicy, current_caller, roles
 from elastico.state.store import Store
 from elastico.v1 import allocator_pb2 as apb

@@ -22,8 +22,8 @@ from services.node_agent.gpu import make_backend
 from services.node_agent.mps import make_mps
 from services.node_agent.observations import PredictorReporter
 from services.node_agent.reconcile import Reconciler
-from services.node_agent.servicer import NodeAgent, NodeAgentServicer
 from services.node_agent.runner import REPO_ROOT
+from services.node_agent.servicer import NodeAgent, NodeAgentServicer
 from services.node_agent.settings import NodeAgentSettings, WorkloadPolicy
 
 log = get_logger(component="node_agent")

@@ -48,8 +48,7 @@ from elastico.logging import get_logger
 from elastico.state import codec
 from elastico.state.store import Store
 from services.node_agent.coloc import ColocationTruth
-from services.node_agent.gpu import Tenant
-from services.node_agent.gpu import GpuBackend
+from services.node_agent.gpu import GpuBackend, Tenant
 from services.node_agent.mps import MpsController, MpsFault
 from services.node_agent.runner import (
     LedgerEntry,

@@ -18,7 +18,6 @@ from services.predictor import observations as obslog
 from services.predictor.servicer import PredictorServicer, load_or_train
 from services.predictor.settings import PredictorSettings
 
-
 # predictions for the allocator and the Kubernetes extender, observations from node agents (each for its own node)
 ACCESS = Access(PeerPolicy(roles("allocator", "kube", "operator"), {
     "ReportObservation": roles("node", "operator"),

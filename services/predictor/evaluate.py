@@ -45,8 +45,14 @@ import xgboost as xgb
 from services.predictor import features as F
 from services.predictor.datasets import ProfileCatalog, detect_pair_schema, read_pair_file, shipped_observations
 from services.predictor.features import JobProfile, Observation
-from services.predictor.model import (DEFAULT_MODEL_PATH, ArtifactError, InterferenceModel, TrainParams,
-                                      ordered_examples, train_model)
+from services.predictor.model import (
+    DEFAULT_MODEL_PATH,
+    ArtifactError,
+    InterferenceModel,
+    TrainParams,
+    ordered_examples,
+    train_model,
+)
 
 #: Accuracy targets of the issue (Gavel, grouped CV).
 TARGET_MAE = 0.035

@@ -18,8 +18,8 @@ import grpc
 from elastico import limits as L
 from elastico.errors import InvalidSpec, PermissionDenied
 from elastico.limits import clip, too_long
-from elastico.rpc.security import current_caller
 from elastico.logging import get_logger
+from elastico.rpc.security import current_caller
 from elastico.v1 import predictor_pb2 as prpb
 from elastico.v1 import predictor_pb2_grpc
 from elastico.v1 import types_pb2 as pb

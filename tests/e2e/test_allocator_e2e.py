@@ -7,8 +7,8 @@ allocator mid-run (restarted), and the leader paused with SIGSTOP past its lease
 
 from __future__ import annotations
 
-import re
 import os
+import re
 import signal
 import time
 import uuid
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from devtools import cluster
-from elastico.redis_embedded import free_port
 from devtools.replay import Replay, trace_jobs
-from services.allocator.settings import AllocatorSettings
+from elastico.redis_embedded import free_port
 from elastico.v1 import allocator_pb2, allocator_pb2_grpc
 from elastico.v1 import types_pb2 as tpb
+from services.allocator.settings import AllocatorSettings
 
 SCALE = 2000.0  # trace seconds per wall second: the slice drains in ~10 s
 WINDOW = (2653756.0, 2657677.0)  # the demo's slice (60 jobs over ~1.1 h), first 50 here

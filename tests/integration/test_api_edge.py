@@ -16,10 +16,10 @@ from elastico.state.redis_store import RedisStore
 from elastico.v1 import allocator_pb2, allocator_pb2_grpc, node_agent_pb2, node_agent_pb2_grpc, pricer_pb2_grpc
 from services.allocator.servicer import AllocatorServicer
 from services.allocator.settings import AllocatorSettings
-from services.node_agent.simulated import SimulatedBackend
 from services.node_agent.mps import make_mps
 from services.node_agent.reconcile import Reconciler
 from services.node_agent.servicer import NodeAgent, NodeAgentServicer
+from services.node_agent.simulated import SimulatedBackend
 from services.pricer.servicer import PricerServicer
 from services.pricer.settings import PricerSettings
 

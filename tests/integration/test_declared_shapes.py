@@ -19,12 +19,12 @@ from elastico.domain import Job, JobState, Shape, TrainingWork
 from elastico.state.redis_store import RedisStore
 from services.allocator.policy import POLICY_NAMES
 from services.allocator.rounds import Scheduler
-from services.node_agent.simulated import SimulatedBackend
 from services.node_agent.mps import SimulatedMps, read_environ
 from services.node_agent.reconcile import Reconciler
 from services.node_agent.runner import kill_tagged
 from services.node_agent.servicer import NodeAgent
 from services.node_agent.settings import NodeAgentSettings
+from services.node_agent.simulated import SimulatedBackend
 from tests.conftest import make_job, make_spec
 from tests.integration.test_allocator_rounds import agent_reports, heartbeat, leader, settings
 from tests.integration.test_node_agent_process import child_of, reachable_dir, synthetic_workload_env

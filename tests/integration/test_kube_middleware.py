@@ -41,8 +41,8 @@ from services.kube import app as kube_app
 from services.kube.extender import Extender
 from services.kube.kubeapi import KubeApi
 from services.kube.settings import KubeSettings
-from services.node_agent.simulated import SimulatedBackend
 from services.node_agent.servicer import NodeAgent
+from services.node_agent.simulated import SimulatedBackend
 from services.predictor.model import InterferenceModel, train_model
 from services.predictor.observations import RedisObservationLog
 from services.predictor.servicer import PredictorServicer

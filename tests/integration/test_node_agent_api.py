@@ -15,15 +15,14 @@ from elastico.domain import GpuSlice, JobState, Placement, Shape, StateReason
 from elastico.rpc.server import ServiceBinding, create_server
 from elastico.state.redis_store import RedisStore
 from elastico.v1 import node_agent_pb2, node_agent_pb2_grpc, predictor_pb2, predictor_pb2_grpc
-from services.node_agent.simulated import SimulatedBackend
 from services.node_agent.mps import SimulatedMps
 from services.node_agent.observations import PredictorReporter
 from services.node_agent.reconcile import Reconciler
 from services.node_agent.runner import find_tagged, kill_tagged
 from services.node_agent.servicer import NodeAgent, NodeAgentServicer
 from services.node_agent.settings import NodeAgentSettings
-from tests.conftest import make_job, make_spec
-from tests.conftest import reachable_dir
+from services.node_agent.simulated import SimulatedBackend
+from tests.conftest import make_job, make_spec, reachable_dir
 from tests.integration.test_node_agent_process import synthetic_workload_env
 from tests.integration.test_services_api import expect_code
 

@@ -21,14 +21,13 @@ from elastico.v1 import (
     allocator_pb2_grpc,
     node_agent_pb2,
     node_agent_pb2_grpc,
-    pricer_pb2,
     pricer_pb2_grpc,
     types_pb2,
 )
 from services.allocator.servicer import AllocatorServicer
 from services.allocator.settings import AllocatorSettings
-from services.node_agent.simulated import SimulatedBackend
 from services.node_agent.servicer import NodeAgent, NodeAgentServicer
+from services.node_agent.simulated import SimulatedBackend
 from services.pricer.servicer import PricerServicer
 from services.pricer.settings import PricerSettings
 

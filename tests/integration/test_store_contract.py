@@ -9,7 +9,7 @@ import pytest
 
 from elastico.domain import GpuSlice, JobState, Placement, Shape, StateReason
 from elastico.errors import Conflict, NotFound, StaleEpoch, WrongState
-from tests.conftest import half_gpu_shape, make_job, make_node
+from tests.conftest import make_job, make_node
 
 
 def placement_on(node: str, gpu: int, share: float = 50.0, mem: int = 8192) -> Placement:
@@ -126,7 +126,7 @@ async def test_many_add_remove_cycles_do_not_drift(store):
 
 async def test_list_jobs_pages_and_filters(store):
     ids = []
-    for i in range(7):
+    for _ in range(7):
         job, _ = await store.create_job(make_job(spec=None))
         ids.append(job.job_id)
     page1, token = await store.list_jobs(page_size=3)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.allocator.policy import ClusterView, JobTable
 from elastico.coloc.profiles import TypeTable
+from services.allocator.policy import ClusterView, JobTable
 
 INF = 3  # index of the inference pseudo-type in TYPES
 

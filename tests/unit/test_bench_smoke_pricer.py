@@ -34,7 +34,7 @@ def test_pricer_bench_smoke() -> None:
                       out, re.M)
     assert [g[1] for g in gaps] == ["median", "worst"], out
     verdicts = []
-    for word, kind, n, target, value in gaps:
+    for word, kind, _n, target, value in gaps:
         if value != target:  # equal at 4 decimals: either verdict is consistent
             assert (word == "PASS") is (float(value) <= float(target)), (kind, value, target)
         verdicts.append(word == "PASS")

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from elastico.coloc.truth import FAILED_PAIR_NORM, UNKNOWN_TYPE_UTIL, default_truth, tenant_speeds
 from services.node_agent.coloc import DATA_DIR, DEFAULT_ISOLATED_STEPS_PER_S, ColocationTruth
 from services.node_agent.gpu import Tenant
 from simulator.engine import Engine
-from elastico.coloc.truth import FAILED_PAIR_NORM, UNKNOWN_TYPE_UTIL, default_truth, tenant_speeds
 
 C = ColocationTruth.default()
 GT = default_truth("v100")

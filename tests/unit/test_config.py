@@ -8,9 +8,8 @@ from elastico.config import Settings
 from elastico.errors import ConfigError
 from services.allocator.settings import AllocatorSettings
 from services.node_agent.settings import NodeAgentSettings
-from services.pricer.settings import PricerSettings
 from services.predictor.settings import PredictorSettings
-
+from services.pricer.settings import PricerSettings
 
 INSECURE = {"ELASTICO_INSECURE": "1"}
 

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from elastico import limits as L
 from elastico.domain import (
     GpuSlice,
     InferenceWork,
@@ -26,7 +27,6 @@ from elastico.domain import (
     validate_job_spec,
     validate_request_id,
 )
-from elastico import limits as L
 from elastico.errors import InvalidSpec
 from elastico.limits import clip, field_key
 from elastico.state import codec

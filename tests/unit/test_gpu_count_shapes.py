@@ -8,13 +8,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from elastico.coloc.profiles import load_type_table, scaling_curve
+from elastico.coloc.truth import GroundTruth
 from services.allocator.policy import make_policy
-from elastico.coloc.profiles import load_type_table
-from elastico.coloc.profiles import scaling_curve
 from services.allocator.policy.shapes import allowed_counts, count_options, count_speed, grow_options, min_count
 from services.allocator.policy.view import Decision
 from simulator.engine import Engine, OversubscribedError, SimConfig
-from elastico.coloc.truth import GroundTruth
 from simulator.traces import TrainingJobs
 from tests.unit._policy_builders import rule_matrix, types, view
 

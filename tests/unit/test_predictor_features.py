@@ -162,13 +162,13 @@ def test_read_pair_files_in_both_schemas(tmp_path: Path) -> None:
         "v100,ResNet-50 (batch size 64),LM (batch size 20),ResNet-50,64,LM,20,0,1,1,0.5,0.6,0.5,0.6,1.1,0,0,0",
         "k80,A3C,CycleGAN,A3C,,CycleGAN,,0,1,1,0,0,0,0,0,1,0,0",
     ])
-    l = _write(tmp_path / "l.csv", LUCID_HEADER, ["1,VGG,CIFAR-10,1,64,0,0.9,PPO,LunarLander,1,32,1,0.95,50,20,4000"])
+    lu = _write(tmp_path / "l.csv", LUCID_HEADER, ["1,VGG,CIFAR-10,1,64,0,0.9,PPO,LunarLander,1,32,1,0.95,50,20,4000"])
     cat = ProfileCatalog.from_gavel(D.PROJECT_DATA_DIR)
-    assert D.detect_pair_schema(g) == "gavel" and D.detect_pair_schema(l) == "lucid"
+    assert D.detect_pair_schema(g) == "gavel" and D.detect_pair_schema(lu) == "lucid"
     rows = D.read_pair_file(g, cat)
     assert not rows[0].failed and rows[0].norm_tput_b == 0.6 and rows[0].b.model_family == "lstm"
     assert rows[1].failed and math.isnan(rows[1].norm_tput_a)
-    (lr,) = D.read_pair_file(l, cat)
+    (lr,) = D.read_pair_file(lu, cat)
     assert lr.a.gpu_type == "rtx3090" and lr.b.precision == "amp" and lr.norm_tput_a == 0.9
     bad = _write(tmp_path / "bad.csv", "a,b,c", ["1,2,3"])
     with pytest.raises(ValueError, match="neither"):

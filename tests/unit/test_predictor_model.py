@@ -14,13 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from elastico.coloc.rates import compose_k_way
 from services.predictor import datasets as D
 from services.predictor import features as F
 from services.predictor.datasets import ProfileCatalog
 from services.predictor.evaluate import cv_folds
 from services.predictor.features import JobProfile, Observation
 from services.predictor.model import ArtifactError, InterferenceModel, TrainParams, load_model, save_model, train_model
-from elastico.coloc.rates import compose_k_way
 
 REPO = Path(__file__).resolve().parents[2]
 NAN = float("nan")

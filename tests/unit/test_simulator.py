@@ -14,7 +14,7 @@ from services.allocator.policy.view import Decision
 from simulator.engine import ARRIVAL, COMPLETE, ROUND, Engine, OversubscribedError, SimConfig
 from simulator.metrics import best_gang_speed, summarise, throughput_ceiling
 from simulator.run import build_workload, run_policies
-from simulator.traces import TraceError, ls_gpu_share
+from simulator.traces import TraceError
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "data" / "traces" / "gavel_philly_vc_traces_seed0.csv"
