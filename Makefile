@@ -38,8 +38,14 @@ $(MODEL): $(MODEL_SRC) | $(GEN)
 
 model: $(MODEL)
 
+# The pure cores the type checker covers.
+TYPED := elastico/coloc elastico/state services/pricer/core services/allocator/policy services/predictor/model \
+         services/predictor/features.py services/predictor/datasets.py
+
 test: protos model
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/ruff check --quiet .
+	$(BIN)/mypy $(TYPED)
 	$(PY) -m pytest -q
 
 up: protos model

@@ -193,7 +193,7 @@ def full_trace_speed(trace: str, inf: list[str] | None, seed: int, estimator: st
 
 
 def summary_rows(cells: list[dict]) -> list[str]:
-    """The README's table: one row per loaded cell."""
+    """The table of docs/results.md: one row per loaded cell."""
     rows = ["| GPUs | share | load | ElastiCo avg JCT | vs FIFO | leader avg JCT | leader jobs/h | leader work/h | "
             "leader eff util | work/h FIFO → ElastiCo [ceiling] | eff util FIFO → ElastiCo [ceiling] | SLO |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         a.sizes, a.loads, a.jobs_64, a.skip_speed = [16], [1.0], 40, True
         extra = extra[:1]
     options = AllocatorSettings().policy_options()
-    print(f"policy configuration = the live allocator's defaults (services/allocator/settings.py): "
+    print("policy configuration = the live allocator's defaults (services/allocator/settings.py): "
           + ", ".join(f"{k}={v}" for k, v in options.items()) + f"; tenants per GPU {AllocatorSettings.max_tenants}", flush=True)
     print("information parity: exclusive-backfill, lucid and elastico receive the same (exact) remaining-run-time "
           "estimates; exclusive-fifo, tiresias and mps-equal-share do not use them", flush=True)

@@ -7,16 +7,13 @@ import sys
 import time
 from pathlib import Path
 
-import inspect
-
-from services.allocator.policy import POLICY_NAMES
-from services.allocator.policy.elastico import ElastiCo
+from services.allocator.policy import POLICY_NAMES, ElastiCoParams
 from simulator.engine import SimConfig
 from simulator.report import table, write_outputs
 from simulator.run import build_workload, run_policies
 from simulator.traces import TraceError
 
-FLOOR = inspect.signature(ElastiCo).parameters["train_floor"].default
+FLOOR = ElastiCoParams().train_floor
 
 
 def _ranged(lo: float, hi: float = float("inf"), cast=float, lo_open: bool = False):

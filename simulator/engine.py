@@ -10,8 +10,12 @@ All events at one instant are processed first, then at most one scheduling round
 Speeds are ground truth (:mod:`elastico.coloc.truth`); the policy sees only its estimate matrix.
 A resize or a restart after preemption costs ``restart_s`` of zero progress for training (MPS limits are
 fixed at launch: checkpoint, relaunch); inference resizes are make-before-break (no downtime, counted
-as restarts). Every placement is checked: a GPU never holds more than 100 % share or K tenants, and a gang
-keeps the node topology (``SimConfig.node_gpus``; ``OversubscribedError`` otherwise; tests rely on it).
+as restarts). Every decision goes through the decision contract
+(:func:`services.allocator.policy.contract.check`: a GPU never holds more than 100 % share or K tenants, a gang
+keeps the node topology, ``SimConfig.node_gpus``, and runs at a GPU count its job allows...); a decision it
+rejects any part of is a policy bug and stops the run (``OversubscribedError``; tests rely on it) rather than
+being measured half-applied. The view handed to the policy is read-only: views of the engine's own arrays,
+made once.
 """
 
 from __future__ import annotations
@@ -24,15 +28,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.allocator.policy.baselines import Policy
-from services.allocator.policy.inference import slo_margin
-from elastico.coloc.rates import compose_additive, utilisation_rule
 from elastico.coloc.profiles import TypeTable, scaling_curve
-from services.allocator.policy.shapes import allowed_counts, count_speed, relative_tput
-from elastico.coloc.rates import share_speed
-from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, JobTable, Topology
-from elastico.coloc.rates import slot_sum
+from elastico.coloc.rates import compose_additive, share_speed, slot_sum, utilisation_rule
 from elastico.coloc.truth import GroundTruth
+from services.allocator.policy.baselines import Policy
+from services.allocator.policy.contract import check
+from services.allocator.policy.inference import slo_margin
+from services.allocator.policy.shapes import count_speed, relative_tput
+from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, JobTable, Topology, read_only
 from simulator.traces import BIN_S, InferenceServices, TrainingJobs
 
 ARRIVAL, INF_END, COMPLETE, LOAD, WINDOW_END, ROUND = range(6)
@@ -40,7 +43,7 @@ FUTURE, PENDING, RUNNING, DONE = range(4)
 
 
 class OversubscribedError(AssertionError):
-    """A decision would put more than 100 % share or more than K tenants on a GPU."""
+    """The decision contract rejected part of a decision (e.g. more than 100 % share or K tenants on a GPU)."""
 
 
 @dataclass
@@ -120,13 +123,12 @@ class Engine:
                 ext = np.concatenate([p[-(W - 1):], p]) if W > 1 else p
                 self.roll_pad[i, :len(p)] = [ext[b:b + W].max() for b in range(len(p))]
         self.util = util
-        # GPU-count shapes: a training job may run on another gang size (``allowed_counts``: halvings, or
-        # growth between measured counts); its speed is then ``count_speed`` and each of its GPUs is busy
+        # GPU-count shapes: a training job may run on another gang size (``shapes.allowed_counts``: halvings,
+        # or growth between measured counts); its speed is then ``count_speed`` and each of its GPUs is busy
         # ``util x T(n)/n`` (per-GPU scaling efficiency, capped at 1) -- a 1-GPU profile's utilisation
         # diluted by the communication a larger gang waits on.
         self.scale = (types.scale_tput[self.type_idx] if types.scale_tput is not None
                       else np.tile(scaling_curve({}), (N, 1)))
-        self.measured = types.scale_measured[self.type_idx] if types.scale_measured is not None else [None] * N
         self.ngpu_run = np.zeros(N, np.int64)  # GPUs held while running (0 otherwise)
         self.cspeed = np.ones(N)  # speed factor of the running GPU count vs the requested one
         self.peff = np.ones(N)  # per-GPU scaling efficiency at the running count, <= 1
@@ -154,8 +156,11 @@ class Engine:
         self.forecast = np.full(N, np.nan)
         self.gpus: list = [None] * N
         self.topo = Topology.uniform(G, cfg.node_gpus)
+        for a in (self.topo.gpu_node, self.topo.node_start, self.topo.node_size):
+            a.setflags(write=False)
         self.gpu_job = np.full((G, K), -1, np.int64)
         self.gpu_share = np.zeros((G, K))
+        self._gpu_job_ro, self._gpu_share_ro = read_only(self.gpu_job), read_only(self.gpu_share)
         self.gpu_eff = np.zeros(G)
         self.pending: dict[int, None] = {}  # insertion-ordered set; re-queued jobs go by arrival (sorted per round)
         self.running: set[int] = set()
@@ -179,11 +184,14 @@ class Engine:
         self.rounds = 0
         self.events = 0
         self.gaps: list = []
-        self.view_jobs = JobTable(self.kind, self.type_idx, self.num_gpus, self.arrival, np.ones(N), self.attained,
-                                  self.share, self.util, self.forecast, self.gpus, self.restarts,
-                                  self.queued_since, np.full(N, np.nan), self.last_change, self.observed)
+        self.remaining_est = np.full(N, np.nan)  # what the policy sees of each job's remaining work (see _round)
+        # the policy's view of the jobs: read-only views of the arrays above (the engine keeps writing them);
+        # nothing pinned to GPUs, every gang size of the policy's own menu allowed
+        self.view_jobs = JobTable(*(read_only(a) for a in (
+            self.kind, self.type_idx, self.num_gpus, self.arrival, np.ones(N), self.attained, self.share, self.util,
+            self.forecast)), self.gpus, *(read_only(a) for a in (
+                self.restarts, self.queued_since, self.remaining_est, self.last_change, self.observed)))
         self.margin = slo_margin(cfg.slo_factor)
-        self._counts_memo: dict = {}  # (type, requested GPUs) -> allowed counts
         self._factors_memo: dict = {}  # (type, requested GPUs, count) -> (count speed, per-GPU efficiency)
 
     # ---- event plumbing -----------------------------------------------------------------------------
@@ -330,23 +338,13 @@ class Engine:
         return set(int(g) for g in gs)
 
     def _place(self, j: int, gpus: np.ndarray, share: float, t: float) -> set[int]:
-        K = self.cfg.max_tenants
-        gpus = np.asarray(gpus, np.int64)
-        if self.state[j] != PENDING:
-            raise OversubscribedError(f"job {j} placed while not pending (state {self.state[j]})")
-        counts = self._allowed_counts(j) if self.kind[j] == TRAINING else (1,)
-        if len(gpus) not in counts or len(set(gpus.tolist())) != len(gpus):
-            raise OversubscribedError(f"job {j} needs {' or '.join(map(str, counts))} distinct GPUs, got {gpus.tolist()}")
-        if not self.topo.gang_ok(gpus):
-            raise OversubscribedError(f"job {j}'s gang {gpus.tolist()} breaks the topology (nodes of "
-                                      f"{self.cfg.node_gpus}: one node, or whole nodes plus one partial)")
+        """Start pending job ``j`` on ``gpus`` at ``share`` (accepted by the decision contract)."""
+        gpus = np.array(gpus, np.int64)
+        gpus.setflags(write=False)  # the policy sees it as JobTable.gpus[j]
         for g in gpus:
-            slots = np.flatnonzero(self.gpu_job[g] < 0)
-            if len(slots) == 0 or self.gpu_share[g].sum() + share > 100.0 + 1e-6:
-                raise OversubscribedError(f"GPU {g} oversubscribed by job {j} ({share}% on "
-                                          f"{self.gpu_share[g].sum()}%, {K - len(slots)} tenants)")
-            self.gpu_job[g, slots[0]] = j
-            self.gpu_share[g, slots[0]] = share
+            slot = np.flatnonzero(self.gpu_job[g] < 0)[0]
+            self.gpu_job[g, slot] = j
+            self.gpu_share[g, slot] = share
         self.pending.pop(j, None)
         self.running.add(j)
         self._members = None
@@ -368,15 +366,6 @@ class Engine:
             self._slo_close(j, t)  # the pending segment (capacity 0) ends here
         return set(gpus.tolist())
 
-    def _allowed_counts(self, j: int) -> tuple[int, ...]:
-        """GPU counts training job ``j`` may run at (:func:`allowed_counts`), memoised per job type and
-        request (they depend on nothing else)."""
-        key = (int(self.type_idx[j]), int(self.num_gpus[j]))
-        hit = self._counts_memo.get(key)
-        if hit is None:
-            hit = self._counts_memo[key] = allowed_counts(key[1], self.measured[j])
-        return hit
-
     def _count_factors(self, j: int, n: int) -> tuple[float, float]:
         """(speed factor vs the requested count, per-GPU scaling efficiency) of training job ``j`` on ``n``
         GPUs, memoised per job type, request and count (the scaling curve is the type's)."""
@@ -387,11 +376,13 @@ class Engine:
             hit = self._factors_memo[key] = (cs, min(1.0, cs * float(relative_tput(self.scale[j], self.num_gpus[j])) / n))
         return hit
 
-    def _apply(self, d, t: float) -> None:
+    def _apply(self, d, view: ClusterView, t: float) -> None:
+        """Apply decision ``d`` the policy took on ``view``: preemptions, resizes, placements."""
+        d, rejected = check(d, view)
+        if rejected:
+            raise OversubscribedError("decision rejected: " + "; ".join(f"job {r}: {why}" for r, why in rejected))
         touched: set[int] = set()
-        for j in dict.fromkeys(d.preempt):
-            if self.state[j] != RUNNING:
-                continue
+        for j in d.preempt:
             touched |= self._remove(j, t)
             self.state[j] = PENDING
             self.pending[j] = None
@@ -399,13 +390,7 @@ class Engine:
             self.queued_since[j] = t
             self.restarts[j] += 1
             self.need_restart[j] = True
-        for j, sh in dict(d.resize).items():
-            if self.state[j] != RUNNING or abs(self.share[j] - sh) < 1e-9:
-                continue
-            for g in self.gpus[j]:
-                row = self.gpu_job[g] == j
-                if self.gpu_share[g].sum() - self.gpu_share[g, row].sum() + sh > 100.0 + 1e-6:
-                    raise OversubscribedError(f"GPU {g} oversubscribed by resizing job {j} to {sh}%")
+        for j, sh in d.resize:
             if self.kind[j] == TRAINING:
                 self._advance(j, t)
             for g in self.gpus[j]:
@@ -442,13 +427,12 @@ class Engine:
         if len(run):
             self.attained[run] += self.ngpu_run[run] * np.maximum(0.0, t - self.att_t[run])
             self.att_t[run] = t
-        est = self.view_jobs.remaining_est_s
         if len(tr):
-            est[tr] = self.work[tr] - self.progress[tr]
-        view = ClusterView(t, self.gpu_job, self.gpu_share, self.view_jobs, pend, run, self.types, self.topo)
+            self.remaining_est[tr] = self.work[tr] - self.progress[tr]
+        view = ClusterView(t, self._gpu_job_ro, self._gpu_share_ro, self.view_jobs, pend, run, self.types, self.topo)
         d = self.p.decide(view)
         self.rounds += 1
-        self._apply(d, t)
+        self._apply(d, view, t)
         if not self.timeline or t - self.timeline[-1][0] > 0:
             G = self.cfg.gpus
             self.timeline.append((t, float(np.minimum(slot_sum(self.gpu_share), 100).sum() / 100 / G),

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from services.allocator.policy import POLICY_NAMES, RuleEstimator, make_policy
-from elastico.coloc.profiles import load_type_table
-from elastico.coloc.profiles import DATA_DIR
-from simulator.engine import Engine, SimConfig
+from elastico.coloc.profiles import DATA_DIR, load_type_table
 from elastico.coloc.truth import GroundTruth
+from services.allocator.policy import POLICY_NAMES, RuleEstimator, make_policy, options_for
+from simulator.engine import Engine, SimConfig
 from simulator.metrics import summarise
 from simulator.traces import TraceError, load_inference, load_training, static_inference_gpus
 
@@ -88,12 +87,14 @@ def build_workload(trace: str, gpus: int, inference_traces: list[str] | None = N
 
 
 def run_policies(w: Workload, policies: list[str], cfg: SimConfig, policy_options: dict | None = None):
-    """Run each policy on the workload; returns (results, summaries)."""
+    """Run each policy on the workload; returns (results, summaries). ``policy_options`` configure the whole
+    comparison: each policy gets the ones it accepts (:func:`options_for`), and the engine's SLO factor."""
     results, sums = [], []
     for name in policies:
         if name not in POLICY_NAMES:
             raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
-        pol = make_policy(name, w.estimate, w.truth.kappa, slo_factor=cfg.slo_factor, **(policy_options or {}))
+        opts = options_for(name, dict(slo_factor=cfg.slo_factor, **(policy_options or {})))
+        pol = make_policy(name, w.estimate, w.truth.kappa, **opts)
         r = Engine(pol, w.types, w.truth, w.train, w.inf, cfg).run()
         results.append(r)
         sums.append(summarise(r))

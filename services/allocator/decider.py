@@ -1,17 +1,18 @@
-"""Where a round's ``policy.decide(view)`` runs: a worker thread or a dedicated worker process.
+"""Where a round's policy runs (a worker thread or a dedicated worker process) and what it reports back.
 
-``decide`` is pure CPU (the policy library, ~0.27 ms per placement at 512 GPUs). In a worker *thread* it
-shares the interpreter lock with the event loop, so while it runs the job API (SubmitJob, WatchJobs...) and
-the round's own I/O crawl. In a worker *process* (``ELASTICO_DECIDE_WORKER=process``, the default) it runs
-on another core while the loop keeps serving. Measured on bench.allocator (this 2-core box, load ~2, three
-runs each, alternating): sustained submit+placement 486/521/638 jobs/s in a thread, 490/764/835 in a process;
-a 1,000-pending round the same within noise (pickling the view and the decision costs ~1.5 ms).
+``decide`` is pure CPU. In a worker *thread* it shares the interpreter lock with the event loop, so the job
+API (SubmitJob, WatchJobs...) and the round's own I/O crawl while it runs; in a worker *process*
+(``ELASTICO_DECIDE_WORKER=process``, the default) it runs on another core while the loop keeps serving, for
+the cost of pickling the view and the decision (figures: docs/history/allocator.md).
 
-The policy object lives where ``decide`` runs and keeps its state between rounds (warm prices); the
-scheduler names each policy it builds with a key (a new leader term, a new pair matrix or a degraded mode
-starts a new one) and the worker rebuilds only when the key changes. With the pricer service, the worker
-owns the gRPC solver too and hands back its state (last prices, gap, degradation) with each decision, so
-the scheduler reports it exactly as in thread mode.
+The policy object lives where ``decide`` runs and keeps its state between rounds (warm prices, the pair
+matrix it learnt from observed interference); the scheduler names each policy it builds with a key (a new
+leader term, a new pair matrix or a degraded mode starts a new one) and the worker rebuilds only when the
+key changes. Whatever the allocator reports about the policy is therefore computed where it lives, by
+:func:`run_policy` in both modes, and handed back with the decision as a :class:`DecisionReport`: the
+scheduler's own copy of the policy would report a matrix the deciding policy no longer uses. With the
+pricer service, the worker owns the gRPC solver too and hands back its state (last prices, gap,
+degradation) with each decision, so the scheduler reports it exactly as in thread mode.
 
 A worker that dies or cannot start is not fatal: rounds decide in a thread (logged) and a fresh worker is
 tried again after ``RETRY_S``.
@@ -24,13 +25,16 @@ import concurrent.futures
 import multiprocessing
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from elastico.coloc.rates import compose_additive
 from elastico.logging import get_logger
+from services.allocator.policy import ClusterView, Decision, ElastiCo, LucidPacking, Policy
+from services.allocator.policy.placement import pair_estimate
 
 log = get_logger(component="decider")
 
@@ -50,13 +54,68 @@ class PolicySpec:
     pricer: tuple | None  # (address, timeout_s, ClientTLS) of the pricer service; None = in-process pricing
 
 
+@dataclass(frozen=True)
+class DecisionReport:
+    """The policy's state as the allocator reports it, computed where the policy lives, after its decide."""
+
+    predicted_norm: dict[int, float]  # view row -> predicted normalised throughput next to its co-tenants
+    max_attempts: int  # the policy's placement attempts per round; 0 = it has no such cap
+
+
+@dataclass(frozen=True)
+class Decided:
+    """One run of the round's policy: its decision (None when only the report was asked for) and report."""
+
+    decision: Decision | None
+    report: DecisionReport
+
+
+def run_policy(policy: Policy, view: ClusterView, rows: Sequence[int], decide: bool) -> Decided:
+    """``policy.decide(view)`` when ``decide``, then the report for the running jobs ``rows`` of the view.
+
+    The report reads the policy as the decision left it (a learning policy may have replaced its matrix),
+    so it must run in the process holding the policy (the worker's :func:`_decide_in_worker` or a thread)."""
+    decision = policy.decide(view) if decide else None
+    model = _pair_model(policy)
+    predicted: dict[int, float] = {}
+    if model is not None:
+        for r in rows:
+            pred = predicted_norm(*model, view, int(r))
+            if pred is not None:
+                predicted[int(r)] = pred
+    attempts = policy.params.max_attempts if isinstance(policy, ElastiCo) else 0
+    return Decided(decision, DecisionReport(predicted, int(attempts)))
+
+
+def _pair_model(policy: Policy) -> tuple[np.ndarray, float] | None:
+    """``(pair matrix, kappa)`` the policy predicts interference with; None for a policy that predicts none."""
+    if isinstance(policy, (ElastiCo, LucidPacking)):
+        return policy.M, policy.kappa
+    return None
+
+
+def predicted_norm(M: np.ndarray, kappa: float, view: ClusterView, r: int) -> float | None:
+    """Predicted normalised throughput of running job ``r`` next to the co-tenants of its first GPU; None when
+    it runs alone. Interference only: node agents measure against the speed of the job's own shape."""
+    jobs = view.jobs
+    g = jobs.gpus[r]
+    if g is None or not len(g):
+        return None
+    others = [int(o) for o in view.gpu_job[g[0]] if o >= 0 and o != r]
+    if not others:
+        return None
+    t, u = int(jobs.type_idx[r]), float(jobs.solo_util[r])
+    pair = np.array([float(pair_estimate(M, kappa, t, u, int(jobs.type_idx[o]), float(jobs.solo_util[o])))
+                     for o in others])
+    return float(compose_additive(pair))
+
+
 # --- worker process side ------------------------------------------------------------------------------
 _WORKER: dict[str, Any] = {}
 
 
 def _exit_with_parent(parent_pid: int) -> None:
     """Worker initializer: leave when the scheduler's process is gone (even SIGKILLed, which skips cleanup)."""
-    import os
     import threading
 
     def watch() -> None:
@@ -68,13 +127,11 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 
 def _warm_up() -> bool:
-    """Import the policy library in the worker before the first round needs it."""
-    import services.allocator.policy  # noqa: F401
-
+    """A first task, so that the worker starts (and imports the policy library) before a round needs it."""
     return True
 
 
-def _decide_in_worker(spec: PolicySpec, view) -> tuple[Any, tuple | None]:
+def _decide_in_worker(spec: PolicySpec, view: ClusterView, rows: Sequence[int], decide: bool) -> tuple[Decided, tuple | None]:
     from services.allocator.policy import make_policy
 
     if _WORKER.get("key") != spec.key:
@@ -89,14 +146,14 @@ def _decide_in_worker(spec: PolicySpec, view) -> tuple[Any, tuple | None]:
         if solver is not None:
             options["solver"] = solver
         _WORKER.update(key=spec.key, solver=solver, policy=make_policy(spec.name, spec.matrix, spec.kappa, **options))
-    decision = _WORKER["policy"].decide(view)
+    decided = run_policy(_WORKER["policy"], view, rows, decide)
     solver = _WORKER.get("solver")
-    return decision, (solver.snapshot() if solver is not None else None)
+    return decided, (solver.snapshot() if solver is not None else None)
 
 
 # --- scheduler side ---------------------------------------------------------------------------------------
 class ProcessDecider:
-    """One spawned worker process running ``decide`` for the scheduler (see module docstring)."""
+    """One spawned worker process running the round's policy for the scheduler (see module docstring)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
@@ -111,13 +168,15 @@ class ProcessDecider:
                                                                 initializer=_exit_with_parent, initargs=(os.getpid(),))
             self._pool.submit(_warm_up)
 
-    async def decide(self, spec: PolicySpec, view, local: Callable[[], Any]) -> tuple[Any, tuple | None]:
-        """``(decision, solver snapshot)`` from the worker; ``local()`` decides in a thread if the worker fails."""
+    async def decide(self, spec: PolicySpec, view: ClusterView, rows: Sequence[int], decide: bool,
+                     local: Callable[[], Decided]) -> tuple[Decided, tuple | None]:
+        """``(run_policy(...) in the worker, solver snapshot)``; ``local()`` runs it in a thread if the worker fails."""
         if self._clock() < self._retry_at:
             return await asyncio.to_thread(local), None
         self.start()
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, _decide_in_worker, spec, view)
+            return await asyncio.get_running_loop().run_in_executor(self._pool, _decide_in_worker, spec, view,
+                                                                    tuple(rows), decide)
         except (concurrent.futures.process.BrokenProcessPool, OSError, RuntimeError) as exc:
             self.failures += 1
             self._retry_at = self._clock() + RETRY_S
@@ -129,8 +188,8 @@ class ProcessDecider:
     @property
     def pid(self) -> int | None:
         """The worker's process id while it runs (tests)."""
-        procs = getattr(self._pool, "_processes", None) or {}
-        return next(iter(procs), None)
+        procs = self._pool._processes if self._pool is not None else None  # the executor has no public accessor
+        return next(iter(procs or {}), None)
 
     def close(self) -> None:
         if self._pool is not None:

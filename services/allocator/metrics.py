@@ -1,6 +1,7 @@
 """Prometheus metrics of the allocator (default registry; served at ``/metrics`` when ELASTICO_METRICS_PORT is set).
 
-Defined once per process: several schedulers in one process (tests) share them.
+Defined once per process: several schedulers in one process (tests) share them. Rounds update them only through
+:class:`services.allocator.round_metrics.RoundMetrics`.
 """
 
 from __future__ import annotations

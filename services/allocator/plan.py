@@ -6,8 +6,9 @@ Row conventions: the view's job rows are the round's pending and placed jobs (``
 GPU rows the usable GPUs sorted by (node id, index) (``ViewIndex.gpus``), grouped into the view's
 ``Topology`` by node. A GPU is usable when its node's heartbeat is fresh, the node is ready and the GPU is
 healthy; jobs on other GPUs still occupy their slots on the usable ones but the policy never places next to
-a GPU it cannot see. A gang that fits one node is never split across nodes: the policies pick gangs inside
-the topology, and :func:`translate` drops any placement that breaks it.
+a GPU it cannot see. Whatever constrains a placement is in the view (topology, the GPUs of a job pinned to
+nodes, the gang sizes and shapes a job allows) and every policy honours it; :func:`translate` applies only
+what the decision contract (:func:`services.allocator.policy.contract.check`) accepts, never rewriting it.
 
 Time: the policy's clock is ``wall x time_scale`` (1 in production; a demo replays a trace faster and
 scales the node agents' simulated GPUs by the same factor), applied to every time it sees.
@@ -17,10 +18,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
+from elastico.coloc.profiles import TypeTable
+from elastico.coloc.rates import share_speed
 from elastico.domain import (
     GpuSlice,
     Job,
@@ -35,13 +38,12 @@ from elastico.domain import (
     placement_id,
 )
 from elastico.state.store import FULL_GPU_SHARE_UNITS, share_units
-from services.allocator.policy import INFERENCE, TRAINING, ClusterView, Decision
-from elastico.coloc.profiles import TypeTable
+from services.allocator.policy import INFERENCE, TRAINING, ClusterView, Decision, JobTable
+from services.allocator.policy.contract import check
 from services.allocator.policy.inference import slo_margin
-from services.allocator.policy.placement import TenantState, pick_gang, sub_gang
+from services.allocator.policy.placement import pick_gang
 from services.allocator.policy.shapes import SHARES_PCT, DeclaredJobTable, declared_matches, declared_util_cap
-from elastico.coloc.rates import share_speed
-from services.allocator.policy.view import Topology, occupy, vacate
+from services.allocator.policy.view import Topology, gpu_mask
 
 # --------------------------------------------------------------------------------------------------
 # 1. Agent reports -> job transitions
@@ -134,7 +136,6 @@ class ViewIndex:
     gpu_type: list[str]  # [G]
     iso_rate: np.ndarray  # [N] isolated steps/s of each job row at its gang size (NaN unknown)
     free: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # (share units, MiB) left per known GPU
-    restricted: list[int] = field(default_factory=list)  # pending rows with allowed_nodes: placed by place_restricted, not the policy
 
 
 def allowed_gang_sizes(spec: JobSpec) -> set[int]:
@@ -258,8 +259,11 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
         share[r] = p.slices[0].compute_share_pct if p.slices else 0.0
         gpus[r] = np.array(mine, np.int64)
     running = np.array([r for r in range(len(placed)) if gpus[r] is not None and len(gpus[r])], np.int64)
-    # the jobs' declared shapes travel with the view: every policy plans a declaring job with them only
+    # the jobs' constraints travel with the view, and every policy honours them: declared shapes (a declaring
+    # job is planned in them only), the gang sizes each job allows, the GPUs of the nodes a job is pinned to
     declared = tuple(tuple(j.spec.shapes) for j in rows)
+    pinned = {r: np.array([n in j.spec.allowed_nodes for n, _ in gpu_keys], bool)
+              for r, j in enumerate(rows) if j.spec.allowed_nodes}
     table = DeclaredJobTable(kind=kind, type_idx=type_idx, num_gpus=num_gpus,
                      arrival_s=np.array([j.submitted_at_s * ts for j in rows], float),
                      priority=np.array([priority_weight(j.spec.priority) for j in rows], float),
@@ -267,15 +271,26 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
                      restarts=np.array([j.restarts for j in rows], np.int64), queued_since_s=queued_since,
                      remaining_est_s=remaining, last_change_s=last_change,
                      observed_norm=_observed_norm(rows, gpus, gpu_job, observed or {}),
+                     allowed_gpus=tuple(pinned.get(r) for r in range(N)) if pinned else None,
+                     gang_sizes=tuple(tuple(sorted(allowed_gang_sizes(j.spec))) for j in rows),
                      declared=declared, any_declared=any(declared))
-    # pending jobs pinned to nodes (allowed_nodes) stay rows of the table but are not the policy's to place: the
-    # policies choose among all GPUs, so :func:`place_restricted` places these after the policy has decided
-    restricted = [r for r in range(len(placed), N) if rows[r].spec.allowed_nodes]
-    free_rows = np.array([r for r in range(len(placed), N) if not rows[r].spec.allowed_nodes], np.int64)
     view = ClusterView(now_s=now_s * ts, gpu_job=gpu_job, gpu_share=gpu_share, jobs=table,
-                       pending=free_rows, running=running, types=types,
+                       pending=np.arange(len(placed), N, dtype=np.int64), running=running, types=types,
                        topology=Topology.from_gpu_node([n for n, _ in gpu_keys]))
-    return view, ViewIndex(rows, gpu_keys, np.array(mem, np.int64), gtype, iso, free, restricted)
+    _freeze(view)
+    return view, ViewIndex(rows, gpu_keys, np.array(mem, np.int64), gtype, iso, free)
+
+
+def _freeze(view: ClusterView) -> None:
+    """Make every array of ``view`` read-only: a policy writing into what it sees fails instead of corrupting
+    the round's own state."""
+    jobs, topo = view.jobs, view.topology
+    arrays = [view.gpu_job, view.gpu_share, view.pending, view.running, topo.gpu_node, topo.node_start,
+              topo.node_size, *(g for g in jobs.gpus if g is not None),
+              *(m for m in jobs.allowed_gpus or () if m is not None)]
+    arrays += [getattr(jobs, f.name) for f in fields(JobTable) if isinstance(getattr(jobs, f.name), np.ndarray)]
+    for a in arrays:
+        a.setflags(write=False)
 
 
 def _observed_norm(rows: Sequence[Job], gpus: list, gpu_job: np.ndarray,
@@ -291,71 +306,6 @@ def _observed_norm(rows: Sequence[Job], gpus: list, gpu_job: np.ndarray,
         if now == set(seen[1]):
             out[r] = float(seen[0])
     return out
-
-
-def place_restricted(decision: Decision | None, view: ClusterView, index: ViewIndex, estimate: np.ndarray | None,
-                     kappa: float, train_floor: float, slo_factor: float = 10.0) -> Decision | None:
-    """Add placements for the pending jobs pinned to nodes (``JobSpec.allowed_nodes``) to the policy's decision.
-
-    Why a pass of its own: every policy places over all GPUs, and a pod that kube-scheduler bound to a node can
-    only use that node's GPUs. These jobs are placed in submission order on the capacity the policy's decision
-    leaves, in their explicit shapes' order (no shapes: one whole GPU per GPU of the gang), only on GPUs of their
-    allowed nodes with a free tenant slot, enough free share and memory, and, with an interference estimate, only
-    where every existing tenant keeps its floor (as the policies do); without an estimate (predictor degraded)
-    only on empty GPUs. Among feasible GPUs the candidate's predicted speed decides. The placements go through
-    :func:`translate` and the same atomic commit as the policy's, so nothing here can oversubscribe a GPU.
-
-    Returns:
-        ``decision`` with the pinned placements appended (a new one when it was None and some were placed).
-    """
-    if not index.restricted:
-        return decision
-    out = decision if decision is not None else Decision()
-    gpu_job, gpu_share = view.scratch()
-    for r in out.preempt:
-        vacate(gpu_job, gpu_share, int(r))
-    for r, sh in out.resize:
-        gpu_share[gpu_job == int(r)] = float(sh)
-    for r, g_rows, sh in out.place:
-        try:
-            occupy(gpu_job, gpu_share, int(r), np.atleast_1d(g_rows), float(sh))
-        except ValueError:
-            pass  # translate drops it too
-    mem_free = np.array([index.free.get(k, [0, 0])[1] for k in index.gpus], np.int64)
-    for r, g_rows, sh in out.place:
-        g_rows = np.atleast_1d(g_rows)
-        declared = declared_matches(index.jobs[int(r)].spec.shapes, len(g_rows), float(sh))
-        for g in g_rows:  # what translate will commit: the declared shape's memory, else the share's
-            mem_free[int(g)] -= (index.jobs[int(r)].spec.shapes[declared[0]].mem_mib if declared
-                                 else int(index.gpu_mem_mib[int(g)] * float(sh) // 100))
-    node_of = np.array([n for n, _ in index.gpus], dtype=object)
-    placed_any = False
-    for r in index.restricted:
-        job = index.jobs[r]
-        allowed = np.isin(node_of, list(job.spec.allowed_nodes)) if len(node_of) else np.zeros(0, bool)
-        options = [(s.num_gpus, s.compute_share_pct, s.mem_mib) for s in job.spec.shapes] or \
-                  [(spec_num_gpus(job.spec), 100.0, None)]
-        for n, share, mem in options:
-            need_mem = (index.gpu_mem_mib * share // 100).astype(np.int64) if mem is None else np.full(len(mem_free), mem)
-            ok = allowed & ((gpu_job < 0).any(axis=1)) & (100.0 - gpu_share.sum(axis=1) >= share - 1e-9) & (mem_free >= need_mem)
-            if estimate is None:
-                ok &= (gpu_job < 0).all(axis=1)
-                score = np.zeros(len(ok))
-            else:
-                pred = TenantState(estimate, kappa, gpu_job, gpu_share, view.jobs, True).join(
-                    int(view.jobs.type_idx[r]), float(view.jobs.solo_util[r]), share, train_floor, slo_factor)
-                ok &= pred.tenant_ok
-                score = pred.new_norm
-            g = pick_gang(score, ok, n, view.topo)
-            if g is None:
-                continue
-            occupy(gpu_job, gpu_share, r, g, share)
-            mem_free[g] -= need_mem[g]
-            out.place.append((r, g, share))
-            placed_any = True
-            break
-    return out if (decision is not None or placed_any) else None
-
 
 
 # --------------------------------------------------------------------------------------------------
@@ -418,61 +368,27 @@ def _candidates(job: Job, slices_on: Sequence[tuple[str, int, int, str]], share_
 
 
 def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
-    """Turn the policy's rows into store operations, re-checking capacity against committed usage.
+    """Turn the policy's rows into store operations: what the decision contract accepts, re-checked against
+    committed usage.
 
-    Preemptions free their slices first; a resize is a release plus a new placement on the same GPUs
-    (MPS limits are fixed at launch); placements are kept only if every slice fits what is left of its
-    GPU's committed share and memory (the store checks again atomically, all or nothing: a decision that
-    cannot fit is dropped here so that it cannot veto the rest of the round).
+    The decision first goes through :func:`contract.check` (rows, pending, GPUs allowed for the job, gang
+    sizes, topology, tenant slots, shares, declared shapes); what it rejects is dropped with its reason. Then
+    preemptions free their slices; a resize is a release plus a new placement on the same GPUs (MPS limits are
+    fixed at launch); placements are kept only if every slice fits what is left of its GPU's committed share
+    and memory (the store checks again atomically, all or nothing: a decision that cannot fit is dropped here
+    so that it cannot veto the rest of the round). A placement of a job the decision also preempts is a
+    resize (a relaunch on other GPUs).
 
-    A placement on a GPU count the job did not declare (its explicit shapes' counts; 1 without shapes) is
-    dropped together with the preemption that would have resized it: a live job runs only at gang sizes it
-    allows (the policy's GPU-count shapes assume an elastic workload, see ``ELASTICO_ELASTIC_GPUS``). A
-    queued job the policy starts on a grown gang starts on its requested gang instead (the first of those
-    GPUs that keep the topology: each has room for its share), so it is not held back by a size it never
-    asked for. A gang that breaks the topology (a gang that fits one node spread over several) is dropped
-    the same way.
-
-    A job that declares shapes gets exactly one of them (:func:`make_placement`): a placement or resize of
-    it that is none of its declared (GPU count, share) pairs is dropped (a placement together with the
-    preemption that would have relaunched it). The policies plan compute share and tenant slots, not memory:
-    a declared shape whose memory does not fit the GPUs the policy chose goes to GPUs that are empty (nothing
-    committed there, no placement of this decision aimed at them) where it fits, if there are any, else it
-    waits -- it is never shrunk to what is left.
+    A job that declares shapes gets exactly one of them (:func:`make_placement`). The policies plan compute
+    share and tenant slots, not memory: a declared shape whose memory does not fit the GPUs the policy chose
+    goes to GPUs that are empty (nothing committed there, no placement of this decision aimed at them), among
+    the job's allowed ones, where it fits, if there are any, else it waits -- it is never shrunk to what is
+    left.
     """
     plan = Plan()
-    running = set(int(r) for r in view.running)
-    topo = view.topo
-    place, bad, split, undeclared = [], set(), set(), set()
-    for r, g, sh in decision.place:
-        g = np.atleast_1d(g)
-        allowed = allowed_gang_sizes(index.jobs[int(r)].spec)
-        if len(g) not in allowed:
-            n = int(view.jobs.num_gpus[int(r)])
-            sub = None
-            if int(r) not in running and n in allowed and len(g) >= n:
-                sub = sub_gang(g, n, topo)  # a job starting on a grown gang starts on its own gang instead
-            if sub is None:
-                bad.add(int(r))
-                continue
-            g = sub
-        spec = index.jobs[int(r)].spec
-        if spec.shapes and not declared_matches(spec.shapes, len(g), float(sh)):
-            undeclared.add(int(r))
-            continue
-        if not topo.gang_ok(g):
-            split.add(int(r))
-            continue
-        place.append((r, g, sh))
-    if bad:
-        plan.dropped.extend((index.jobs[r].job_id, "gang size not among the job's shapes") for r in sorted(bad))
-    if split:
-        plan.dropped.extend((index.jobs[r].job_id, "gang breaks the node topology") for r in sorted(split))
-    if undeclared:
-        plan.dropped.extend((index.jobs[r].job_id, "shape not among the job's declared shapes") for r in sorted(undeclared))
-    bad |= split | undeclared
-    decision = Decision(preempt=[r for r in decision.preempt if int(r) not in bad], resize=decision.resize,
-                        place=place, info=decision.info)
+    decision, rejected = check(decision, view)
+    plan.dropped.extend((index.jobs[r].job_id if isinstance(r, int) and 0 <= r < len(index.jobs) else f"row {r!r}", why)
+                        for r, why in rejected)
     free = {k: list(v) for k, v in index.free.items()}
 
     def release(job: Job) -> None:
@@ -495,21 +411,17 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
             free[(s.node_id, s.gpu_index)][1] -= s.mem_mib
 
     gone: set[int] = set()
-    for r in dict.fromkeys(int(r) for r in decision.preempt):
-        if r in running and r not in gone:
-            gone.add(r)
-            plan.preempt.append(index.jobs[r])
-            release(index.jobs[r])
-    for r, sh in dict((int(r), float(s)) for r, s in decision.resize).items():
+    for r in decision.preempt:
+        gone.add(r)
+        plan.preempt.append(index.jobs[r])
+        release(index.jobs[r])
+    for r, sh in decision.resize:
         job = index.jobs[r]
-        if r not in running or r in gone or job.placement is None or abs(job.placement.slices[0].compute_share_pct - sh) < 1e-9:
-            continue
         options = _candidates(job, [(s.node_id, s.gpu_index, _mem_of(index, s.node_id, s.gpu_index, s.mem_mib, s.compute_share_pct), _type_of(index, s.node_id, s.gpu_index))
                                     for s in job.placement.slices], sh, float(index.iso_rate[r]), float(view.jobs.solo_util[r]))
         if not options:
             plan.dropped.append((job.job_id, f"resize to {sh}% is not among the job's declared shapes"))
             continue
-        gone.add(r)
         release(job)
         p = next((o for o in options if fits(o)), None)
         if p is not None:
@@ -517,35 +429,28 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
             plan.resize.append((job, p))
         else:
             plan.dropped.append((job.job_id, f"resize to {sh}% does not fit"))
-            gone.discard(r)
             for sl in job.placement.slices:  # it keeps its slices
                 free[(sl.node_id, sl.gpu_index)][0] -= share_units(sl.compute_share_pct)
                 free[(sl.node_id, sl.gpu_index)][1] -= sl.mem_mib
-    pending = set(int(r) for r in view.pending) | set(index.restricted)
     planned = {int(g) for _, g_rows, _ in decision.place for g in np.atleast_1d(g_rows)}  # GPUs the decision aims at
-    taken: set[int] = set()
     for r, g_rows, sh in decision.place:
         r = int(r)
         job = index.jobs[r]
-        if (r not in pending and r not in gone) or r in taken:
-            plan.dropped.append((job.job_id, "placed while not pending, or twice in one round"))
-            continue
         g_rows = [int(g) for g in np.atleast_1d(g_rows)]
         n_gpus = len(g_rows)
 
-        def on(rows: Sequence[int]) -> list[Placement]:
-            return _candidates(job, [(*index.gpus[g], int(index.gpu_mem_mib[g]), index.gpu_type[g]) for g in rows], float(sh),
+        def on(rows: Sequence[int], job: Job = job, r: int = r, sh: float = float(sh)) -> list[Placement]:
+            return _candidates(job, [(*index.gpus[g], int(index.gpu_mem_mib[g]), index.gpu_type[g]) for g in rows], sh,
                                float(index.iso_rate[r]), float(view.jobs.solo_util[r]))
 
-        p = next((o for o in on(g_rows) if fits(o)), None) if len(set(g_rows)) == len(g_rows) else None
+        p = next((o for o in on(g_rows) if fits(o)), None)
         if p is None and job.spec.shapes:  # e.g. its declared memory does not fit there: empty GPUs where it does
-            g_rows = _empty_gpus_for(job, n_gpus, float(sh), view, index, free, planned)
+            g_rows = _empty_gpus_for(job, r, n_gpus, float(sh), view, index, free, planned)
             p = next((o for o in on(g_rows) if fits(o)), None) if g_rows else None
         if p is None:
             plan.dropped.append((job.job_id, f"{n_gpus} x {sh}% does not fit committed capacity"))
             continue
         take(p)
-        taken.add(r)
         if r in gone:  # preempted and re-placed in one round: a resize
             plan.preempt = [j for j in plan.preempt if j.job_id != job.job_id]
             plan.resize.append((job, p))
@@ -554,18 +459,19 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
     return plan
 
 
-def _empty_gpus_for(job: Job, n: int, share_pct: float, view: ClusterView, index: ViewIndex,
+def _empty_gpus_for(job: Job, row: int, n: int, share_pct: float, view: ClusterView, index: ViewIndex,
                     free: Mapping[tuple[str, int], list[int]], planned: set[int]) -> list[int]:
-    """GPU rows for ``job``'s declared shape on ``n`` GPUs at ``share_pct`` among GPUs that are empty -- no tenant
-    committed or in the view, none of the decision's placements aimed at them -- and have its memory (the
-    first node with room, lowest GPUs first, keeping the topology); ``[]`` when there are not enough."""
+    """GPU rows for ``job`` (view row ``row``)'s declared shape on ``n`` GPUs at ``share_pct`` among its allowed
+    GPUs that are empty -- no tenant committed or in the view, none of the decision's placements aimed at them
+    -- and have its memory (the first node with room, lowest GPUs first, keeping the topology); ``[]`` when
+    there are not enough."""
     need = min((s.mem_mib for s in job.spec.shapes if s.num_gpus == n and abs(s.compute_share_pct - share_pct) < 1e-6),
                default=None)
     if need is None:
         return []
     ok = np.array([g not in planned and bool((view.gpu_job[g] < 0).all()) and int(index.gpu_mem_mib[g]) >= need
                    and free.get(k) == [FULL_GPU_SHARE_UNITS, int(index.gpu_mem_mib[g])] for g, k in enumerate(index.gpus)], bool)
-    g = pick_gang(np.zeros(len(ok)), ok, n, view.topo) if len(ok) else None
+    g = pick_gang(np.zeros(len(ok)), ok, n, view.topo, allowed=gpu_mask(view.jobs, row)) if len(ok) else None
     return [] if g is None else [int(x) for x in g]
 
 

@@ -1,26 +1,26 @@
 """Scheduling rounds: the live allocator's control loop around the pure policy library.
 
-One round (:meth:`Scheduler.round`), run by the leader only, every write fenced by its epoch:
+One round (:meth:`Scheduler.round`), run by the leader only, every write fenced by its epoch, in steps:
 
-1. **Read** everything from Redis: the active jobs, the nodes (heartbeats, GPUs, committed usage) and each
-   node agent's actual state. Nothing the round needs lives only in memory, so a restarted or new
-   leader continues where the last one stopped.
+1. **Read** (:meth:`Scheduler._read`) everything from Redis: the active jobs, the nodes (heartbeats, GPUs,
+   committed usage) and each node agent's actual state. Nothing the round needs lives only in memory, so a
+   restarted or new leader continues where the last one stopped.
 2. **Consume reports** (:func:`plan.transitions`): PLACED -> RUNNING when the agent runs the placement;
    COMPLETED -> SUCCEEDED, OWN_FAILURE -> FAILED, COTENANT_FAULT -> PENDING (requeued without penalty,
    progress kept); a node silent past ``node_stale_s + node_grace_s`` -> its jobs PENDING (NODE_LOST).
-3. **View** (:func:`plan.build_view`): job rows <-> job ids, GPU rows <-> (node, GPU) of fresh, ready
-   nodes' healthy GPUs only (a stale node gets nothing new).
-4. **Estimate**: the pair matrix from the predictor service (cached, refreshed); unavailable -> degraded:
-   whole GPUs only, no new co-location.
-5. **Decide**: ``policy.decide(view)`` in a worker process (``decider.py``; or a thread), the event loop
-   serving meanwhile; ElastiCo prices through
-   the pricer service with a deadline (:class:`clients.GrpcSolver`; down -> last good prices, degraded).
-6. **Apply** (:func:`plan.translate`): preemptions -> ``release_job(PENDING, PREEMPTED)`` with the progress
+3. **Decide**: the view (:func:`plan.build_view`: GPU rows of fresh, ready nodes' healthy GPUs only); the
+   pair matrix from the predictor service (cached, refreshed; unavailable -> degraded: whole GPUs only);
+   ``policy.decide(view)`` in a worker process (``decider.py``; or a thread), the event loop serving
+   meanwhile, ElastiCo pricing through the pricer service with a deadline (:class:`clients.GrpcSolver`;
+   down -> last good prices, degraded). The policy state the round reports (predicted speeds, its cap)
+   comes back with the decision (:class:`decider.DecisionReport`), computed where the policy lives.
+4. **Apply** (:func:`plan.translate`): preemptions -> ``release_job(PENDING, PREEMPTED)`` with the progress
    the agent reported; resizes -> release (RESIZED) + re-place (MPS limits are fixed at launch); all
    placements of the round -> ONE ``commit_placements`` (all or nothing; Conflict -> nothing written,
    the next round re-reads).
-7. **Nudge** the touched node agents (``Sync``, deadline, best effort) and publish the round's status
-   (prices, gap, degradations) to Redis for ``GetClusterState`` on any replica, and metrics.
+5. **Nudge** the touched node agents (``Sync``, deadline, best effort), **record** the round's metrics
+   (:class:`round_metrics.RoundMetrics`) and **publish** its status (prices, gap, degradations) to Redis
+   for ``GetClusterState`` on any replica.
 
 Rounds run on an interval (``round_interval_s``) and on events (arrivals, cancellations: the event
 stream; completions, starts, failures: agent reports polled every ``report_poll_s``), coalesced.
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import time
@@ -38,29 +39,27 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from elastico.coloc.profiles import TypeTable
 from elastico.domain import Job, JobState, NodeInfo, Placement, StateReason, Workload
 from elastico.errors import Conflict, ElasticoError, StaleEpoch, Unavailable, WrongState
 from elastico.logging import get_logger
 from elastico.state.store import PreparedUpdates, Store
-from services.allocator import metrics as m
 from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient, pool_names
-from services.allocator.decider import PolicySpec, ProcessDecider
+from services.allocator.decider import Decided, PolicySpec, ProcessDecider, run_policy
 from services.allocator.estimate import TypeResolver, default_kappa, default_types, exclusive_matrix, rule_matrix
 from services.allocator.leader import LeaderLease
 from services.allocator.plan import (
     Transition,
+    ViewIndex,
     build_view,
     current_reports,
     node_fresh,
-    place_restricted,
     spec_num_gpus,
     transitions,
     translate,
 )
-from services.allocator.policy import make_policy
-from elastico.coloc.profiles import TypeTable
-from elastico.coloc.rates import compose_additive
-from services.allocator.policy.placement import pair_estimate
+from services.allocator.policy import ClusterView, Decision, Policy, make_policy, options_for
+from services.allocator.round_metrics import RoundMetrics, RoundOutcome, observed_speeds
 from services.allocator.settings import AllocatorSettings
 
 log = get_logger(component="rounds")
@@ -79,10 +78,10 @@ def tune_gc() -> None:
     """Tune the garbage collector for a process running scheduling rounds; call once, after start-up.
 
     A round allocates ~10^5 short-lived objects (decoded records, views) next to a few hundred thousand
-    long-lived ones (modules, numpy/scipy/grpc, type tables). With the defaults a full collection walks all
-    of them every few rounds: measured ~110 ms pauses landing inside rounds (at 1,000 pending jobs). Freezing
-    what start-up created (it is never garbage) and collecting less eagerly cut that to no collection in 8
-    measured rounds and ~10 ms when one runs. Cycles are still collected, only later.
+    long-lived ones (modules, numpy/scipy/grpc, type tables); with the defaults a full collection walks all
+    of them every few rounds, a pause inside a round. Start-up's objects are never garbage: they are frozen
+    out of collections, and collections run less eagerly (docs/history/allocator.md). Cycles are still
+    collected, only later.
     """
     gc.collect()
     gc.freeze()
@@ -110,6 +109,31 @@ class RoundReport:
     degraded: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _Cluster:
+    """The round's picture of the cluster: read from the store, then updated by the report transitions."""
+
+    jobs: list[Job]  # active (non-terminal) jobs
+    nodes: list[NodeInfo]  # every registered node, GPUs with committed usage
+    node_map: dict[str, NodeInfo]
+    workloads: dict[str, dict[str, Workload]]  # node id -> job id -> its agent's report
+    total_gpus: int = 0  # healthy GPUs of the cluster
+    touched: set[str] = field(default_factory=set)  # nodes whose desired state the round changed (nudged)
+
+
+@dataclass
+class _RoundDecision:
+    """What the decide step produced for the apply and record steps."""
+
+    view: ClusterView
+    index: ViewIndex
+    decision: Decision | None  # None: nothing to apply
+    prepared: PreparedUpdates | None  # UNSCHEDULABLE_NOW marks encoded while the worker decided
+    observed: dict[int, float]  # running view row -> normalised throughput its agent reports
+    predicted: dict[int, float]  # the same rows' predicted throughput where they share a GPU (the policy's report)
+    est_note: str  # estimate degradation ("" = healthy)
+
+
 class Scheduler:
     """Runs rounds while this replica leads (see module docstring)."""
 
@@ -131,10 +155,12 @@ class Scheduler:
         self._tasks: list[asyncio.Task] = []
         self._bg: set[asyncio.Task] = set()
         self._term: int | None = None
-        self._policies: dict[str, object] = {}
+        self._policies: dict[str, Policy] = {}
         self._policy_key = 0  # names the current policy for the decide worker process (bumped on every new one)
         self._spec: PolicySpec | None = None  # how the worker builds the current policy; None = decide in a thread
         self._decider = ProcessDecider() if settings.decide_worker == "process" else None
+        self._policy_attempts = 0  # the policy's per-round placement cap, as its last report gave it
+        self.metrics = RoundMetrics()
         self._matrix: np.ndarray | None = None
         self._matrix_at = 0.0
         self._matrix_tried = 0.0
@@ -170,7 +196,7 @@ class Scheduler:
         self._tasks = []
         if self._decider is not None:
             self._decider.close()  # a later round starts a fresh worker
-        m.IS_LEADER.set(0)
+        self.metrics.leading(None)
 
     async def run(self) -> None:
         """Forever: wait for a trigger (or the interval), then run a round if leading."""
@@ -181,7 +207,7 @@ class Scheduler:
                 await asyncio.sleep(self.s.round_min_gap_s)  # let a burst of events share one round
             self._wake.clear()
             epoch = self.lease.epoch
-            m.IS_LEADER.set(1 if epoch is not None else 0)
+            self.metrics.leading(epoch)
             if epoch is None:
                 if self._term is not None:
                     log.warning("not leading any more: rounds paused", epoch=self._term)
@@ -190,16 +216,15 @@ class Scheduler:
             try:
                 await self.round(epoch)
             except StaleEpoch as exc:
-                m.STALE_WRITES.inc()
-                m.ROUNDS.labels("stale_epoch").inc()
+                self.metrics.failed("stale_epoch")
                 log.warning("round rejected: a newer leader exists", epoch=epoch, error=str(exc))
                 await self.lease.try_acquire()
             except Unavailable as exc:
-                m.ROUNDS.labels("unavailable").inc()
+                self.metrics.failed("unavailable")
                 log.warning("round skipped: store unavailable", error=str(exc))
                 await asyncio.sleep(min(1.0, self.s.round_interval_s))
             except Exception:  # noqa: BLE001 - one bad round must not stop scheduling
-                m.ROUNDS.labels("error").inc()
+                self.metrics.failed("error")
                 log.exception("round failed")
                 await asyncio.sleep(min(1.0, self.s.round_interval_s))
 
@@ -281,7 +306,7 @@ class Scheduler:
             return self._matrix, f"predictor unavailable ({self._estimate_note}): using its pair matrix from {age:.0f}s ago"
         return self._matrix, ""
 
-    def _policy(self, matrix: np.ndarray | None):
+    def _policy(self, matrix: np.ndarray | None) -> Policy:
         mode = "normal" if matrix is not None else "exclusive"
         key = f"{mode}:{id(matrix)}"
         pol = self._policies.get(key)
@@ -292,6 +317,7 @@ class Scheduler:
             if matrix is None:  # degraded: the same policy on whole GPUs with a matrix that forbids sharing
                 matrix, opts["shares_pct"] = exclusive_matrix(self.types), (100,)
                 opts["learn_observed"] = False  # readings of earlier co-locations must not re-open sharing
+            opts = options_for(self.s.policy, opts)  # the configured policy's part (the worker builds it from them too)
             pol = make_policy(self.s.policy, matrix, self.kappa, solver=self.solver, **opts)
             self._policies = {key: pol}  # a new matrix or mode starts a fresh policy (warm prices only)
             self._policy_key += 1
@@ -301,127 +327,44 @@ class Scheduler:
                           if self._decider is not None and (self.solver is None or pricer is not None) else None)
         return pol
 
-    async def _decide(self, policy, view):
-        """``policy.decide(view)`` in the worker process (``decide_worker=process``) or a worker thread."""
+    async def _run_policy(self, policy: Policy, view: ClusterView, rows: list[int], decide: bool = True) -> Decided:
+        """:func:`decider.run_policy` where the policy lives: the worker process (``decide_worker=process``),
+        else this process (``decide`` in a worker thread; a report alone is cheap enough to compute inline)."""
+        here = functools.partial(run_policy, policy, view, rows, decide)
         if self._spec is None:
-            return await asyncio.to_thread(policy.decide, view)
-        decision, solver_state = await self._decider.decide(self._spec, view, lambda: policy.decide(view))
-        if solver_state is not None and self.solver is not None:
-            self.solver.restore(solver_state)  # prices, gap, degradation as the worker's solver saw them
-        return decision
+            decided = await asyncio.to_thread(here) if decide else here()
+        else:
+            decided, solver_state = await self._decider.decide(self._spec, view, rows, decide, here)
+            if solver_state is not None and self.solver is not None:
+                self.solver.restore(solver_state)  # prices, gap, degradation as the worker's solver saw them
+        self._policy_attempts = decided.report.max_attempts
+        return decided
 
     # --- the round ------------------------------------------------------------------------------------
     async def round(self, epoch: int) -> RoundReport:
-        """One scheduling round with fencing token ``epoch`` (see module docstring)."""
+        """One scheduling round with fencing token ``epoch``: read, consume reports, decide, apply, then nudge,
+        record and publish (see module docstring)."""
         t0 = time.perf_counter()
         if epoch != self._term:
             log.info("leading: scheduling rounds start", epoch=epoch, holder=self.lease.holder, policy=self.s.policy)
             self._term = epoch
             self._policies = {}
-        m.EPOCH.set(epoch)
+        self.metrics.started(epoch)
         rep = RoundReport(epoch=epoch)
         now = self.clock()
-        # 1. read: jobs, nodes (with usage) and the agents' reports, three round trips in parallel (reports of
-        # the nodes known from the last round; re-read when the node set changed)
-        known = list(self._node_ids)
-        jobs, nodes, workloads = await asyncio.gather(self.store.list_active_jobs(), self.store.list_nodes(),
-                                                      self.store.get_all_workloads(known))
-        self._node_ids = [n.node_id for n in nodes]
-        if self._node_ids != known:
-            workloads = await self.store.get_all_workloads(self._node_ids)
-        node_map = {n.node_id: n for n in nodes}
-        workloads = {n: ws for n, (_, ws) in workloads.items()}
-        touched: set[str] = set()
-
-        # 2. consume reports and heartbeats: every transition its own compare-and-set, all in one batch
-        changed: dict[str, Job] = {}
-        released = False
-        for t, new in await self._apply_transitions(epoch, transitions(jobs, node_map, workloads, now, self.s.node_stale_s,
-                                                                        self.s.node_grace_s), rep):
-            changed[t.job.job_id] = new
-            if t.release and t.job.placement is not None:
-                released = True
-                touched.update(s.node_id for s in t.job.placement.slices)
-        if changed:
-            jobs = [changed.get(j.job_id, j) for j in jobs]
-            jobs = [j for j in jobs if not j.state.terminal]
-        if released:
-            nodes = await self.store.list_nodes()  # releases changed committed usage
-        total_gpus = await self._mark_never_schedulable(epoch, jobs, nodes)
-
-        # 3-5. view, estimate, decide
-        matrix, est_note = await self._estimate()
-        policy = self._policy(matrix)
-        view, index = build_view(jobs, nodes, self.types, self.resolve, now, self.s.node_stale_s,
-                                 self.s.time_scale, self.s.max_tenants, observed=self._readings(jobs, workloads))
-        rep.pending = len(view.pending)
-        m.QUEUE_LENGTH.set(len(view.pending))
-        t1 = time.perf_counter()
-        decision, prepared = await self._decide_and_prepare(policy, view, index, total_gpus, epoch) \
-            if len(view.pending) else (None, None)
-        decision = place_restricted(decision, view, index, matrix, self.kappa, self.s.train_floor)
-        rep.decide_seconds = time.perf_counter() - t1
-        m.DECIDE_SECONDS.observe(rep.decide_seconds)
-
-        # 6. apply
-        if decision is not None:
-            plan = translate(decision, view, index)
-            rep.dropped = len(plan.dropped)
-            for job_id, why in plan.dropped:
-                log.warning("decision not applied", job_id=job_id, why=why)
-            batch = []
-            releases = [(self._with_progress(job, workloads), JobState.PENDING, StateReason.PREEMPTED, "preempted by the policy")
-                        for job in plan.preempt]
-            releases += [(self._with_progress(job, workloads), JobState.PENDING, StateReason.RESIZED,
-                          f"restart at {p.slices[0].compute_share_pct:g}%") for job, p in plan.resize]
-            results = await self.store.release_jobs(epoch, releases) if releases else []
-            for i, (job, new) in enumerate(zip([*plan.preempt, *(j for j, _ in plan.resize)], results, strict=True)):
-                if isinstance(new, Conflict):
-                    continue
-                touched.update(s.node_id for s in job.placement.slices)
-                if i < len(plan.preempt):
-                    rep.preempted += 1
-                    m.RELEASES.labels("preempted").inc()
-                    log.info("job preempted", job_id=job.job_id, epoch=epoch)
-                else:
-                    rep.resized += 1
-                    m.RELEASES.labels("resized").inc()
-                    batch.append((new, plan.resize[i - len(plan.preempt)][1]))
-            batch += plan.place
-            # the commit and the UNSCHEDULABLE_NOW marks of the jobs left queued touch disjoint jobs: both in flight
-            # together (one encodes while Redis runs the other)
-            placing = {j.job_id for j, _ in batch}
-            left = [index.jobs[int(r)] for r in [*view.pending, *index.restricted] if index.jobs[int(r)].job_id not in placing]
-            for outcome in await asyncio.gather(self._commit(epoch, batch, rep, touched),
-                                                self._mark_unschedulable_now(epoch, left, total_gpus, rep, prepared),
-                                                return_exceptions=True):
-                if isinstance(outcome, BaseException):  # StaleEpoch, Unavailable: after both have finished
-                    raise outcome
-            info = decision.info.get("pricing")
-            if info is not None and info.get("gap") is not None and np.isfinite(info["gap"]):
-                rep.gap = float(info["gap"])
-                m.PRICING_GAP.set(rep.gap)
-
-        # 7. nudge, observe, publish
-        for node_id in touched:
-            node = node_map.get(node_id)
-            if node is not None and self.nudger is not None:
-                task = asyncio.create_task(self.nudger.sync(node.address))
-                self._bg.add(task)
-                task.add_done_callback(self._bg.discard)
-        rep.degraded = self._degradations(nodes, now, est_note)
-        for comp in ("pricer", "predictor", "nodes"):
-            m.DEGRADED.labels(comp).set(1 if any(d.startswith(comp) or (comp == "nodes" and d.startswith("node ")) for d in rep.degraded) else 0)
-        self._observe(view, index, workloads, policy)
-        m.GPU_ALLOCATED.set(float(np.minimum(view.gpu_share.sum(axis=1), 100).sum() / 100 / max(view.num_gpus, 1)))
-        sm = [g.counters.sm_util_pct for n in nodes if node_fresh(n, now, self.s.node_stale_s) for g in n.gpus
-              if g.counters.sm_util_pct is not None]
-        if sm:
-            m.GPU_UTILISATION.set(float(np.mean(sm)) / 100.0)
-        m.RUNNING_JOBS.set(len(view.running) + rep.placed_jobs)
+        try:
+            cluster = await self._read()
+            await self._consume_reports(epoch, cluster, now, rep)
+            decided = await self._decide(epoch, cluster, now, rep)
+            if decided.decision is not None:
+                await self._apply(epoch, cluster, decided, rep)
+        finally:
+            self.metrics.writes(rep)  # what the store accepted, even when a later step failed
+        self._nudge(cluster)
+        rep.degraded = self._degradations(cluster.nodes, now, decided.est_note)
         rep.seconds = time.perf_counter() - t0
-        m.ROUND_SECONDS.observe(rep.seconds)
-        m.ROUNDS.labels("conflict" if rep.conflict else "ok").inc()
+        fresh = [n for n in cluster.nodes if node_fresh(n, now, self.s.node_stale_s)]
+        self.metrics.record(RoundOutcome(rep, decided.view, fresh, decided.observed, decided.predicted))
         await self._publish(rep, now)
         self.last = rep
         self.rounds += 1
@@ -430,6 +373,99 @@ class Scheduler:
                      released=rep.released, preempted=rep.preempted, resized=rep.resized, round_ms=round(rep.seconds * 1e3, 1),
                      decide_ms=round(rep.decide_seconds * 1e3, 1), degraded=rep.degraded or None)
         return rep
+
+    async def _read(self) -> _Cluster:
+        """Jobs, nodes (with usage) and the agents' reports, three round trips in parallel (reports of the nodes
+        known from the last round; re-read when the node set changed)."""
+        known = list(self._node_ids)
+        jobs, nodes, workloads = await asyncio.gather(self.store.list_active_jobs(), self.store.list_nodes(),
+                                                      self.store.get_all_workloads(known))
+        self._node_ids = [n.node_id for n in nodes]
+        if self._node_ids != known:
+            workloads = await self.store.get_all_workloads(self._node_ids)
+        return _Cluster(jobs, nodes, {n.node_id: n for n in nodes}, {n: ws for n, (_, ws) in workloads.items()})
+
+    async def _consume_reports(self, epoch: int, cluster: _Cluster, now: float, rep: RoundReport) -> None:
+        """Agent reports and heartbeats -> job transitions (every one its own compare-and-set, all in one batch);
+        then pending jobs larger than the cluster are marked NEVER_SCHEDULABLE."""
+        changed: dict[str, Job] = {}
+        released = False
+        for t, new in await self._apply_transitions(epoch, transitions(cluster.jobs, cluster.node_map, cluster.workloads,
+                                                                        now, self.s.node_stale_s, self.s.node_grace_s), rep):
+            changed[t.job.job_id] = new
+            if t.release and t.job.placement is not None:
+                released = True
+                cluster.touched.update(s.node_id for s in t.job.placement.slices)
+        if changed:
+            jobs = [changed.get(j.job_id, j) for j in cluster.jobs]
+            cluster.jobs = [j for j in jobs if not j.state.terminal]
+        if released:
+            cluster.nodes = await self.store.list_nodes()  # releases changed committed usage
+        cluster.total_gpus = await self._mark_never_schedulable(epoch, cluster.jobs, cluster.nodes)
+
+    async def _decide(self, epoch: int, cluster: _Cluster, now: float, rep: RoundReport) -> _RoundDecision:
+        """View, estimate, the policy's decision (when jobs are pending) and its report."""
+        matrix, est_note = await self._estimate()
+        policy = self._policy(matrix)
+        view, index = build_view(cluster.jobs, cluster.nodes, self.types, self.resolve, now, self.s.node_stale_s,
+                                 self.s.time_scale, self.s.max_tenants, observed=self._readings(cluster.jobs, cluster.workloads))
+        rep.pending = len(view.pending)
+        observed = observed_speeds(view, index, cluster.workloads)
+        t1 = time.perf_counter()
+        decided, prepared = await self._decide_and_prepare(policy, view, index, list(observed), cluster.total_gpus, epoch) \
+            if len(view.pending) else (None, None)
+        rep.decide_seconds = time.perf_counter() - t1
+        if decided is None and observed:  # nothing to decide: the policy still predicts the running jobs' speeds
+            decided = await self._run_policy(policy, view, list(observed), decide=False)
+        return _RoundDecision(view, index, decided.decision if decided else None, prepared, observed,
+                              decided.report.predicted_norm if decided else {}, est_note)
+
+    async def _apply(self, epoch: int, cluster: _Cluster, decided: _RoundDecision, rep: RoundReport) -> None:
+        """The decision as store writes (:func:`plan.translate`): releases (preemptions, resizes) in one batch,
+        then one commit of every placement, with the UNSCHEDULABLE_NOW marks of the jobs left queued."""
+        view, index, decision, workloads = decided.view, decided.index, decided.decision, cluster.workloads
+        plan = translate(decision, view, index)
+        rep.dropped = len(plan.dropped)
+        for job_id, why in plan.dropped:
+            log.warning("decision not applied", job_id=job_id, why=why)
+        batch = []
+        releases = [(self._with_progress(job, workloads), JobState.PENDING, StateReason.PREEMPTED, "preempted by the policy")
+                    for job in plan.preempt]
+        releases += [(self._with_progress(job, workloads), JobState.PENDING, StateReason.RESIZED,
+                      f"restart at {p.slices[0].compute_share_pct:g}%") for job, p in plan.resize]
+        results = await self.store.release_jobs(epoch, releases) if releases else []
+        for i, (job, new) in enumerate(zip([*plan.preempt, *(j for j, _ in plan.resize)], results, strict=True)):
+            if isinstance(new, Conflict):
+                continue
+            cluster.touched.update(s.node_id for s in job.placement.slices)
+            if i < len(plan.preempt):
+                rep.preempted += 1
+                log.info("job preempted", job_id=job.job_id, epoch=epoch)
+            else:
+                rep.resized += 1
+                batch.append((new, plan.resize[i - len(plan.preempt)][1]))
+        batch += plan.place
+        # the commit and the UNSCHEDULABLE_NOW marks of the jobs left queued touch disjoint jobs: both in flight
+        # together (one encodes while Redis runs the other)
+        placing = {j.job_id for j, _ in batch}
+        left = [index.jobs[int(r)] for r in view.pending if index.jobs[int(r)].job_id not in placing]
+        for outcome in await asyncio.gather(self._commit(epoch, batch, rep, cluster.touched),
+                                            self._mark_unschedulable_now(epoch, left, cluster.total_gpus, rep, decided.prepared),
+                                            return_exceptions=True):
+            if isinstance(outcome, BaseException):  # StaleEpoch, Unavailable: after both have finished
+                raise outcome
+        info = decision.info.get("pricing")
+        if info is not None and info.get("gap") is not None and np.isfinite(info["gap"]):
+            rep.gap = float(info["gap"])
+
+    def _nudge(self, cluster: _Cluster) -> None:
+        """Ask the agents of the touched nodes to sync now (best effort, in the background)."""
+        for node_id in cluster.touched:
+            node = cluster.node_map.get(node_id)
+            if node is not None and self.nudger is not None:
+                task = asyncio.create_task(self.nudger.sync(node.address))
+                self._bg.add(task)
+                task.add_done_callback(self._bg.discard)
 
     async def _apply_transitions(self, epoch: int, ts: list[Transition], rep: RoundReport) -> list[tuple[Transition, Job]]:
         """Write the report-driven transitions, each its own compare-and-set, in one batch per kind (two round
@@ -453,7 +489,6 @@ class Scheduler:
             if isinstance(new, Conflict):
                 continue
             rep.released[t.reason.value] = rep.released.get(t.reason.value, 0) + 1
-            m.RELEASES.labels(t.reason.value).inc()
             jlog.info("job released", job_id=t.job.job_id, state=t.state.value, reason=t.reason.value, detail=t.message,
                      progress_steps=t.job.progress_steps, epoch=epoch)
             out.append((t, new))
@@ -485,16 +520,14 @@ class Scheduler:
         try:
             placed = await self.store.commit_placements(epoch, batch)
         except (Conflict, WrongState) as exc:
-            m.CONFLICTS.inc()
-            rep.conflict = str(exc)
+            rep.conflict = str(exc) or type(exc).__name__
             log.warning("round commit rejected, nothing written; re-reading next round", epoch=epoch,
                         error=str(exc), jobs=len(batch))
             self.wake("conflict")
             return False
         rep.placed_jobs = len(placed)
         rep.placed = [j.job_id for j in placed]
-        m.PLACEMENTS.inc(len(placed))
-        jlog = log.bind()  # bound once: the lazy module logger re-binds on every call (~10 us x hundreds of jobs)
+        jlog = log.bind()  # bound once: the lazy module logger re-binds on every call (hundreds of jobs a round)
         for j in placed:
             touched.update(s.node_id for s in j.placement.slices)
             jlog.info("job placed", job_id=j.job_id, epoch=epoch, share_pct=j.placement.slices[0].compute_share_pct,
@@ -511,12 +544,14 @@ class Scheduler:
     def _marked(jobs: list[Job]) -> list[tuple[Job, Job]]:
         return [(j, replace(j, reason=StateReason.UNSCHEDULABLE_NOW, message=UNSCHEDULABLE_NOW_MESSAGE)) for j in jobs]
 
-    async def _decide_and_prepare(self, policy, view, index, total_gpus: int, epoch: int):
-        """``(decision, prepared marks or None)``. While the worker *process* decides, the event loop is free: when
-        the policy's per-round cap means some candidates must stay queued, their UNSCHEDULABLE_NOW marks are
-        encoded meanwhile (the round drops those of jobs it places: at most ``cap`` encodings wasted)."""
-        cap = self.s.policy_max_attempts or int(getattr(policy, "max_attempts", 0) or 0)
-        task = asyncio.ensure_future(self._decide(policy, view))
+    async def _decide_and_prepare(self, policy: Policy, view: ClusterView, index: ViewIndex, rows: list[int],
+                                  total_gpus: int, epoch: int) -> tuple[Decided, PreparedUpdates | None]:
+        """``(decided, prepared marks or None)``. While the worker *process* decides, the event loop is free: when
+        the policy's per-round cap (as its last report gave it) means some candidates must stay queued, their
+        UNSCHEDULABLE_NOW marks are encoded meanwhile (the round drops those of jobs it places: at most ``cap``
+        encodings wasted)."""
+        cap = self.s.policy_max_attempts or self._policy_attempts
+        task = asyncio.ensure_future(self._run_policy(policy, view, rows))
         prepared = None
         try:
             if self._spec is not None and cap:
@@ -583,34 +618,6 @@ class Scheduler:
                 why = f"heartbeat {age:.0f}s old" if age > self.s.node_stale_s else "agent not ready"
                 out.append(f"node {n.node_id}: {why}: no new placements")
         return out
-
-    def _observe(self, view, index, workloads, policy) -> None:
-        """Predicted vs observed normalised throughput of co-located running jobs (metrics only).
-
-        Both relative to the job's isolated speed *in its shape* (the placement's ``shape.throughput``).
-        """
-        M = getattr(policy, "M", None)
-        if M is None:
-            return
-        jobs = view.jobs
-        for r in view.running:
-            job = index.jobs[r]
-            g = jobs.gpus[r]
-            if g is None or not len(g):
-                continue
-            others = [int(o) for o in view.gpu_job[g[0]] if o >= 0 and o != r]
-            if not others:
-                continue
-            w = next((workloads.get(s.node_id, {}).get(job.job_id) for s in job.placement.slices), None)
-            if w is None or w.norm_throughput is None:
-                continue
-            t, u = int(jobs.type_idx[r]), float(jobs.solo_util[r])
-            pair = np.array([float(pair_estimate(M, self.kappa, t, u, int(jobs.type_idx[o]), float(jobs.solo_util[o])))
-                             for o in others])
-            pred = float(compose_additive(pair))  # interference only: the agent measures against the shape's speed
-            m.PREDICTED_NORM.observe(pred)
-            m.OBSERVED_NORM.observe(w.norm_throughput)
-            m.SLOWDOWN_ERROR.observe(w.norm_throughput - pred)
 
     async def _publish(self, rep: RoundReport, now: float) -> None:
         prices = []

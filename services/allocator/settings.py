@@ -14,11 +14,14 @@ ESTIMATORS = ("predictor", "rule")
 
 def _policy_default(name: str):
     """The ElastiCo policy's own default of ``name``: one source for the simulator and the live allocator."""
-    import inspect
+    from services.allocator.policy import ElastiCoParams
 
-    from services.allocator.policy.elastico import ElastiCo
+    return getattr(ElastiCoParams(), name)
 
-    return inspect.signature(ElastiCo.__init__).parameters[name].default
+
+#: the settings behind each ElastiCo option the allocator sets (ELASTICO_ + the setting's name, upper case)
+_POLICY_SETTINGS = {"train_floor": "train_floor", "elastic_gpus": "elastic_gpus",
+                    "min_count_speed": "min_count_speed", "max_attempts": "policy_max_attempts"}
 
 
 @dataclass(frozen=True)
@@ -97,10 +100,7 @@ class AllocatorSettings(Settings):
                 raise ConfigError(f"ELASTICO_{name.upper()}={getattr(self, name)}: must be >= 0")
         if self.policy_max_attempts < 0:
             raise ConfigError(f"ELASTICO_POLICY_MAX_ATTEMPTS={self.policy_max_attempts}: must be >= 0")
-        if not 0 < self.train_floor <= 1:
-            raise ConfigError(f"ELASTICO_TRAIN_FLOOR={self.train_floor}: must be in (0, 1]")
-        if not 0 < self.min_count_speed <= 1:
-            raise ConfigError(f"ELASTICO_MIN_COUNT_SPEED={self.min_count_speed}: must be in (0, 1]")
+        self._validate_policy_options()
         for name in ("pricer_address", "predictor_address"):
             value = getattr(self, name)
             if value and ":" not in value:
@@ -114,6 +114,21 @@ class AllocatorSettings(Settings):
         elif not self.insecure:
             raise ConfigError("ELASTICO_AUTH_TOKENS_FILE is required: every Allocator API call carries a bearer token "
                               "(python -m elastico.auth issue ...), unless ELASTICO_INSECURE=1")
+
+    def _validate_policy_options(self) -> None:
+        """The policy options these settings give ElastiCo, checked by its params dataclass (one statement of
+        each range); a bad one is a ConfigError naming its variable."""
+        from services.allocator.policy import ElastiCoParams, OptionError
+
+        opts = self.policy_options()
+        if self.policy_max_attempts:
+            opts["max_attempts"] = self.policy_max_attempts
+        for name, value in opts.items():
+            try:
+                ElastiCoParams(**{name: value})
+            except OptionError as exc:
+                setting = _POLICY_SETTINGS[name]
+                raise ConfigError(f"ELASTICO_{setting.upper()}={getattr(self, setting)}: {exc.reason}") from None
 
     def policy_options(self) -> dict:
         """The options the policy runs with (the simulator's runs of the live configuration use the same)."""

@@ -274,8 +274,8 @@ async def test_decide_worker_process_decides_as_a_thread_and_survives_its_death(
         policy = sch._policy(sch._matrix)
         assert sch._spec is not None
         _WORKER.clear()  # what the worker process does, here in-process: same decision as the thread's policy
-        local, _ = _decide_in_worker(sch._spec, view)
-        remote = await sch._decide(policy, view)
+        local = _decide_in_worker(sch._spec, view, (), True)[0].decision
+        remote = (await sch._run_policy(policy, view, [])).decision
         reference = threaded._policy(threaded._matrix).decide(view)
         for d in (local, remote):
             assert [(int(r), [int(g) for g in np.atleast_1d(gs)], float(sh)) for r, gs, sh in d.place] == \

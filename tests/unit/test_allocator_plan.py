@@ -13,7 +13,7 @@ from elastico.domain import GpuSlice, Job, JobKind, JobState, Placement, Shape, 
 from services.allocator.clients import GrpcSolver
 from services.allocator.estimate import TypeResolver, default_types, split_type_name
 from services.allocator.plan import build_view, transitions, translate
-from services.allocator.policy import POLICY_NAMES, Decision, make_policy
+from services.allocator.policy import POLICY_NAMES, Decision, make_policy, options_for
 from services.pricer.core import PricingProblem, SolverOptions
 from tests.conftest import make_job, make_node, make_spec
 
@@ -180,22 +180,23 @@ def test_translate_keeps_jobs_at_gang_sizes_they_declare():
     plan = translate(Decision(preempt=[a, b], place=[(a, np.array([0, 2]), 100.0), (b, np.array([1, 3]), 100.0)]), view, idx)
     assert plan.preempt == [] and [j.job_id for j, _ in plan.resize] == [elastic.job_id]
     assert len(plan.resize[0][1].slices) == 2
-    assert plan.dropped == [(job.job_id, "gang size not among the job's shapes")]
+    assert plan.dropped == [(job.job_id, "gang of 2 GPUs: the job runs on 1")]
 
 
-def test_translate_starts_a_job_placed_on_a_grown_gang_on_its_own_gang():
-    """The policy may start a queued job on more GPUs than it asked for (GPU-count shapes); a job that does
-    not declare that size starts on its requested gang instead of not at all."""
-    job = make_job()
-    view, idx = build_view([job], [node(gpus=4)], TYPES, RESOLVE, NOW, 15)
-    plan = translate(Decision(place=[(0, np.array([1, 2, 3]), 100.0)]), view, idx)
-    assert plan.dropped == [] and [len(p.slices) for _, p in plan.place] == [1]
-    assert plan.place[0][1].slices[0].gpu_index == 1
+def test_view_carries_the_gang_sizes_each_job_allows_and_translate_never_resizes_a_gang():
+    """A queued job started on more GPUs than it allows is not started on fewer instead: the decision is the
+    policy's, and the policy sees the sizes in the view (its request without shapes, else its declared counts)."""
+    job, two = make_job(), make_job(spec=make_spec(shapes=(Shape(1, 50.0, 8192), Shape(2, 100.0, 16384))))
+    view, idx = build_view([job, two], [node(gpus=4)], TYPES, RESOLVE, NOW, 15)
+    rows = {j.job_id: r for r, j in enumerate(idx.jobs)}
+    assert view.jobs.gang_sizes[rows[job.job_id]] == (1,) and view.jobs.gang_sizes[rows[two.job_id]] == (1, 2)
+    plan = translate(Decision(place=[(rows[job.job_id], np.array([1, 2, 3]), 100.0)]), view, idx)
+    assert plan.place == [] and plan.dropped == [(job.job_id, "gang of 3 GPUs: the job runs on 1")]
 
 
 def test_view_groups_gpus_by_node_and_translate_drops_a_split_gang():
     """The live view carries each GPU's node; a 2-GPU gang across two nodes is dropped, inside one it is kept;
-    a job started on a grown gang starts on its own gang inside one node."""
+    a gang of a size the job does not declare is dropped, never shrunk."""
     a, b = make_job(spec=make_spec(shapes=(Shape(2, 100.0, 16384),))), make_job(spec=make_spec(shapes=(Shape(2, 100.0, 16384),)))
     c = make_job(spec=make_spec(shapes=(Shape(2, 100.0, 16384),)))
     view, idx = build_view([a, b, c], [node("n1", gpus=2), node("n2", gpus=4)], TYPES, RESOLVE, NOW, 15)
@@ -205,9 +206,10 @@ def test_view_groups_gpus_by_node_and_translate_drops_a_split_gang():
                         (rows[c.job_id], np.array([0, 1, 4, 5]), 100.0)])
     plan = translate(d, view, idx)
     placed_on = {j.job_id: [(s.node_id, s.gpu_index) for s in p.slices] for j, p in plan.place}
-    assert plan.dropped == [(a.job_id, "gang breaks the node topology")]
-    assert placed_on[b.job_id] == [("n2", 0), ("n2", 1)]
-    assert placed_on[c.job_id] == [("n1", 0), ("n1", 1)]
+    assert sorted(plan.dropped) == sorted([
+        (a.job_id, "gang [1, 2] breaks the node topology (one node, or whole nodes plus one partial)"),
+        (c.job_id, "gang of 4 GPUs: the job runs on 2")])
+    assert placed_on == {b.job_id: [("n2", 0), ("n2", 1)]}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -274,7 +276,7 @@ def test_every_policy_places_declared_jobs_in_exactly_a_declared_shape(policy):
     from services.allocator.estimate import default_kappa, rule_matrix
 
     kappa = default_kappa()
-    pol = make_policy(policy, rule_matrix(TYPES, kappa), kappa, train_floor=0.5)
+    pol = make_policy(policy, rule_matrix(TYPES, kappa), kappa, **options_for(policy, {"train_floor": 0.5}))
     jobs, nodes = _declared_mix(), [node("n1", gpus=4), node("n2", gpus=4)]
     now, declared_placements = NOW, 0
     for _ in range(6):
@@ -343,8 +345,8 @@ def test_translate_drops_a_shape_the_job_did_not_declare_with_its_relaunch():
     a, b = rows[run.job_id], rows[queued.job_id]
     plan = translate(Decision(preempt=[a], resize=[], place=[(a, np.array([1]), 50.0), (b, np.array([1]), 50.0)]), view, idx)
     assert (plan.preempt, plan.resize, plan.place) == ([], [], [])
-    assert sorted(plan.dropped) == sorted([(run.job_id, "shape not among the job's declared shapes"),
-                                           (queued.job_id, "shape not among the job's declared shapes")])
+    assert sorted(plan.dropped) == sorted([(run.job_id, "1 x 50.0% is not among the job's declared shapes"),
+                                           (queued.job_id, "1 x 50.0% is not among the job's declared shapes")])
     plan = translate(Decision(resize=[(a, 75.0)]), view, idx)
     assert plan.resize == [] and plan.dropped == [(run.job_id, "resize to 75.0% is not among the job's declared shapes")]
     plan = translate(Decision(resize=[(a, 40.0)], place=[(b, np.array([1]), 40.0)]), view, idx)

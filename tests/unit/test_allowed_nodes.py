@@ -1,19 +1,19 @@
-"""JobSpec.allowed_nodes: validation, wire conversion, and the allocator's pinned placement pass (plan.place_restricted)."""
+"""JobSpec.allowed_nodes: validation, wire conversion, and every policy placing a pinned job on its nodes only (the
+view carries its allowed GPUs)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from elastico.domain import GpuSlice, JobState, Placement, Shape, StateReason, validate_job_spec
 from elastico.errors import InvalidSpec
 from elastico.rpc.convert import job_spec_from_pb, job_spec_to_pb
 from elastico.state import codec
-from services.allocator.estimate import TypeResolver, default_kappa, default_types, rule_matrix
-from services.allocator.plan import build_view, place_restricted, translate
-from services.allocator.policy import Decision
+from services.allocator.estimate import TypeResolver, default_kappa, default_types, exclusive_matrix, rule_matrix
+from services.allocator.plan import build_view, translate
+from services.allocator.policy import POLICY_NAMES, make_policy
 from tests.conftest import make_job, make_node, make_spec
 
 NOW = 1_000_000.0
@@ -59,57 +59,69 @@ def test_allowed_nodes_survive_the_wire_and_the_store_codec():
     assert make_spec().allowed_nodes == ()
 
 
-def test_pinned_jobs_are_not_offered_to_the_policy():
+def decide(policy: str, view, matrix=MATRIX, **options):
+    return make_policy(policy, matrix, KAPPA, **options).decide(view)
+
+
+def test_pinned_jobs_are_offered_to_the_policy_with_their_nodes_gpus():
     free, pin = make_job(), pinned("n2")
     view, idx = build_view([free, pin], [node("n1"), node("n2")], TYPES, RESOLVE, NOW, 15)
-    assert [idx.jobs[int(r)].job_id for r in view.pending] == [free.job_id]
-    assert [idx.jobs[r].job_id for r in idx.restricted] == [pin.job_id]
+    rows = {idx.jobs[int(r)].job_id: int(r) for r in view.pending}
+    assert set(rows) == {free.job_id, pin.job_id}
+    assert view.jobs.allowed_gpus[rows[free.job_id]] is None
+    assert view.jobs.allowed_gpus[rows[pin.job_id]].tolist() == [False, False, True, True]
+    assert build_view([free], [node("n1")], TYPES, RESOLVE, NOW, 15)[0].jobs.allowed_gpus is None
 
 
-def test_pinned_job_lands_on_its_node_only_and_translates_to_a_committable_placement():
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_every_policy_places_a_pinned_job_on_its_node_only_in_a_committable_placement(policy):
     pin = pinned("n2")
     view, idx = build_view([pin], [node("n1"), node("n2")], TYPES, RESOLVE, NOW, 15)
-    decision = place_restricted(None, view, idx, MATRIX, KAPPA, train_floor=0.5)
-    plan = translate(decision, view, idx)
+    plan = translate(decide(policy, view), view, idx)
     assert [j.job_id for j, _ in plan.place] == [pin.job_id] and not plan.dropped
     (slice_,) = plan.place[0][1].slices
     assert (slice_.node_id, slice_.compute_share_pct, slice_.mem_mib) == ("n2", 50.0, 8192)
 
 
+@pytest.mark.parametrize("policy", POLICY_NAMES)
 @pytest.mark.parametrize(("nodes", "used"), [
     (("no-such-node",), {}),
     (("n2",), {0: 70.0, 1: 70.0}),
 ], ids=["unknown-node", "node-full"])
-def test_pinned_job_stays_pending_when_its_nodes_cannot_take_it(nodes, used):
+def test_pinned_job_stays_pending_when_its_nodes_cannot_take_it(policy, nodes, used):
     pin = pinned(*nodes)
-    view, idx = build_view([pin], [node("n1"), node("n2", used_share=used)], TYPES, RESOLVE, NOW, 15)
-    assert place_restricted(None, view, idx, MATRIX, KAPPA, train_floor=0.5) is None
+    tenants = [running_on("n2", g, share) for g, share in used.items()]
+    view, idx = build_view([pin, *tenants], [node("n1"), node("n2", used_share=used)], TYPES, RESOLVE, NOW, 15)
+    plan = translate(decide(policy, view), view, idx)
+    assert pin.job_id not in {j.job_id for j, _ in plan.place} and not plan.dropped
 
 
-def test_pinned_job_uses_capacity_left_by_the_policys_decision_and_shares_with_existing_tenants():
+def test_pinned_job_shares_its_node_with_the_other_jobs_and_existing_tenants():
     tenant = running_on("n1", 0, 50.0)
     other, pin = make_job(spec=make_spec(shapes=(HALF,))), pinned("n1")
-    view, idx = build_view([tenant, other, pin], [node("n1", gpus=2, used_share={0: 50.0})], TYPES, RESOLVE, NOW, 15)
-    other_row = next(int(r) for r in view.pending)
-    decision = Decision(place=[(other_row, np.array([1]), 50.0)])  # the policy fills half of GPU 1
-    out = place_restricted(decision, view, idx, MATRIX, KAPPA, train_floor=0.1)
-    plan = translate(out, view, idx)
+    view, idx = build_view([tenant, other, pin], [node("n1", gpus=2, used_share={0: 50.0}), node("n2", gpus=2)], TYPES,
+                           RESOLVE, NOW, 15)
+    plan = translate(decide("elastico", view, train_floor=0.1), view, idx)
     assert not plan.dropped
     where = {j.job_id: {(s.node_id, s.gpu_index) for s in p.slices} for j, p in plan.place}
-    assert where[other.job_id] == {("n1", 1)} and len(where[pin.job_id]) == 1
+    assert set(where) == {other.job_id, pin.job_id} and {n for n, _ in where[pin.job_id]} == {"n1"}
 
 
 def test_without_an_estimate_pinned_jobs_only_take_empty_gpus():
+    """The allocator's degraded mode (predictor down): the policy on whole GPUs with a matrix that forbids sharing."""
     tenant = running_on("n1", 0, 50.0)
     pin = pinned("n1")
     view, idx = build_view([tenant, pin], [node("n1", gpus=2, used_share={0: 50.0})], TYPES, RESOLVE, NOW, 15)
-    plan = translate(place_restricted(None, view, idx, None, KAPPA, train_floor=0.5), view, idx)
+    plan = translate(decide("elastico", view, exclusive_matrix(TYPES), shares_pct=(100,), learn_observed=False), view, idx)
     assert [(s.node_id, s.gpu_index) for s in plan.place[0][1].slices] == [("n1", 1)]
 
 
-def test_pinned_gang_without_shapes_takes_whole_gpus_of_its_node():
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_pinned_job_without_shapes_runs_on_its_node(policy):
     pin = make_job(spec=make_spec(allowed_nodes=("n2",)))
     view, idx = build_view([pin], [node("n1"), node("n2")], TYPES, RESOLVE, NOW, 15)
-    plan = translate(place_restricted(None, view, idx, MATRIX, KAPPA, train_floor=0.5), view, idx)
+    plan = translate(decide(policy, view), view, idx)
     (p,) = [p for _, p in plan.place]
-    assert {s.node_id for s in p.slices} == {"n2"} and p.slices[0].compute_share_pct == 100.0
+    assert {s.node_id for s in p.slices} == {"n2"} and not plan.dropped
+    if policy.startswith("exclusive") or policy in ("tiresias", "lucid"):
+        assert p.slices[0].compute_share_pct == 100.0

@@ -30,7 +30,6 @@ def test_backfill_refuses_a_job_that_would_delay_the_head():
     jobs = [{"type": 0, "n": 4, "remaining": 100}, {"type": 0, "n": 1, "remaining": 500},
             {"type": 0, "n": 1, "remaining": 50}]
     v = view(jobs, gpus=4, placed={2: ([0], 100.0)})
-    v = view(jobs, gpus=4, placed={2: ([0], 100.0)})
     d = make_policy("exclusive-backfill", rule_matrix(), 0.9).decide(v)
     assert placed_ids(d) == []  # job 1 (500 s) would end after the head's reservation at 50 s
 

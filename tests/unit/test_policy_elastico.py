@@ -172,7 +172,6 @@ def test_declared_job_is_not_grown_or_resized_beyond_its_shapes():
     """Idle GPUs and a long share-capped job: a job without shapes grows its share and its gang; one that
     declares a single shape keeps it (no resize, no relaunch on more GPUs)."""
     from elastico.domain import Shape
-
     from tests.unit.test_gpu_count_shapes import _scalable_types
 
     v = view([{"type": HEAVY, "n": 1, "remaining": 100 * H}], gpus=8, placed={0: ([0], 50.0)}, now=10 * H)

@@ -49,11 +49,45 @@ def test_elastico_prefers_free_gpu_over_colocation():
     assert [int(p[1][0]) for p in d.place] == [1]
 
 
-def test_elastico_colocates_when_full_and_keeps_floor():
-    # both GPUs host a light job at 50 %; a new light job joins one of them instead of waiting
-    v = view([{"type": 0}, {"type": 0}, {"type": 0}], gpus=2, placed={0: ([0], 50.0), 1: ([1], 50.0)})
-    d = make_policy("elastico", rule_matrix(1.0), 1.0).decide(v)
-    assert len(d.place) == 1 and d.place[0][2] <= 50.0
+def _tenants_after(v, d, M) -> tuple[dict, dict]:
+    """(job -> (GPUs, share %), job -> predicted normalised speed) once ``d`` is applied, from ``M`` alone: on each
+    GPU ``1 / (1 + sum over co-tenants (1/p - 1))``, capped by the MPS share (``min(1, share / solo util)``); a
+    gang runs at its slowest GPU."""
+    placed = {int(j): ([int(g) for g in v.jobs.gpus[j]], float(v.jobs.share_pct[j]))
+              for j in v.running if j not in d.preempt}
+    for j, share in d.resize:
+        placed[j] = (placed[j][0], share)
+    for j, gpus, share in d.place:
+        placed[j] = ([int(g) for g in gpus], float(share))
+    speed = {}
+    for j, (gpus, share) in placed.items():
+        t, u = v.jobs.type_idx[j], v.jobs.solo_util[j]
+        per_gpu = []
+        for g in gpus:
+            extra = sum(1.0 / M[t, v.jobs.type_idx[k]] - 1.0 for k, (gk, _) in placed.items() if k != j and g in gk)
+            per_gpu.append(min(1.0 / (1.0 + extra), share / 100.0 / u, 1.0))
+        speed[j] = min(per_gpu)
+    return placed, speed
+
+
+@pytest.mark.parametrize("typ,floor,joins", [(0, 0.7, True), (1, 0.7, True), (1, 0.8, False), (0, 0.95, False)],
+                         ids=["light", "medium", "medium-strict-floor", "light-strict-floor"])
+def test_elastico_colocates_when_full_and_keeps_floor(typ, floor, joins):
+    # both GPUs host a job at 50 %; a third of the same type joins one of them instead of waiting exactly when
+    # every tenant then keeps the floor (kappa 0.9: a light pair keeps 0.9, a medium one 0.75; a medium job at
+    # 25 % would keep only 0.42)
+    v = view([{"type": typ}] * 3, gpus=2, placed={0: ([0], 50.0), 1: ([1], 50.0)})
+    M = rule_matrix(0.9)
+    d = make_policy("elastico", M, 0.9, train_floor=floor).decide(v)
+    assert d.preempt == [] and d.resize == []
+    assert [j for j, _, _ in d.place] == ([2] if joins else [])
+    placed, speed = _tenants_after(v, d, M)
+    if joins:
+        (gpu,) = placed[2][0]
+        assert sorted(j for j, (g, _) in placed.items() if gpu in g) == [gpu, 2]  # next to the job already there
+        assert sum(s for g, s in placed.values() if gpu in g) <= 100.0
+        assert speed[2] < 1.0 and speed[gpu] < 1.0  # really co-located (the pair slows both)
+    assert all(sp >= floor - 1e-9 for sp in speed.values()), speed
 
 
 def test_elastico_grows_inference_share_by_evicting_training():

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from services.allocator.policy import required_share_pct, training_shapes
 from elastico.coloc.profiles import load_type_table
 from elastico.coloc.rates import share_speed
+from services.allocator.policy import required_share_pct, training_shapes
 
 
 @pytest.mark.parametrize("share,util,expected", [

@@ -13,6 +13,9 @@ Shared conventions (documented once):
   it its largest declared share on a GPU of its own, ``mps-equal-share`` the declared share nearest its
   replica's 50 % on a replica, Lucid the one nearest 50 % when packing it (a declaring resident keeps a
   declared share).
+* **Options**: each policy's options are one frozen dataclass (``Policy.Params``: :class:`TiresiasParams`,
+  :class:`MpsEqualShareParams`, :class:`LucidParams`; the exclusive ones have none), typed and range-checked
+  when built (:class:`PolicyParams`); ``make_policy`` refuses any other option.
 * **Runtime estimates**: EASY backfilling and Lucid need job-duration estimates. They receive the true
   remaining isolated run time (``JobTable.remaining_est_s``), i.e. *perfect* estimates -- generous to the
   baselines, never the reverse. Tiresias and ElastiCo are non-clairvoyant.
@@ -40,20 +43,120 @@ Policies:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import itertools
+import math
+import typing
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 
 from services.allocator.policy.placement import TenantState, first_free_gpus, pick_gang
 from services.allocator.policy.shapes import any_declared, declared_share, shapes_of
-from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, Decision, free_share, occupy, vacate
+from services.allocator.policy.view import (
+    INFERENCE,
+    TRAINING,
+    ClusterView,
+    Decision,
+    free_share,
+    gpu_mask,
+    occupy,
+    vacate,
+)
+
+# --------------------------------------------------------------------------------------------------
+# Typed options: every policy's options are one frozen dataclass, checked when it is built
+
+
+class OptionError(ValueError):
+    """A policy option of the wrong type or out of its range (the message names the field)."""
+
+    def __init__(self, params: str, field: str, value, reason: str):
+        super().__init__(f"{params}.{field}={value!r}: {reason}")
+        self.field, self.reason = field, reason
+
+
+def option(default, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+           hi_open: bool = False, ascending: bool = False):
+    """A params field: its default and the range its value (each element, for a tuple) must lie in;
+    ``ascending``: a tuple's elements strictly increase. Checked by :class:`PolicyParams`."""
+    return dataclasses.field(default=default, metadata={"range": (lo, hi, lo_open, hi_open), "ascending": ascending})
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, object]:
+    return typing.get_type_hints(cls)
+
+
+def _is_a(value, kind) -> bool:
+    """``value`` has option type ``kind`` (bool, int, or float: an int also counts, NaN does not)."""
+    if kind is bool:
+        return isinstance(value, (bool, np.bool_))
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if kind is int:
+        return isinstance(value, (int, np.integer))
+    if kind is float:
+        return isinstance(value, (int, float, np.integer, np.floating)) and not math.isnan(value)
+    raise TypeError(f"unsupported option type {kind!r}")
+
+
+def _interval(lo, hi, lo_open: bool, hi_open: bool) -> str:
+    if hi is None:
+        return f"{'>' if lo_open else '>='} {lo}"
+    if lo is None:
+        return f"{'<' if hi_open else '<='} {hi}"
+    return f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+
+
+@dataclass(frozen=True)
+class PolicyParams:
+    """Options of a policy (this base: none). Subclasses declare typed fields (bool, int, float, or a tuple of
+    int / float), with :func:`option` ranges; a wrong type or value raises :class:`OptionError` (a ValueError)
+    naming the field."""
+
+    def __post_init__(self) -> None:
+        cls = type(self).__name__
+        for f in dataclasses.fields(self):
+            value, kind = getattr(self, f.name), _field_types(type(self))[f.name]
+            elem = typing.get_args(kind)[0] if typing.get_origin(kind) is tuple else None
+            if elem is not None and not (isinstance(value, tuple) and value):
+                raise OptionError(cls, f.name, value, "must be a non-empty tuple")
+            items = value if elem is not None else (value,)
+            if not all(_is_a(x, elem or kind) for x in items):
+                what = f"a tuple of {elem.__name__}" if elem is not None else kind.__name__
+                raise OptionError(cls, f.name, value, f"must be {what}")
+            lo, hi, lo_open, hi_open = f.metadata.get("range", (None, None, False, False))
+            for x in items:
+                if (lo is not None and not (x > lo if lo_open else x >= lo)) or (
+                        hi is not None and not (x < hi if hi_open else x <= hi)):
+                    raise OptionError(cls, f.name, value, f"must be {_interval(lo, hi, lo_open, hi_open)}")
+            if f.metadata.get("ascending") and any(b <= a for a, b in itertools.pairwise(items)):
+                raise OptionError(cls, f.name, value, "must be strictly ascending")
 
 
 class Policy:
     """Base of every policy: ``decide(view) -> Decision``. Stateless across rounds unless stated."""
 
     name = "policy"
+    Params: ClassVar[type[PolicyParams]] = PolicyParams  # its options (make_policy accepts exactly these fields)
     mps_limits = False  # True when the shares it grants are enforced MPS limits (speed is capped by them)
     needs_periodic_rounds = False  # True when decisions change with time alone (ages, attained service)
     uses_observations = False  # True when it reads JobTable.observed_norm (the caller may skip computing it)
+
+    def __init__(self, params: PolicyParams | None = None):
+        self.params = self.Params() if params is None else params
+        if type(self.params) is not self.Params:
+            raise TypeError(f"{type(self).__name__}: params must be {self.Params.__name__}, got "
+                            f"{type(self.params).__name__}")
+
+    @classmethod
+    def build(cls, params: PolicyParams, estimate: np.ndarray, kappa: float, solver=None) -> Policy:
+        """The policy with options ``params``; the interference estimate, ``kappa`` and the pricing solver go
+        to the policies that use them (this base uses none)."""
+        return cls(params)
 
     def decide(self, view: ClusterView) -> Decision:  # pragma: no cover - interface
         raise NotImplementedError
@@ -77,7 +180,7 @@ class ExclusiveFifo(Policy):
         topo = view.topo
         for j in _inference_first(view, view.pending):
             n = int(view.jobs.num_gpus[j])
-            gpus = first_free_gpus(gj, n, topo) if n <= free else None
+            gpus = first_free_gpus(gj, n, topo, gpu_mask(view.jobs, int(j))) if n <= free else None
             if gpus is None:
                 break
             share = declared_share(view.jobs, int(j), n, 100.0)  # a whole GPU: 100 % or its largest declared share
@@ -104,7 +207,7 @@ class ExclusiveBackfill(Policy):
         while i < len(order) and jobs.num_gpus[order[i]] <= free:
             j = order[i]
             n = int(jobs.num_gpus[j])
-            gpus = first_free_gpus(gj, n, topo)
+            gpus = first_free_gpus(gj, n, topo, gpu_mask(jobs, int(j)))
             if gpus is None:
                 break
             share = declared_share(jobs, int(j), n, 100.0)
@@ -135,7 +238,7 @@ class ExclusiveBackfill(Policy):
                 continue
             est = jobs.remaining_est_s[j]
             if (np.isfinite(est) and est <= shadow) or n <= extra:
-                gpus = first_free_gpus(gj, n, topo)
+                gpus = first_free_gpus(gj, n, topo, gpu_mask(jobs, int(j)))
                 if gpus is None:
                     continue
                 if not (np.isfinite(est) and est <= shadow):
@@ -149,15 +252,25 @@ class ExclusiveBackfill(Policy):
         return d
 
 
+@dataclass(frozen=True)
+class TiresiasParams(PolicyParams):
+    """Options of :class:`Tiresias`."""
+
+    # queue boundaries in attained GPU-seconds (the paper's 1 h and 10 h of GPU time), ascending
+    thresholds_gpu_s: tuple[float, ...] = option((3600.0, 36000.0), 0.0, lo_open=True, ascending=True)
+    starve_factor: float = option(8.0, 0.0, lo_open=True)  # queued time > factor x executed time -> back to queue 0
+
+
 class Tiresias(Policy):
     """Discretised 2D-LAS, preemptive, exclusive GPUs. See module docstring."""
 
     name = "tiresias"
+    Params = TiresiasParams
     needs_periodic_rounds = True
 
-    def __init__(self, thresholds_gpu_s: tuple[float, ...] = (3600.0, 36000.0), starve_factor: float = 8.0):
-        self.thresholds_gpu_s = np.asarray(thresholds_gpu_s, float)  # queue boundaries, GPU-seconds
-        self.starve_factor = starve_factor  # queued time > factor x executed time -> back to queue 0
+    def __init__(self, params: TiresiasParams | None = None):
+        super().__init__(params)
+        self.thresholds_gpu_s = np.asarray(self.params.thresholds_gpu_s, float)
 
     def decide(self, view: ClusterView) -> Decision:
         d = Decision()
@@ -170,7 +283,7 @@ class Tiresias(Policy):
         executed = jobs.attained_gpu_s[cand] / np.maximum(jobs.num_gpus[cand], 1)
         waiting = view.now_s - jobs.queued_since_s[cand]
         is_pending = np.arange(len(cand)) >= len(view.running)
-        starving = is_pending & (executed > 0) & (waiting > self.starve_factor * executed)
+        starving = is_pending & (executed > 0) & (waiting > self.params.starve_factor * executed)
         level = np.where(starving, 0.0, level)
         level = np.where(jobs.kind[cand] == INFERENCE, -1.0, level)
         # queue level, then arrival (FIFO within a queue); running first on ties to avoid churn
@@ -193,7 +306,7 @@ class Tiresias(Policy):
                 vacate(gj, gs, int(j), jobs.gpus[j])
         for j in cand[keep]:
             if int(j) not in running:
-                g = first_free_gpus(gj, int(jobs.num_gpus[j]), view.topo)
+                g = first_free_gpus(gj, int(jobs.num_gpus[j]), view.topo, gpu_mask(jobs, int(j)))
                 if g is None:
                     continue
                 share = declared_share(jobs, int(j), int(jobs.num_gpus[j]), 100.0)
@@ -202,31 +315,38 @@ class Tiresias(Policy):
         return d
 
 
+@dataclass(frozen=True)
+class MpsEqualShareParams(PolicyParams):
+    """Options of :class:`MpsEqualShare`."""
+
+    replicas: int = option(2, 1)  # MPS replicas per GPU (NVIDIA device plugin ``sharing.mps.replicas``)
+
+
 class MpsEqualShare(Policy):
     """MPS replicas (2 x 50 %) per GPU, first-fit, interference-blind, non-blocking. See module docstring."""
 
     name = "mps-equal-share"
+    Params = MpsEqualShareParams
     mps_limits = True
-
-    def __init__(self, replicas: int = 2):
-        self.replicas = replicas  # MPS replicas per GPU (NVIDIA device plugin ``sharing.mps.replicas``)
 
     def decide(self, view: ClusterView) -> Decision:
         d = Decision()
         gj, gs = view.scratch()
-        replica = 100.0 / self.replicas
-        free_rep = self.replicas - (gj >= 0).sum(axis=1)
+        replicas = self.params.replicas
+        replica = 100.0 / replicas
+        free_rep = replicas - (gj >= 0).sum(axis=1)
         total = int(free_rep.sum())
-        declared = any_declared(view.jobs)  # shares other than a replica's: a replica must also have the room
+        # shares other than a replica's (declared, or held since another policy ran): a replica must also have the room
+        declared = any_declared(view.jobs) or bool((gs > replica + 1e-9).any())
         for j in _inference_first(view, view.pending):
             if total == 0:
                 break
             n = int(view.jobs.num_gpus[j])
             share = declared_share(view.jobs, int(j), n, replica)  # a declaring job: its share nearest a replica's
-            ok = free_rep > 0
+            ok = (free_rep > 0) & (gj < 0).any(axis=1)  # a replica left, and a tenant slot for it
             if declared:
                 ok &= free_share(gs) >= share - 1e-9
-            g = pick_gang(np.zeros(len(free_rep)), ok, n, view.topo)
+            g = pick_gang(np.zeros(len(free_rep)), ok, n, view.topo, allowed=gpu_mask(view.jobs, int(j)))
             if g is None:
                 continue
             occupy(gj, gs, int(j), g, share)
@@ -236,16 +356,28 @@ class MpsEqualShare(Policy):
         return d
 
 
+@dataclass(frozen=True)
+class LucidParams(PolicyParams):
+    """Options of :class:`LucidPacking`."""
+
+    pack_floor: float = option(0.6, 0.0, 1.0)  # both tenants must keep at least this predicted normalised speed
+    slo_factor: float = option(10.0, 1.0)  # inference SLO, multiple of the unloaded full-GPU service time
+
+
 class LucidPacking(Policy):
     """Lucid-style interference-aware pair packing (no shapes, no pricing). See module docstring."""
 
     name = "lucid"
+    Params = LucidParams
 
-    def __init__(self, estimate: np.ndarray, kappa: float, pack_floor: float = 0.6, slo_factor: float = 10.0):
+    def __init__(self, estimate: np.ndarray, kappa: float, params: LucidParams | None = None):
+        super().__init__(params)
         self.M = estimate  # [T, T] estimated pair matrix (policy's view, never ground truth)
         self.kappa = kappa  # contention factor for pairs without an estimate
-        self.pack_floor = pack_floor  # both tenants must keep at least this predicted normalised speed
-        self.slo_factor = slo_factor
+
+    @classmethod
+    def build(cls, params: LucidParams, estimate: np.ndarray, kappa: float, solver=None) -> LucidPacking:
+        return cls(estimate, kappa, params)
 
     def decide(self, view: ClusterView) -> Decision:
         d = Decision()
@@ -263,7 +395,8 @@ class LucidPacking(Policy):
         for j in order:
             j = int(j)
             n = int(jobs.num_gpus[j])
-            g = first_free_gpus(gj, n, topo) if n <= free else None
+            mask = gpu_mask(jobs, j)
+            g = first_free_gpus(gj, n, topo, mask) if n <= free else None
             if g is not None:
                 share = declared_share(jobs, j, n, 100.0)
                 occupy(gj, gs, j, g, share)
@@ -277,20 +410,22 @@ class LucidPacking(Policy):
             if jobs.kind[j] == INFERENCE:
                 continue
             # pack next to exactly one training tenant, if both are predicted to keep >= pack_floor
-            one = ((gj >= 0).sum(axis=1) == 1)
+            one = ((gj >= 0).sum(axis=1) == 1) & (gj < 0).any(axis=1)  # one tenant, and a slot for a second
             res = np.where(one, gj.max(axis=1), -1)
             one &= (res >= 0) & (jobs.kind[np.maximum(res, 0)] == TRAINING)
             share = declared_share(jobs, j, n, 50.0)  # 50 %, or a declaring job's declared share nearest it
             if share is None:
                 continue
             key = (int(jobs.type_idx[j]), n) if share == 50.0 else (int(jobs.type_idx[j]), n, share)
+            key = key if mask is None else (*key, j)  # a pinned job's failure says nothing of other jobs
             if one.sum() < n or key in failed:
                 continue
             if state is None:
                 state = TenantState(self.M, self.kappa, gj, gs * 0.0, jobs, False)
-            pred = state.join(int(jobs.type_idx[j]), float(jobs.solo_util[j]), 100.0, 0.0, self.slo_factor)
+            pred = state.join(int(jobs.type_idx[j]), float(jobs.solo_util[j]), 100.0, 0.0, self.params.slo_factor)
             resident = pred.after.min(axis=1)
-            ok = one & (pred.new_norm >= self.pack_floor) & (resident >= self.pack_floor)
+            floor = self.params.pack_floor
+            ok = one & (pred.new_norm >= floor) & (resident >= floor)
             res_share = np.full(len(res), 50.0)
             if declared:  # a declaring resident goes to its declared share nearest 50 %; both must fit the GPU
                 for gg in np.flatnonzero(ok):
@@ -300,7 +435,10 @@ class LucidPacking(Policy):
                         rs = declared_share(jobs, r, int(np.count_nonzero((gj == r).any(axis=1))), 50.0)
                         res_share[gg] = cur if rs is None else rs
                 ok &= res_share + share <= 100.0 + 1e-9
-            g = pick_gang(pred.new_norm + resident, ok, n, topo)
+            for gg in np.flatnonzero(ok & (res_share > gs.sum(axis=1) + 1e-9)):  # a resident that grows must fit
+                mine = np.flatnonzero((gj == res[gg]).any(axis=1))  # every GPU it holds
+                ok[gg] = bool((free_share(gs[mine]) + gs[mine][gj[mine] == res[gg]] >= res_share[gg] - 1e-9).all())
+            g = pick_gang(pred.new_norm + resident, ok, n, topo, allowed=mask)
             if g is None:
                 failed.add(key)
                 continue

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from elastico.coloc.rates import MIN_NORM as _MIN_NORM
+from elastico.coloc.rates import compose_additive, share_speed, slot_sum, utilisation_rule, utilisation_rule_both
 from services.allocator.policy.inference import slo_margin
-from elastico.coloc.rates import MIN_NORM as _MIN_NORM, compose_additive, utilisation_rule, utilisation_rule_both
-from elastico.coloc.rates import share_speed
 from services.allocator.policy.view import INFERENCE, JobTable, Topology, free_share, slot_all
-from elastico.coloc.rates import slot_sum
 
 
 def pair_estimate(M: np.ndarray, kappa: float, ta, ua, tb, ub) -> np.ndarray:
@@ -176,7 +175,7 @@ def weighted_loss(pred: JoinPrediction, tenant_w: np.ndarray) -> np.ndarray:
 
 
 def pick_gang(score: np.ndarray, feasible: np.ndarray, n: int, topo: Topology | None = None,
-              rows: np.ndarray | None = None) -> np.ndarray | None:
+              rows: np.ndarray | None = None, allowed: np.ndarray | None = None) -> np.ndarray | None:
     """Best ``n`` feasible GPUs by score (gang placement) that keep the topology rule, or None.
 
     Args:
@@ -184,6 +183,8 @@ def pick_gang(score: np.ndarray, feasible: np.ndarray, n: int, topo: Topology | 
         n: gang size.
         topo: the cluster's nodes (None or flat: any ``n`` GPUs will do).
         rows: [X] GPU row of each candidate when they are a subset of the cluster's GPUs (default: 0..X-1).
+        allowed: [G] bool over the cluster's GPU rows, the GPUs the job may use (:func:`view.gpu_mask`; None =
+            any): a candidate outside it is infeasible.
 
     Returns:
         Sorted positions into ``score``. A gang that fits one node takes the node whose best ``n`` feasible
@@ -191,6 +192,8 @@ def pick_gang(score: np.ndarray, feasible: np.ndarray, n: int, topo: Topology | 
         GPU feasible; highest total score first) plus the best remainder on one more node. Ties between GPUs
         break by the lowest position (stable sorts), so decisions are deterministic.
     """
+    if allowed is not None:
+        feasible = feasible & (allowed if rows is None else allowed[np.asarray(rows)])
     idx = np.flatnonzero(feasible)
     if len(idx) < n:
         return None
@@ -255,8 +258,9 @@ def sub_gang(gpus: np.ndarray, n: int, topo: Topology | None = None) -> np.ndarr
     return None if first is None else gpus[first]
 
 
-def first_free_gpus(gpu_job: np.ndarray, n: int, topo: Topology | None = None) -> np.ndarray | None:
-    """``n`` GPUs with no tenant (exclusive gang placement) that keep the topology rule, or None: the
-    lowest-index ones of the first node with room (:func:`pick_gang`)."""
+def first_free_gpus(gpu_job: np.ndarray, n: int, topo: Topology | None = None,
+                    allowed: np.ndarray | None = None) -> np.ndarray | None:
+    """``n`` GPUs with no tenant (exclusive gang placement) among ``allowed`` (None = any) that keep the
+    topology rule, or None: the lowest-index ones of the first node with room (:func:`pick_gang`)."""
     empty = slot_all(gpu_job < 0)
-    return pick_gang(np.zeros(len(empty)), empty, n, topo)
+    return pick_gang(np.zeros(len(empty)), empty, n, topo, allowed=allowed)

@@ -14,7 +14,8 @@ semantics); the linear part is an assumption, replaceable by measured share swee
 Shapes: shares from :data:`SHARES_PCT` (25/50/75/100 %) at the job's requested GPU count, plus
 GPU-count shapes -- the same job on halvings of its gang or grown up to its type's largest measured count
 -- whose speed comes from measured scaling curves (:func:`count_speed`, :func:`allowed_counts`; the
-policy decides when to use them), memory limit proportional to the share (Gavel has no memory
+policy decides when to use them, and only at counts the view allows a job: :func:`gang_sizes`, which the
+live allocator fills with its declared counts or its request), memory limit proportional to the share (Gavel has no memory
 profile; the pinned-memory limit is ``share x GPU memory``). A training shape is feasible only if its
 speed stays at or above the slowdown floor ``1 / max_slowdown``. Inference shapes are sized from
 demand (:mod:`services.allocator.policy.inference`).
@@ -30,13 +31,15 @@ declared shape (share, memory, ``shape_index`` into the declared list) or nothin
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
+from elastico.coloc.profiles import TypeTable
 from elastico.coloc.rates import share_speed
 from elastico.domain import Shape
-from services.allocator.policy.view import JobTable
+from services.allocator.policy.view import TRAINING, JobTable
 
 #: MPS compute shares offered as shapes, percent of one GPU (ascending: ties pick the smaller share).
 SHARES_PCT: tuple[int, ...] = (25, 50, 75, 100)
@@ -159,6 +162,37 @@ def grow_options(n_req: int, measured_row: np.ndarray | None) -> tuple[int, ...]
 def allowed_counts(n_req: int, measured_row: np.ndarray | None) -> tuple[int, ...]:
     """Every GPU count a training job may run at (:func:`count_options` and :func:`grow_options`)."""
     return count_options(n_req) + grow_options(n_req, measured_row)
+
+
+@functools.lru_cache(maxsize=4096)
+def _menu_counts(n_req: int, measured: tuple[bool, ...] | None) -> tuple[int, ...]:
+    return allowed_counts(n_req, None if measured is None else np.asarray(measured, bool))
+
+
+def gang_sizes(jobs: JobTable, j: int) -> tuple[int, ...] | None:
+    """GPU counts job ``j`` may run at; None when the table leaves them to the policy's own GPU-count shapes
+    (``JobTable.gang_sizes``)."""
+    sizes = jobs.gang_sizes
+    return None if sizes is None else sizes[j]
+
+
+def size_allowed(jobs: JobTable, j: int, n: int) -> bool:
+    """True when job ``j`` may run on ``n`` GPUs as far as the table says (:func:`gang_sizes`)."""
+    sizes = jobs.gang_sizes
+    return sizes is None or n in sizes[j]
+
+
+def sizes_of(jobs: JobTable, types: TypeTable, j: int) -> tuple[int, ...]:
+    """Every GPU count job ``j`` may run at: the table's (:func:`gang_sizes`), else the widest menu a policy
+    offers it (training: :func:`allowed_counts` of its type's measured counts; a service: one GPU)."""
+    sizes = jobs.gang_sizes
+    if sizes is not None:
+        return sizes[j]
+    if jobs.kind[j] != TRAINING:  # a service runs on one GPU
+        return (1,)
+    measured = types.scale_measured
+    row = None if measured is None else tuple(bool(m) for m in measured[int(jobs.type_idx[j])])
+    return _menu_counts(int(jobs.num_gpus[j]), row)
 
 
 # --------------------------------------------------------------------------------------------------

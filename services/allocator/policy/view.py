@@ -4,12 +4,16 @@ Why arrays and not one dataclass per job: a round at 512 GPUs may look at thousa
 the simulator runs tens of thousands of rounds; struct-of-arrays keeps every policy vectorised. The live
 allocator builds the same view from its domain objects (``elastico.domain.Job``) once per round.
 
-Policies must treat every array as read-only; they plan on their own copies (:meth:`ClusterView.scratch`).
+Every array of a view is read-only (both front ends set ``writeable=False``); policies plan on their own
+copies (:meth:`ClusterView.scratch`).
 
-Topology: GPUs live in nodes (:class:`Topology`). A gang that fits one node runs inside one node; a larger
-gang takes whole nodes plus at most one partial node, as Philly-era schedulers place them. Every policy
-picks gangs through :func:`services.allocator.policy.placement.pick_gang`, which keeps that rule, and the
-simulator and the live allocator refuse a decision that breaks it (:meth:`Topology.gang_ok`).
+Whatever constrains a decision is in the view, and every policy honours it: the node topology
+(:class:`Topology`), the GPUs a job may use (``JobTable.allowed_gpus``), the GPU counts it may run at
+(``JobTable.gang_sizes``) and the shapes it declares (:class:`services.allocator.policy.shapes.DeclaredJobTable`).
+Topology: a gang that fits one node runs inside one node; a larger gang takes whole nodes plus at most one
+partial node, as Philly-era schedulers place them. Every policy picks gangs through
+:func:`services.allocator.policy.placement.pick_gang`, which keeps that rule and a job's allowed GPUs, and both
+front ends apply a decision only as far as :func:`services.allocator.policy.contract.check` accepts it.
 """
 
 from __future__ import annotations
@@ -46,6 +50,14 @@ class JobTable:
     # [N] float, interference factor a running job is observed to run at next to its co-tenants (its measured
     # speed / its isolated speed in its shape; the node agents' ``norm_throughput``), NaN = alone or unknown
     observed_norm: np.ndarray | None = None
+    # [N] the GPUs each job may run on, as a read-only [G] bool mask over the view's GPU rows, or None where it
+    # may use any (a pod kube-scheduler bound to a node: that node's GPUs); None = no job is restricted (the
+    # simulator). Per job rather than [N, G]: pinned jobs are few, and an unrestricted one costs nothing.
+    allowed_gpus: tuple | None = None
+    # [N] the GPU counts each job may run at, always including its request ``num_gpus`` (a job declaring shapes:
+    # its declared counts; the live allocator's others: their request); None = every job may run at the
+    # policy's own GPU-count shapes (training: ``shapes.allowed_counts`` of its type; a service: 1), the simulator
+    gang_sizes: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,12 +152,26 @@ class ClusterView:
 
 @dataclass
 class Decision:
-    """A round's answer; the caller applies preemptions, then resizes, then placements, checking capacity."""
+    """A round's answer; the caller applies preemptions, then resizes, then placements, as far as
+    :func:`services.allocator.policy.contract.check` accepts them."""
 
     preempt: list[int] = field(default_factory=list)  # job ids to stop (training: requeued, progress kept)
     resize: list[tuple[int, float]] = field(default_factory=list)  # (job id, new share percent) in place
     place: list[tuple[int, np.ndarray, float]] = field(default_factory=list)  # (job id, GPU indices, share %)
     info: dict = field(default_factory=dict)  # diagnostics (solver status, prices, gap)
+
+
+def gpu_mask(jobs: JobTable, j: int) -> np.ndarray | None:
+    """[G] bool mask of the GPUs job ``j`` may run on; None when it may use any (``JobTable.allowed_gpus``)."""
+    allowed = jobs.allowed_gpus
+    return None if allowed is None else allowed[j]
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a`` (its owner keeps writing through ``a``; the view sees every change)."""
+    v = a.view()
+    v.setflags(write=False)
+    return v
 
 
 def _slot_fold(mask: np.ndarray, op, empty: bool) -> np.ndarray:

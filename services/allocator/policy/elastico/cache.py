@@ -1,0 +1,63 @@
+"""ElastiCo's memo caches, in one place: what a pass may reuse from an earlier round instead of recomputing.
+
+Each entry is keyed on everything the cached answer reads, so a hit returns what the computation would:
+the signatures of the last pass that decided nothing (a repeat of it would decide nothing again), the
+placement state of the last training pass (joins included), and per type table the GPU-count tables.
+:meth:`PolicyMemo.estimate_changed` drops what a corrected estimate invalidates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from services.allocator.policy.placement import TenantState
+
+
+@dataclass
+class PolicyMemo:
+    """Memo caches of one policy instance (driven by the view's clock, so simulated runs stay deterministic)."""
+
+    counts: dict = field(default_factory=dict)  # (type table, type, requested GPUs) -> count table / shrink row
+    idle: tuple | None = None  # (raw, filtered) state of the last round whose training pass placed nothing
+    services: tuple | None = None  # (whole cluster, services' GPUs) of the last round whose inference pass changed nothing
+    services_recheck_s: float = np.inf  # when a deferred inference shrink becomes due (the services key expires), s
+    slack: tuple | None = None  # state of the last slack pass that placed nobody
+    state: tuple | None = None  # (inputs, TenantState) of the last training placement state
+
+    def estimate_changed(self) -> None:
+        """The pair estimate was corrected: the passes that placed nothing may place now."""
+        self.idle = self.services = None
+
+    def count(self, key: tuple, build: Callable[[], tuple]) -> tuple:
+        """The count-table entry ``key``, built once."""
+        hit = self.counts.get(key)
+        if hit is None:
+            hit = self.counts[key] = build()
+        return hit
+
+    def tenant_state(self, M: np.ndarray, kappa: float, jobs, rows: np.ndarray, gj_rows: np.ndarray,
+                     gs_rows: np.ndarray) -> TenantState:
+        """Placement state of GPUs ``rows`` (tenant slots ``gj_rows``, ``gs_rows``).
+
+        A :class:`TenantState` and its cached joins are a function of the tenants' ids, types, kinds,
+        utilisations, forecasts and shares (and of the estimate ``M``): when they are all as when the last
+        state was built and it has not placed anyone since (:meth:`state_changed`) -- a round after an
+        arrival or after a round that placed nobody -- that state is returned again, joins included.
+        """
+        tj = np.where(gj_rows >= 0, gj_rows, 0)
+        key = (rows.tobytes(), gj_rows.tobytes(), gs_rows.tobytes(), jobs.type_idx[tj].tobytes(),
+               jobs.kind[tj].tobytes(), jobs.solo_util[tj].tobytes(), jobs.load_forecast[tj].tobytes())
+        hit = self.state
+        same_model = hit is not None and hit[1].jobs is jobs and hit[1].M is M and hit[1].kappa == kappa
+        if same_model and hit[0] == key:
+            return hit[1]
+        state = TenantState(M, kappa, gj_rows, gs_rows, jobs, True)
+        self.state = (key, state)
+        return state
+
+    def state_changed(self) -> None:
+        """The cached placement state placed a job: no longer what its key says."""
+        self.state = None

@@ -1,0 +1,199 @@
+"""ElastiCo's GPU-count shapes (``elastic_gpus``; step 6 of the package docstring): the counts a job type
+may run at and their speeds, queued gangs on halvings, gangs grown onto idle GPUs and given back."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from services.allocator.policy.elastico.cache import PolicyMemo
+from services.allocator.policy.elastico.params import ElastiCoParams
+from services.allocator.policy.placement import pick_gang, sub_gang
+from services.allocator.policy.shapes import (
+    any_declared,
+    count_options,
+    count_speed,
+    declared_counts,
+    grow_options,
+    min_count,
+    shapes_of,
+    size_allowed,
+)
+from services.allocator.policy.view import (
+    TRAINING,
+    ClusterView,
+    Decision,
+    gpu_mask,
+    occupy,
+    slot_all,
+    vacate,
+)
+
+
+def count_shapes_on(p: ElastiCoParams, view: ClusterView) -> bool:
+    """GPU-count shapes are on and the type table has the scaling curves they need."""
+    return p.elastic_gpus and view.types.scale_tput is not None
+
+
+def count_table(memo: PolicyMemo, view: ClusterView, type_idx: int,
+                req: int) -> tuple[tuple[int, ...], dict[int, float], tuple[int, ...]]:
+    """(allowed counts, count -> speed, allowed counts ascending) of a job type at a requested gang size,
+    cached per type table."""
+    def build() -> tuple:
+        measured = view.types.scale_measured
+        counts = count_options(req) + grow_options(req, measured[type_idx] if measured is not None else None)
+        sp = count_speed(view.types.scale_tput[type_idx], np.asarray(counts, float), req)
+        return counts, dict(zip(counts, sp.tolist())), tuple(sorted(counts))
+
+    return memo.count((id(view.types), type_idx, req), build)
+
+
+def shrink_row(memo: PolicyMemo, view: ClusterView, type_idx: int, req: int, min_count_speed: float) -> tuple:
+    """(counts [4], feasible [4], GPU-count speed [4]) of a job type's gang and its halvings (a repeat of the
+    gang where there are fewer than three), cached per type table, type and requested size."""
+    def build() -> tuple:
+        counts, speed, _ = count_table(memo, view, type_idx, req)
+        opts = [c for c in counts if c <= req]  # the gang and its halvings, as count_options gives them
+        cnt = opts + [req] * (4 - len(opts))
+        ok = [i == 0 or (i < len(opts) and speed[c] >= min_count_speed - 1e-9) for i, c in enumerate(cnt)]
+        return cnt, ok, [speed[c] for c in cnt]
+
+    return memo.count(("shrink", id(view.types), type_idx, req), build)
+
+
+def min_gpus(p: ElastiCoParams, view: ClusterView, idx: np.ndarray) -> np.ndarray:
+    """Fewest GPUs each job of ``idx`` may start on (its requested gang unless GPU-count shapes are on)."""
+    n = view.jobs.num_gpus[idx]
+    out = min_count(n) if count_shapes_on(p, view) and p.shrink_gpus else n
+    if any_declared(view.jobs):  # a declaring job: its smallest declared count
+        out = np.array([min(declared_counts(view.jobs, j)) if shapes_of(view.jobs, j) else o
+                        for j, o in zip(np.asarray(idx).tolist(), np.asarray(out).tolist())], np.int64)
+    return out
+
+
+def held_gpus(view: ClusterView, idx: np.ndarray) -> np.ndarray:
+    """GPUs each job of ``idx`` holds now (0 when not running)."""
+    held = view.gpu_job[view.gpu_job >= 0]
+    return np.bincount(held, minlength=len(view.jobs.kind))[idx] if len(held) else np.zeros(len(idx), np.int64)
+
+
+def relaunch(view: ClusterView, gj, gs, d: Decision, j: int, target: np.ndarray) -> None:
+    """Restart running job ``j`` on GPUs ``target`` at its share: a preemption and a placement in one round,
+    which the engine and the live allocator apply as a resize (one restart)."""
+    share = float(view.jobs.share_pct[j])
+    vacate(gj, gs, j, view.jobs.gpus[j])
+    occupy(gj, gs, j, target, share)
+    d.preempt.append(j)
+    d.place.append((j, target, share))
+
+
+def regrow(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: Decision, run: np.ndarray) -> None:
+    """Give gangs more GPUs while whole GPUs idle and nobody waits.
+
+    A job running on fewer GPUs than it may use (shrunk under contention, or a scalable type below its
+    largest measured count) is relaunched on its GPUs plus empty ones when the time saved
+    ``remaining / old speed - remaining / new speed`` exceeds ``expand_gain x restart_s``. Jobs go in
+    decreasing speed-up per added GPU; only empty GPUs are added, so no co-tenant is affected. A job placed
+    in this same round is offered the same, and then starts on the larger gang (no restart).
+    """
+    jobs = view.jobs
+    run = run[view.now_s - jobs.last_change_s[run] >= p.min_run_s]
+    # jobs placed this round and not running yet (share 0) may start grown: {job: (index in d.place, GPUs)}
+    fresh = {int(j): (k, np.asarray(g)) for k, (j, g, _) in enumerate(d.place)
+             if jobs.kind[j] == TRAINING and jobs.share_pct[j] == 0}
+    if len(run) == 0 and not fresh:
+        return
+    empty = np.flatnonzero(slot_all(gj < 0))
+    if len(empty) == 0:
+        return
+    gone = set(d.preempt) | {int(j) for j, _ in d.resize}
+    cand = np.concatenate([run, np.fromiter(fresh, np.int64, len(fresh))])
+    ngpu = np.concatenate([held_gpus(view, run), [len(g) for _, g in fresh.values()]]).astype(np.int64)
+    cost = p.expand_gain * p.restart_s
+    offers = []  # (best saving per added GPU, job, current count, [(count, saving)] ascending)
+    for j, cur, req, rem, t in zip(cand.tolist(), ngpu.tolist(), jobs.num_gpus[cand].tolist(),
+                                   jobs.remaining_est_s[cand].tolist(), jobs.type_idx[cand].tolist()):
+        if cur == 0 or j in gone or not math.isfinite(rem) or shapes_of(jobs, j):
+            continue  # (a declaring job never grows beyond the gangs it declares)
+        _, speed, ascending = count_table(memo, view, t, req)
+        if ascending[-1] <= cur or cur not in speed:
+            continue
+        bigger = [c for c in ascending if cur < c <= cur + len(empty) and size_allowed(jobs, j, c)]
+        if not bigger:
+            continue
+        good = [(c, v) for c in bigger if (v := rem / speed[cur] - rem / speed[c] - cost) > 0]
+        if good:  # ordered by the speed-up per added GPU, whatever the job's length
+            offers.append((-max((speed[c] / speed[cur] - 1.0) / (c - cur) for c, _ in good), j, cur, good))
+    offers.sort()
+    # pass 1: each job its best saving per added GPU; pass 2: GPUs still idle upgrade jobs, same order
+    plan = {}
+    free = len(empty)
+    for _, j, cur, good in offers:
+        c = max(good, key=lambda cv: cv[1] / (cv[0] - cur))[0]
+        if c - cur <= free:
+            plan[j] = c
+            free -= c - cur
+    for _, j, _cur, good in offers:
+        if j in plan:
+            up = [c for c, _ in good if plan[j] < c <= plan[j] + free]
+            if up:
+                free -= max(up) - plan[j]
+                plan[j] = max(up)
+    topo = view.topo
+    for _, j, _cur, _ in offers:
+        if j not in plan:
+            continue
+        own = fresh[j][1] if j in fresh else np.asarray(jobs.gpus[j])
+        # its own GPUs plus empty ones, kept in the topology (own GPUs first: the gang stays where it is
+        # when its node has room)
+        mask = slot_all(gj < 0)
+        mask[own] = True
+        keep = np.zeros(len(mask))
+        keep[own] = 1.0
+        target = pick_gang(keep, mask, plan[j], topo, allowed=gpu_mask(jobs, j))
+        if target is None:
+            continue
+        if j in fresh:  # placed this round: launch it on the larger gang straight away (no restart)
+            k = fresh[j][0]
+            share = float(d.place[k][2])
+            vacate(gj, gs, j, own)
+            occupy(gj, gs, j, target, share)
+            d.place[k] = (j, target, share)
+            continue
+        relaunch(view, gj, gs, d, j, target)
+
+
+def give_back(p: ElastiCoParams, view: ClusterView, gj, gs, W, d: Decision, waiting: np.ndarray) -> bool:
+    """Jobs are waiting: shrink gangs grown beyond their request back to it (their first GPUs) -- those that
+    weigh less than the waiting jobs they make room for (a short job keeps its extra GPUs over long ones)
+    and that have run ``min_run_s`` since their last change, lightest first, and only until the empty and
+    freed GPUs cover the gangs of the waiting jobs heavier than the next one to shrink. True when any did."""
+    jobs = view.jobs
+    run = view.running[jobs.kind[view.running] == TRAINING]
+    if len(run) == 0:
+        return False
+    extra = held_gpus(view, run) - jobs.num_gpus[run]  # GPUs held beyond the request
+    keep = (extra > 0) & (view.now_s - jobs.last_change_s[run] >= p.min_run_s)  # hysteresis, as for preemption
+    if p.keep_heavy_growth:
+        keep &= W[run] < W[waiting].max()
+    grown, extra = run[keep], extra[keep]
+    order = np.argsort(W[grown], kind="stable")
+    grown, extra = grown[order], extra[order].tolist()
+    wq, nq = W[waiting], min_gpus(p, view, waiting)
+    room = int(slot_all(gj < 0).sum())  # empty GPUs, then also those given back
+    gone = set(d.preempt)
+    done = False
+    for j, x in zip(grown.tolist(), extra):
+        if j in gone:
+            continue
+        need = int(nq[wq > W[j]].sum()) if p.keep_heavy_growth else int(nq.sum())
+        if room >= need:
+            continue  # the waiting jobs this gang would make room for fit already
+        target = sub_gang(jobs.gpus[j], int(jobs.num_gpus[j]), view.topo)  # its first GPUs in the topology
+        if target is None:
+            continue
+        relaunch(view, gj, gs, d, j, target)
+        room += x
+        done = True
+    return done
