@@ -3,7 +3,7 @@
 ``decide`` is pure CPU. In a worker *thread* it shares the interpreter lock with the event loop, so the job
 API (SubmitJob, WatchJobs...) and the round's own I/O crawl while it runs; in a worker *process*
 (``ELASTICO_DECIDE_WORKER=process``, the default) it runs on another core while the loop keeps serving, for
-the cost of pickling the view and the decision (figures: docs/history/allocator.md).
+the cost of pickling the view and the decision (figures: docs/results.md, "Allocator: measurement history").
 
 The policy object lives where ``decide`` runs and keeps its state between rounds (warm prices, the pair
 matrix it learnt from observed interference); the scheduler names each policy it builds with a key (a new

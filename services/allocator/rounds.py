@@ -80,7 +80,7 @@ def tune_gc() -> None:
     A round allocates ~10^5 short-lived objects (decoded records, views) next to a few hundred thousand
     long-lived ones (modules, numpy/scipy/grpc, type tables); with the defaults a full collection walks all
     of them every few rounds, a pause inside a round. Start-up's objects are never garbage: they are frozen
-    out of collections, and collections run less eagerly (docs/history/allocator.md). Cycles are still
+    out of collections, and collections run less eagerly (docs/results.md, "Allocator: measurement history"). Cycles are still
     collected, only later.
     """
     gc.collect()

@@ -87,7 +87,7 @@ KNOWN_GPUS: tuple[str, ...] = tuple(GPU_SPECS)
 
 #: Measurement environments with a categorical code. Co-location behaviour depends on the software stack
 #: and the measurement method as well as on the GPU (Gavel's two campaigns of the *same* pairs disagree;
-#: figures in docs/history/predictor.md), so every row carries the environment it was measured in and
+#: figures in docs/results.md), so every row carries the environment it was measured in and
 #: the model keeps environments apart (see ``services.predictor.model``).
 #: "" is this cluster: live requests and node-agent observations; "gavel" and "gavel-oracle" are Gavel's
 #: measured and older campaigns, "lucid" is Lucid's RTX 3090 measurements.

@@ -39,7 +39,7 @@ so the trained model cannot yet tell 30% from 100%; observations with limits fix
 
 Modules: :mod:`.params` (hyper-parameters), :mod:`.encoders`, :mod:`.factors`, :mod:`.table` (request
 profile ids), :mod:`.ensemble` (the model and prediction), :mod:`.artifact` (the saved format),
-:mod:`.training`. The measurements behind the design are in docs/history/predictor.md.
+:mod:`.training`. The measurements behind the design are in docs/results.md ("Interference predictor: measurement history").
 
 This package is pure (numpy + xgboost): no gRPC, Redis or protobuf.
 """

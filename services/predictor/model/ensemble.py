@@ -11,7 +11,7 @@ predicted once (by the cap classifiers only where its domain has one), and resul
 ordered pair of ids (the model is immutable; a refresh builds a new one). The boosters are most of a cold
 batch's cost; on batches of :data:`_PARALLEL_MIN_ROWS` ordered rows or more they run on two threads (the
 two bagged regressors in parallel, the cap classifier beside the first; XGBoost predicts outside the GIL).
-Latency figures: docs/history/predictor.md.
+Latency figures: docs/results.md ("Interference predictor: measurement history").
 """
 
 from __future__ import annotations

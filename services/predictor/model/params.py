@@ -1,7 +1,7 @@
 """Hyper-parameters of the interference model (:class:`TrainParams`).
 
 Defaults were chosen by grouped cross-validation on Gavel's measured pairs; the measurements behind each
-choice, and the variants tried and not adopted, are in docs/history/predictor.md. The field order is
+choice, and the variants tried and not adopted, are in docs/results.md ("Interference predictor: measurement history"). The field order is
 the order of ``params`` in the saved artifact.
 """
 

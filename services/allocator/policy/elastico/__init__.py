@@ -2,7 +2,7 @@
 
 One round (:meth:`ElastiCo.decide`) is the same for the simulator and the live allocator; gangs always keep
 the node topology (:func:`placement.pick_gang`). Options and defaults: :class:`ElastiCoParams`; the
-measurements behind them: ``docs/results.md`` and ``docs/history/policy.md``.
+measurements behind them: ``docs/results.md`` (its ElastiCo sections and "Measurement history by component").
 
 1. **Inference first** (:mod:`.serving`). Services are re-sized to the smallest share meeting their SLO at
    their *forecast* load next to the *predicted* interference of their co-tenants; a lone service is sized
