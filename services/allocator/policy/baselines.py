@@ -49,7 +49,7 @@ import itertools
 import math
 import typing
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import numpy as np
 
@@ -60,6 +60,7 @@ from services.allocator.policy.view import (
     TRAINING,
     ClusterView,
     Decision,
+    JobTable,
     free_share,
     gpu_mask,
     occupy,
@@ -86,7 +87,7 @@ def option(default, lo: float | None = None, hi: float | None = None, *, lo_open
 
 
 @functools.cache
-def _field_types(cls: type) -> dict[str, object]:
+def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
@@ -119,8 +120,9 @@ class PolicyParams:
 
     def __post_init__(self) -> None:
         cls = type(self).__name__
+        own: type = type(self)  # as a plain ``type``: mypy checks a dataclass's class object against Hashable wrongly
         for f in dataclasses.fields(self):
-            value, kind = getattr(self, f.name), _field_types(type(self))[f.name]
+            value, kind = getattr(self, f.name), _field_types(own)[f.name]
             elem = typing.get_args(kind)[0] if typing.get_origin(kind) is tuple else None
             if elem is not None and not (isinstance(value, tuple) and value):
                 raise OptionError(cls, f.name, value, "must be a non-empty tuple")
@@ -137,8 +139,14 @@ class PolicyParams:
                 raise OptionError(cls, f.name, value, "must be strictly ascending")
 
 
-class Policy:
-    """Base of every policy: ``decide(view) -> Decision``. Stateless across rounds unless stated."""
+P = TypeVar("P", bound=PolicyParams)  # a policy's params class (``Policy.Params``)
+
+
+class Policy(Generic[P]):
+    """Base of every policy: ``decide(view) -> Decision``. Stateless across rounds unless stated.
+
+    Generic over its params class ``P``; a subclass names it twice: ``class X(Policy[XParams])`` for the type
+    checker and ``Params = XParams`` for the runtime (a ClassVar cannot hold a type variable)."""
 
     name = "policy"
     Params: ClassVar[type[PolicyParams]] = PolicyParams  # its options (make_policy accepts exactly these fields)
@@ -146,14 +154,15 @@ class Policy:
     needs_periodic_rounds = False  # True when decisions change with time alone (ages, attained service)
     uses_observations = False  # True when it reads JobTable.observed_norm (the caller may skip computing it)
 
-    def __init__(self, params: PolicyParams | None = None):
-        self.params = self.Params() if params is None else params
+    def __init__(self, params: P | None = None):
+        # self.Params is P's class (each subclass pairs them; the type is checked just below)
+        self.params: P = cast(P, self.Params()) if params is None else params
         if type(self.params) is not self.Params:
             raise TypeError(f"{type(self).__name__}: params must be {self.Params.__name__}, got "
                             f"{type(self.params).__name__}")
 
     @classmethod
-    def build(cls, params: PolicyParams, estimate: np.ndarray, kappa: float, solver=None) -> Policy:
+    def build(cls, params: P, estimate: np.ndarray, kappa: float, solver=None) -> Policy[P]:
         """The policy with options ``params``; the interference estimate, ``kappa`` and the pricing solver go
         to the policies that use them (this base uses none)."""
         return cls(params)
@@ -162,13 +171,21 @@ class Policy:
         raise NotImplementedError
 
 
+def _request_share(jobs: JobTable, j: int, n: int, want: float) -> float:
+    """:func:`shapes.declared_share` of job ``j`` on ``n`` = its requested GPU count, which is never None: a
+    declaring job's request is one of its declared counts (its largest; ``JobTable.gang_sizes``)."""
+    share = declared_share(jobs, j, n, want)
+    assert share is not None, f"job {j} declares no shape on its requested {n} GPUs"
+    return share
+
+
 def _inference_first(view: ClusterView, order: np.ndarray) -> np.ndarray:
     """Stable re-order putting inference services before training jobs."""
     k = view.jobs.kind[order]
     return np.concatenate([order[k == INFERENCE], order[k != INFERENCE]])
 
 
-class ExclusiveFifo(Policy):
+class ExclusiveFifo(Policy[PolicyParams]):
     """Strict FCFS on whole GPUs (head-of-line blocking). See module docstring."""
 
     name = "exclusive-fifo"
@@ -183,14 +200,14 @@ class ExclusiveFifo(Policy):
             gpus = first_free_gpus(gj, n, topo, gpu_mask(view.jobs, int(j))) if n <= free else None
             if gpus is None:
                 break
-            share = declared_share(view.jobs, int(j), n, 100.0)  # a whole GPU: 100 % or its largest declared share
+            share = _request_share(view.jobs, int(j), n, 100.0)  # a whole GPU: 100 % or its largest declared share
             occupy(gj, gs, j, gpus, share)
             free -= n
             d.place.append((int(j), gpus, share))
         return d
 
 
-class ExclusiveBackfill(Policy):
+class ExclusiveBackfill(Policy[PolicyParams]):
     """EASY backfilling on whole GPUs, with perfect runtime estimates. See module docstring."""
 
     name = "exclusive-backfill"
@@ -210,7 +227,7 @@ class ExclusiveBackfill(Policy):
             gpus = first_free_gpus(gj, n, topo, gpu_mask(jobs, int(j)))
             if gpus is None:
                 break
-            share = declared_share(jobs, int(j), n, 100.0)
+            share = _request_share(jobs, int(j), n, 100.0)
             occupy(gj, gs, j, gpus, share)
             free -= n
             d.place.append((int(j), gpus, share))
@@ -243,7 +260,7 @@ class ExclusiveBackfill(Policy):
                     continue
                 if not (np.isfinite(est) and est <= shadow):
                     extra -= n
-                share = declared_share(jobs, int(j), n, 100.0)
+                share = _request_share(jobs, int(j), n, 100.0)
                 occupy(gj, gs, j, gpus, share)
                 free -= n
                 d.place.append((int(j), gpus, share))
@@ -261,7 +278,7 @@ class TiresiasParams(PolicyParams):
     starve_factor: float = option(8.0, 0.0, lo_open=True)  # queued time > factor x executed time -> back to queue 0
 
 
-class Tiresias(Policy):
+class Tiresias(Policy[TiresiasParams]):
     """Discretised 2D-LAS, preemptive, exclusive GPUs. See module docstring."""
 
     name = "tiresias"
@@ -309,7 +326,7 @@ class Tiresias(Policy):
                 g = first_free_gpus(gj, int(jobs.num_gpus[j]), view.topo, gpu_mask(jobs, int(j)))
                 if g is None:
                     continue
-                share = declared_share(jobs, int(j), int(jobs.num_gpus[j]), 100.0)
+                share = _request_share(jobs, int(j), int(jobs.num_gpus[j]), 100.0)
                 occupy(gj, gs, int(j), g, share)
                 d.place.append((int(j), g, share))
         return d
@@ -322,7 +339,7 @@ class MpsEqualShareParams(PolicyParams):
     replicas: int = option(2, 1)  # MPS replicas per GPU (NVIDIA device plugin ``sharing.mps.replicas``)
 
 
-class MpsEqualShare(Policy):
+class MpsEqualShare(Policy[MpsEqualShareParams]):
     """MPS replicas (2 x 50 %) per GPU, first-fit, interference-blind, non-blocking. See module docstring."""
 
     name = "mps-equal-share"
@@ -342,7 +359,7 @@ class MpsEqualShare(Policy):
             if total == 0:
                 break
             n = int(view.jobs.num_gpus[j])
-            share = declared_share(view.jobs, int(j), n, replica)  # a declaring job: its share nearest a replica's
+            share = _request_share(view.jobs, int(j), n, replica)  # a declaring job: its share nearest a replica's
             ok = (free_rep > 0) & (gj < 0).any(axis=1)  # a replica left, and a tenant slot for it
             if declared:
                 ok &= free_share(gs) >= share - 1e-9
@@ -364,7 +381,7 @@ class LucidParams(PolicyParams):
     slo_factor: float = option(10.0, 1.0)  # inference SLO, multiple of the unloaded full-GPU service time
 
 
-class LucidPacking(Policy):
+class LucidPacking(Policy[LucidParams]):
     """Lucid-style interference-aware pair packing (no shapes, no pricing). See module docstring."""
 
     name = "lucid"
@@ -392,13 +409,14 @@ class LucidPacking(Policy):
         failed: set = set()  # (type, gang size) that found no partner since the last change
         topo = view.topo
         declared = any_declared(jobs)
+        share: float | None  # a job's share on this try (None: no declared share to pack it with)
         for j in order:
             j = int(j)
             n = int(jobs.num_gpus[j])
             mask = gpu_mask(jobs, j)
             g = first_free_gpus(gj, n, topo, mask) if n <= free else None
             if g is not None:
-                share = declared_share(jobs, j, n, 100.0)
+                share = _request_share(jobs, j, n, 100.0)
                 occupy(gj, gs, j, g, share)
                 free -= n
                 placed_now[j] = len(d.place)

@@ -178,7 +178,7 @@ def _capacity(view: ClusterView, preempt: list[int], resize: list[tuple[int, flo
         gs[rows] = sub
         ok_resize.append((r, sh))
     withdrawn = set(preempt)
-    ok_place = []
+    ok_place: list = []  # as ``place``: the decision's entries, unchanged
     for p in place:
         r, rows, sh = int(p[0]), np.atleast_1d(np.asarray(p[1])), float(p[2])
         empty = gj[rows] < 0

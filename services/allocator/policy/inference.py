@@ -32,8 +32,8 @@ def within_slo(capacity: np.ndarray, load: np.ndarray, slo_factor: float) -> np.
     return np.asarray(capacity) - np.asarray(load) >= slo_margin(slo_factor) - 1e-12
 
 
-def required_share_pct(load: np.ndarray, slo_factor: float, interference: np.ndarray | float = 1.0,
-                       shares_pct: tuple[int, ...] = SHARES_PCT) -> np.ndarray:
+def required_share_pct(load: np.ndarray | float, slo_factor: float, interference: np.ndarray | float = 1.0,
+                       shares_pct: tuple[float, ...] = SHARES_PCT) -> np.ndarray:
     """Smallest offered MPS share (percent) meeting the SLO at ``load``; 100 if none does.
 
     Args:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from elastico.coloc.rates import MIN_NORM as _MIN_NORM
-from elastico.coloc.rates import compose_additive, share_speed, slot_sum, utilisation_rule, utilisation_rule_both
+from elastico.coloc.rates import MIN_NORM, compose_additive, share_speed, slot_sum, utilisation_rule, utilisation_rule_both
 from services.allocator.policy.inference import slo_margin
 from services.allocator.policy.view import INFERENCE, JobTable, Topology, free_share, slot_all
 
@@ -58,6 +57,24 @@ class TenantState:
     too, so a join computes only what depends on the candidate.
     """
 
+    # the tenants' state, set (and refreshed row by row) from _rows_state: [G, K] per slot, [G] per GPU
+    mask: np.ndarray  # [G, K] bool, occupied slots
+    tt: np.ndarray  # [G, K] int, tenant types
+    tu: np.ndarray  # [G, K] float, tenant solo utilisations (0 for empty slots)
+    extra: np.ndarray  # [G, K] float, sum over co-tenants of (1/p - 1): additive composition state
+    cap: np.ndarray  # [G, K] float, MPS share cap of each tenant's speed (1 = none)
+    is_inf: np.ndarray  # [G, K] bool, inference tenants
+    fc: np.ndarray  # [G, K] float, inference forecast load (0 for training)
+    share: np.ndarray  # [G, K] float, tenant shares, percent
+    one_extra: np.ndarray  # [G, K] float, 1 + extra
+    before: np.ndarray  # [G, K] float, tenants' speed now, 1 for empty slots
+    before_tol: np.ndarray  # [G, K] float, before - 1e-9
+    no_floor: np.ndarray  # [G, K] bool, slots no training floor applies to
+    not_inf: np.ndarray  # [G, K] bool, ~is_inf
+    share_frac: np.ndarray  # [G, K] float, share / 100
+    slot_free: np.ndarray  # [G] bool, the GPU has an empty slot
+    share_free: np.ndarray  # [G] float, unallocated share percent
+
     def __init__(self, M: np.ndarray, kappa: float, gpu_job: np.ndarray, gpu_share: np.ndarray, jobs: JobTable,
                  mps_limits: bool):
         self.M, self.kappa, self.jobs, self.mps_limits = M, kappa, jobs, mps_limits
@@ -83,7 +100,7 @@ class TenantState:
         pair = pair_estimate(self.M, self.kappa, tt[:, :, None], tu[:, :, None], tt[:, None, :], tu[:, None, :])
         both = mask[:, :, None] & mask[:, None, :] & self._offdiag
         # sum over co-tenants of (1/p - 1): additive composition state
-        extra = slot_sum(np.where(both, 1.0 / np.minimum(np.maximum(pair, _MIN_NORM), 1.0) - 1.0, 0.0))
+        extra = slot_sum(np.where(both, 1.0 / np.minimum(np.maximum(pair, MIN_NORM), 1.0) - 1.0, 0.0))
         is_inf = mask & (jobs.kind[tj] == INFERENCE)  # inference tenants
         # MPS share cap of each tenant's speed (1 = none)
         cap = (np.where(mask & ~is_inf, share_speed(sh, np.maximum(tu, 1e-6)), 1.0) if self.mps_limits
@@ -127,7 +144,7 @@ class TenantState:
         # occupied slots (both uses of after_raw below take 1 at empty ones)
         px, pc = pair_estimates(self.M, self.kappa, self.tt, self.tu, cand_type, cand_util)
         pc = np.where(mask, pc, 1.0)
-        after_raw = 1.0 / (self.one_extra + 1.0 / np.minimum(np.maximum(px, _MIN_NORM), 1.0) - 1.0)
+        after_raw = 1.0 / (self.one_extra + 1.0 / np.minimum(np.maximum(px, MIN_NORM), 1.0) - 1.0)
         after = np.where(mask, np.minimum(after_raw, self.cap), 1.0)
         new_norm = compose_additive(pc)
         train_ok = self.no_floor | (after >= train_floor - 1e-9) | (after >= self.before_tol)

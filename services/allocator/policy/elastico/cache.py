@@ -25,7 +25,7 @@ class PolicyMemo:
     services: tuple | None = None  # (whole cluster, services' GPUs) of the last round whose inference pass changed nothing
     services_recheck_s: float = np.inf  # when a deferred inference shrink becomes due (the services key expires), s
     slack: tuple | None = None  # state of the last slack pass that placed nobody
-    state: tuple | None = None  # (inputs, TenantState) of the last training placement state
+    state: tuple[tuple, TenantState] | None = None  # (inputs, TenantState) of the last training placement state
 
     def estimate_changed(self) -> None:
         """The pair estimate was corrected: the passes that placed nothing may place now."""
@@ -52,7 +52,7 @@ class PolicyMemo:
                jobs.kind[tj].tobytes(), jobs.solo_util[tj].tobytes(), jobs.load_forecast[tj].tobytes())
         hit = self.state
         same_model = hit is not None and hit[1].jobs is jobs and hit[1].M is M and hit[1].kappa == kappa
-        if same_model and hit[0] == key:
+        if same_model and hit is not None and hit[0] == key:  # (same_model implies hit; restated for mypy)
             return hit[1]
         state = TenantState(M, kappa, gj_rows, gs_rows, jobs, True)
         self.state = (key, state)

@@ -17,7 +17,7 @@ from services.allocator.policy.shapes import declared_shares, shapes_of
 from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, Decision
 
 
-class ElastiCo(Policy):
+class ElastiCo(Policy[ElastiCoParams]):
     """Shapes + shadow pricing + interference-aware placement (:mod:`services.allocator.policy.elastico`).
 
     State across rounds, all driven by the view's clock so simulated runs stay deterministic: the estimate

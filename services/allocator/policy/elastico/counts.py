@@ -41,9 +41,10 @@ def count_table(memo: PolicyMemo, view: ClusterView, type_idx: int,
     """(allowed counts, count -> speed, allowed counts ascending) of a job type at a requested gang size,
     cached per type table."""
     def build() -> tuple:
-        measured = view.types.scale_measured
+        measured, scale = view.types.scale_measured, view.types.scale_tput
+        assert scale is not None, "GPU-count tables need the type table's scaling curves (count_shapes_on)"
         counts = count_options(req) + grow_options(req, measured[type_idx] if measured is not None else None)
-        sp = count_speed(view.types.scale_tput[type_idx], np.asarray(counts, float), req)
+        sp = count_speed(scale[type_idx], np.asarray(counts, float), req)
         return counts, dict(zip(counts, sp.tolist())), tuple(sorted(counts))
 
     return memo.count((id(view.types), type_idx, req), build)

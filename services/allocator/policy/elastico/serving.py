@@ -87,13 +87,14 @@ def size_services(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision) -> N
         reqs = required_share_pct(load, p.slo_factor, nu, p.inference_shares_pct)
         alone = has & (st.extra[pos, slot] == 0)
         if p.slack and alone.any():
-            room = slack_share(p, pol.kappa, load[alone], jobs.solo_util[run][alone])
-            reqs[alone] = np.where(np.isfinite(room), np.maximum(reqs[alone], room), reqs[alone])
+            slack_room = slack_share(p, pol.kappa, load[alone], jobs.solo_util[run][alone])
+            reqs[alone] = np.where(np.isfinite(slack_room), np.maximum(reqs[alone], slack_room), reqs[alone])
         if any_declared(jobs):  # a declaring service: its smallest declared share meeting the SLO, else its largest
-            for k, j in enumerate(run.tolist()):
+            for i, j in enumerate(run.tolist()):
                 if shapes_of(jobs, j):
-                    own = declared_shares(jobs, j, 1)
-                    reqs[k] = required_share_pct(load[k:k + 1], p.slo_factor, nu[k:k + 1], own)[0] if own else cur[k]
+                    own_shares = declared_shares(jobs, j, 1)
+                    reqs[i] = (required_share_pct(load[i:i + 1], p.slo_factor, nu[i:i + 1], own_shares)[0] if own_shares
+                               else cur[i])
         grow = has & (reqs > cur + 1e-9)
         shrink = has & (reqs < cur - 1e-9) & (view.now_s - jobs.last_change_s[run] >= p.shrink_after_s)
         later = has & (reqs < cur - 1e-9) & ~shrink
@@ -130,13 +131,13 @@ def size_services(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision) -> N
                                 True, p.train_floor, p.slo_factor)
             cap_ok = share / 100.0 * pred.new_norm - load >= slo_margin(p.slo_factor) - 1e-9
             ok = pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok & cap_ok
-            g = pick_gang(-pred.share_free + pred.new_norm, ok, 1, allowed=mask)
-            if g is not None:
-                if p.slack and not own and not (gj[g[0]] >= 0).any():  # alone: leave room for a training co-tenant
+            picked = pick_gang(-pred.share_free + pred.new_norm, ok, 1, allowed=mask)
+            if picked is not None:
+                if p.slack and not own and not (gj[picked[0]] >= 0).any():  # alone: leave room for a training co-tenant
                     room = float(slack_share(p, pol.kappa, np.array([load]), jobs.solo_util[[j]])[0])
                     share = max(share, room) if np.isfinite(room) else share
-                occupy(gj, gs, j, g, float(share))
-                d.place.append((j, g, float(share)))
+                occupy(gj, gs, j, picked, float(share))
+                d.place.append((j, picked, float(share)))
                 placed = True
                 break
         if not placed:  # LS service first: clear the GPU whose training tenants weigh least

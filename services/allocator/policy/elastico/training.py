@@ -267,7 +267,7 @@ def declared_columns(p: ElastiCoParams, view: ClusterView, cand: np.ndarray, gpu
     for i, opts in mine.items():
         j = int(cand[i])
         u, req = max(float(jobs.solo_util[j]), 1e-6), int(jobs.num_gpus[j])
-        top = {}
+        top: dict[int, float] = {}  # GPU count -> its largest declared share
         for c, s in opts:
             top[c] = max(top.get(c, 0.0), s)
         for e, (c, s) in enumerate(cols):
