@@ -81,7 +81,7 @@ device-deps: $(STAMP)
 	$(PY) -m zipfile -e .device-deps/structlog-*.whl .device-deps/site
 
 clean:
-	rm -rf .run .pytest_cache .hypothesis elastico/v1 models .device-deps
+	rm -rf .run .pytest_cache .hypothesis .mypy_cache .ruff_cache elastico/v1 models .device-deps
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: down clean
