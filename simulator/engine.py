@@ -6,6 +6,8 @@ job finishes; stale completions are skipped by a per-job version), ``LOAD`` (inf
 the forecast the policy sees moves), ``WINDOW_END`` (snapshot of work done when arrivals end), ``ROUND``
 (periodic scheduling round, for policies whose decisions change with time alone).
 All events at one instant are processed first, then at most one scheduling round runs (coalesced).
+Beside them, a restarting training job's ready time (end of its ``restart_s``) is kept on a heap of its own,
+read only by the effective-utilisation accounting: the job does no work, and is credited none, until then.
 
 Speeds are ground truth (:mod:`elastico.coloc.truth`); the policy sees only its estimate matrix.
 A resize or a restart after preemption costs ``restart_s`` of zero progress for training (MPS limits are
@@ -79,7 +81,7 @@ class SimResult:
     restarts_training: int
     restarts_inference: int
     alloc_gpu_s: float  # integral of allocated GPU fraction (GPUs x s) over [0, window_end]
-    eff_gpu_s: float  # integral of effective utilisation (GPUs x s) over [0, window_end]
+    eff_gpu_s: float  # integral of effective utilisation (GPUs x s) over [0, window_end]; useful work only
     window_end_s: float  # last arrival time (the loaded period)
     work_in_window_gpu_s: float  # isolated GPU-seconds of training work done in [0, window_end]
     slo_ok_s: float  # inference service time within SLO, s
@@ -161,7 +163,11 @@ class Engine:
         self.gpu_job = np.full((G, K), -1, np.int64)
         self.gpu_share = np.zeros((G, K))
         self._gpu_job_ro, self._gpu_share_ro = read_only(self.gpu_job), read_only(self.gpu_share)
-        self.gpu_eff = np.zeros(G)
+        self.gpu_eff = np.zeros(G)  # effective utilisation of each GPU now (a restarting job adds 0)
+        # (ready time, job) of restarting training jobs, for the effective-utilisation accounting alone: not
+        # events (no round, no decision reads it); entries the job's state has since moved on from are skipped
+        self.ready_heap: list = []
+        self.ready_max = 0.0  # latest ready time set: from then on no training job is restarting
         self.pending: dict[int, None] = {}  # insertion-ordered set; re-queued jobs go by arrival (sorted per round)
         self.running: set[int] = set()
         # (running sorted, pending by arrival, their training jobs) as arrays, until either set changes
@@ -177,6 +183,7 @@ class Engine:
         self.alloc_int = 0.0
         self.eff_int = 0.0
         self.int_t = 0.0
+        self.eff_t = 0.0
         self.window_end = float(train.arrival_s.max()) if Jt else 0.0
         self.work_window = None
         self.timeline: list = []
@@ -203,10 +210,33 @@ class Engine:
         if t > self.int_t:
             hi = min(t, self.window_end)
             if hi > self.int_t:
-                dtw = hi - self.int_t
-                self.alloc_int += np.minimum(slot_sum(self.gpu_share), 100.0).sum() / 100.0 * dtw
-                self.eff_int += self.gpu_eff.sum() * dtw
+                self.alloc_int += np.minimum(slot_sum(self.gpu_share), 100.0).sum() / 100.0 * (hi - self.int_t)
             self.int_t = t
+        self._integrate_eff(t)
+
+    def _integrate_eff(self, t: float) -> None:
+        """Effective utilisation up to t (its own cursor: ready times split it, never the allocation's)."""
+        if t > self.eff_t:
+            hi = min(t, self.window_end)
+            if hi > self.eff_t:
+                self.eff_int += self.gpu_eff.sum() * (hi - self.eff_t)
+            self.eff_t = t
+
+    def _set_ready(self, j: int, t: float) -> None:
+        """Training job j restarts at t: no progress (:meth:`_advance`) nor effective utilisation until then."""
+        self.ready_at[j] = t
+        self.ready_max = max(self.ready_max, t)
+        heapq.heappush(self.ready_heap, (t, j))
+
+    def _ready_upto(self, t: float) -> None:
+        """Start crediting every restarting job whose ready time is <= t: integrate up to that time, then
+        recompute its GPUs' effective utilisation. Changes nothing a decision or a job's progress reads."""
+        h = self.ready_heap
+        while h and h[0][0] <= t:
+            tr, j = heapq.heappop(h)
+            if self.state[j] == RUNNING and self.ready_at[j] == tr:  # else stale: removed, or restart moved
+                self._integrate_eff(tr)
+                self._gpu_eff_of(self.gpus[j].tolist(), tr)
 
     # ---- inference demand and SLO accounting -------------------------------------------------------
     def _forecast_at(self, i, t: float):
@@ -287,15 +317,23 @@ class Engine:
                 cap = self.share[j] / 100.0 * nrm if self.p.mps_limits else nrm
                 self.norm[j] = nrm
                 self.slo_cap[j] = cap
-        for g in set(per_gpu):
+        self._gpu_eff_of(per_gpu, t)
+
+    def _gpu_eff_of(self, gpus, t: float) -> None:
+        """Recompute the effective utilisation of GPUs ``gpus`` at t: a training job's utilisation at its
+        speed and scaling efficiency, 0 while it restarts (``ready_at > t``: no useful work); an inference
+        service's load up to its capacity."""
+        restarting = t < self.ready_max  # else no job restarts now: skip the mask
+        for g in gpus:
             ten = self.gpu_job[g]
             js = ten[ten >= 0]
             if len(js) == 0:
                 self.gpu_eff[g] = 0.0
                 continue
-            contrib = np.where(self.kind[js] == TRAINING,
-                               self.util[js] * self.norm[js] / self.cspeed[js] * self.peff[js],
-                               np.minimum(self.util[js], self.slo_cap[js] if len(js) else 0))
+            train = self.util[js] * self.norm[js] / self.cspeed[js] * self.peff[js]
+            if restarting:
+                train = train * (self.ready_at[js] <= t)
+            contrib = np.where(self.kind[js] == TRAINING, train, np.minimum(self.util[js], self.slo_cap[js]))
             self.gpu_eff[g] = min(1.0, float(contrib.sum()))
 
     def _advance(self, j: int, t: float) -> None:
@@ -360,7 +398,7 @@ class Engine:
         if math.isnan(self.first_start[j]):
             self.first_start[j] = t
         if self.need_restart[j] and self.kind[j] == TRAINING:
-            self.ready_at[j] = t + self.cfg.restart_s
+            self._set_ready(j, t + self.cfg.restart_s)
             self.need_restart[j] = False
         if self.kind[j] == INFERENCE and self.inf is not None:
             self._slo_close(j, t)  # the pending segment (capacity 0) ends here
@@ -400,7 +438,7 @@ class Engine:
                 self.restarts[j] += 1
                 self.last_change[j] = t
                 if self.kind[j] == TRAINING:
-                    self.ready_at[j] = t + self.cfg.restart_s
+                    self._set_ready(j, t + self.cfg.restart_s)
                 else:
                     self.restarts_inf += 1
             touched |= set(int(g) for g in self.gpus[j])
@@ -460,6 +498,8 @@ class Engine:
             t = self.heap[0][0]
             if t > cfg.max_sim_s or t - busy_t > cfg.stall_s:
                 break
+            if self.ready_heap:
+                self._ready_upto(t)
             self._integrate(t)
             self.t = t
             dirty = False
@@ -522,6 +562,7 @@ class Engine:
         end = self.t
         if self.work_window is None:
             self._snapshot_work(min(end, self.window_end))
+        self._ready_upto(max(end, self.window_end))
         self._integrate(max(end, self.window_end))
         if self.inf is not None:
             for j in range(self.Jt, self.N):

@@ -118,8 +118,6 @@ def test_every_figure_is_within_the_ceiling_and_floor(smoke):
                          {k: v for k, v in by["elastico"].items() if k not in timing})
 
 
-@pytest.mark.xfail(strict=True, reason="ElastiCo's eff_util exceeds simulator.metrics.throughput_ceiling's in the "
-                   "0.80-share cell (+4e-5 relative, 3,434 GPU-s): the engine credits more than the ceiling allows")
 def test_effective_utilisation_is_within_its_ceiling(smoke):
     _, report, _ = smoke
     for tag, cell in _cells(report).items():
