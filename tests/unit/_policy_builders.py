@@ -1,6 +1,9 @@
-"""Builders for policy tests: a tiny type table, a cluster view with chosen tenants."""
+"""Builders for policy tests: a tiny type table, a cluster view with chosen tenants, a small trace."""
 
 from __future__ import annotations
+
+import csv
+from pathlib import Path
 
 import numpy as np
 
@@ -55,3 +58,24 @@ def rule_matrix(kappa: float = 0.9) -> np.ndarray:
     from services.allocator.policy import RuleEstimator
 
     return RuleEstimator(kappa).pair_matrix(types())
+
+
+TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
+#: The inference traces of the simulator tests' small workload.
+INFERENCE_TRACES = [TRACES / f for f in ("alibaba2025_dlrm_inference_gpu_instances.csv",
+                                         "azure2023_llm_inference_code.csv", "alibaba2023_openb_pod_list_default.csv")]
+
+
+def write_small_trace(out: Path) -> Path:
+    """The first 60 Philly jobs with GPU counts capped at 6 and durations at 10 h, written to ``out`` (fits an
+    8-GPU test cluster; in two nodes of 4, gangs of 5 and 6 take a whole node and part of the other)."""
+    with open(TRACES / "gavel_philly_vc_traces_seed0.csv", newline="") as fh:
+        rows = sorted(csv.DictReader(fh), key=lambda r: float(r["arrival_time_s"]))[:60]
+    for r in rows:
+        r["num_gpus"] = str(min(6, int(r["num_gpus"])))
+        r["duration_v100_s_derived"] = str(min(float(r["duration_v100_s_derived"]), 36000.0))
+    with open(out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return out

@@ -3,7 +3,6 @@ accepted whole; each kind of violation is rejected with its reason; the simulato
 
 from __future__ import annotations
 
-import csv
 from dataclasses import fields
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from services.allocator.policy.shapes import DeclaredJobTable, allowed_counts, d
 from services.allocator.policy.view import Topology, free_share
 from simulator.engine import Engine, SimConfig
 from simulator.run import build_workload
+from tests.unit._policy_builders import INFERENCE_TRACES, write_small_trace
 
 TYPES = default_types()
 KAPPA = default_kappa()
@@ -287,20 +287,8 @@ class Recording(Engine):
 @pytest.fixture(scope="module")
 def small_workload(tmp_path_factory):
     """The first 60 Philly jobs (at most 6 GPUs, 10 h) and the inference traces, on 8 GPUs in two nodes of 4."""
-    out = tmp_path_factory.mktemp("trace") / "small.csv"
-    with open(ROOT / "data" / "traces" / "gavel_philly_vc_traces_seed0.csv", newline="") as fh:
-        rows = sorted(csv.DictReader(fh), key=lambda r: float(r["arrival_time_s"]))[:60]
-    for r in rows:
-        r["num_gpus"] = str(min(6, int(r["num_gpus"])))
-        r["duration_v100_s_derived"] = str(min(float(r["duration_v100_s_derived"]), 36000.0))
-    with open(out, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    inf = [str(ROOT / "data" / "traces" / f) for f in ("alibaba2025_dlrm_inference_gpu_instances.csv",
-                                                        "azure2023_llm_inference_code.csv",
-                                                        "alibaba2023_openb_pod_list_default.csv")]
-    return build_workload(str(out), 8, inf, seed=0, load=1.5, estimator="rule")
+    out = write_small_trace(tmp_path_factory.mktemp("trace") / "small.csv")
+    return build_workload(str(out), 8, [str(p) for p in INFERENCE_TRACES], seed=0, load=1.5, estimator="rule")
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)

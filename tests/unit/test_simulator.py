@@ -15,30 +15,16 @@ from simulator.engine import ARRIVAL, COMPLETE, ROUND, Engine, OversubscribedErr
 from simulator.metrics import best_gang_speed, summarise, throughput_ceiling
 from simulator.run import build_workload, run_policies
 from simulator.traces import TraceError
+from tests.unit._policy_builders import INFERENCE_TRACES, write_small_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "data" / "traces" / "gavel_philly_vc_traces_seed0.csv"
-INF = [ROOT / "data" / "traces" / f for f in ("alibaba2025_dlrm_inference_gpu_instances.csv",
-                                              "azure2023_llm_inference_code.csv", "alibaba2023_openb_pod_list_default.csv")]
+INF = INFERENCE_TRACES
 
 
 @pytest.fixture(scope="module")
 def small_trace(tmp_path_factory) -> Path:
-    """The first 60 Philly jobs with GPU counts capped at 6 (fits an 8-GPU test cluster; in two nodes of 4,
-    gangs of 5 and 6 take a whole node and part of the other)."""
-    out = tmp_path_factory.mktemp("trace") / "small.csv"
-    with open(TRACE, newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    rows.sort(key=lambda r: float(r["arrival_time_s"]))
-    rows = rows[:60]
-    for r in rows:
-        r["num_gpus"] = str(min(6, int(r["num_gpus"])))
-        r["duration_v100_s_derived"] = str(min(float(r["duration_v100_s_derived"]), 36000.0))
-    with open(out, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    return out
+    return write_small_trace(tmp_path_factory.mktemp("trace") / "small.csv")
 
 
 @pytest.fixture(scope="module")
