@@ -77,12 +77,41 @@ class TrainingWork:
     max_slowdown: float = 0.0  # co-location floor 1/max_slowdown of isolated speed; 0 = policy default
 
 
+METRICS_FORMATS = ("vllm", "triton")  # metric-name families the node agent's scrape reads (MetricsEndpoint.format)
+
+
+@dataclass(frozen=True)
+class MetricsEndpoint:
+    """Where an inference service publishes Prometheus metrics on its own node (loopback only)."""
+
+    port: int = 0  # 1-65535; 0 = the agent picks a free port and passes it as $ELASTICO_SERVE_PORT
+    path: str = ""  # "" = /metrics
+    format: str = ""  # one of METRICS_FORMATS; "" = vllm
+    scrape_interval_s: float = 0.0  # 0 = the agent's default
+    model: str = ""  # only series with this model label; "" = all
+
+
 @dataclass(frozen=True)
 class InferenceWork:
     """Work of an inference service."""
 
-    demand_rps: float  # offered request rate, requests/s
+    demand_rps: float  # offered request rate at submission, requests/s (measured demand replaces it)
     latency_slo_ms: float  # latency objective, milliseconds
+    metrics: MetricsEndpoint | None = None  # its Prometheus endpoint; None = no scrape
+
+
+@dataclass(frozen=True)
+class DemandReport:
+    """An inference service's measured load over one window (Allocator.ReportDemand, or a node agent's scrape)."""
+
+    job_id: str
+    window_end_s: float  # end of the window, Unix seconds
+    window_s: float  # length of the window, s
+    request_rate_rps: float  # arrivals in the window / window_s
+    p50_latency_ms: float = 0.0  # 0 = unknown
+    p99_latency_ms: float = 0.0  # 0 = unknown
+    queue_length: float = 0.0  # requests waiting at window end
+    source: str = ""  # "api:<identity>" or "node:<node id>", set by the allocator
 
 
 @dataclass(frozen=True)
@@ -212,6 +241,8 @@ class Workload:
     counters: GpuCounters = field(default_factory=GpuCounters)  # per-process counters (NVML), unknown if None
     log_path: str = ""  # the workload's log file on its node
     ended_at_s: float = 0.0  # when it was seen ended; 0 while running
+    endpoint: str = ""  # inference: host:port the service listens on (requests and /metrics); "" = none
+    demand: DemandReport | None = None  # inference: the last window its metrics scrape measured
 
 
 def placement_id(p: Placement) -> str:
@@ -275,6 +306,44 @@ def validate_shape(shape: Shape, path: str) -> None:
     _max_chars(shape.gpu_type, L.GPU_TYPE_MAX_CHARS, f"{path}.gpu_type")
 
 
+def validate_metrics_endpoint(m: MetricsEndpoint, path: str) -> None:
+    """Raise InvalidSpec naming the field unless ``m`` is a scrapeable loopback endpoint description."""
+    if not 0 <= m.port <= 65535:
+        raise InvalidSpec(f"{path}.port", f"must be 0 (the agent picks one) or 1-65535, got {m.port}")
+    if m.path and (not m.path.startswith("/") or len(m.path) > 256 or any(c.isspace() or c in "?#" for c in m.path)):
+        raise InvalidSpec(f"{path}.path", "must be an HTTP path starting with '/' (at most 256 characters, no "
+                                          f"whitespace, query or fragment), got {m.path[:64]!r}")
+    if m.format and m.format not in METRICS_FORMATS:
+        raise InvalidSpec(f"{path}.format", f"must be one of {', '.join(METRICS_FORMATS)} (or empty: vllm), got {m.format[:64]!r}")
+    si = m.scrape_interval_s
+    if not math.isfinite(si) or (si != 0 and not 0.1 <= si <= 3600):
+        raise InvalidSpec(f"{path}.scrape_interval_s", f"must be 0 (the agent's default) or 0.1-3600 s, got {si!r}")
+    _max_chars(m.model, L.MODEL_FAMILY_MAX_CHARS, f"{path}.model")
+
+
+MAX_DEMAND_FUTURE_S = 60.0  # a demand window may end at most this far after the allocator's clock (clock skew)
+MAX_DEMAND_WINDOW_S = 3600.0
+
+
+def validate_demand_report(r: DemandReport, now_s: float, path: str = "report") -> None:
+    """Raise InvalidSpec naming the field unless ``r`` is a plausible measurement (see ``DemandReport`` in the proto)."""
+    if not r.job_id:
+        raise InvalidSpec(f"{path}.job_id", "is required")
+    _max_chars(r.job_id, 128, f"{path}.job_id")
+    if not math.isfinite(r.window_end_s) or r.window_end_s <= 0:
+        raise InvalidSpec(f"{path}.window_end", "is required (a time after the Unix epoch)")
+    if r.window_end_s > now_s + MAX_DEMAND_FUTURE_S:
+        raise InvalidSpec(f"{path}.window_end", f"is {r.window_end_s - now_s:.0f} s in the future (at most "
+                                                f"{MAX_DEMAND_FUTURE_S:.0f} s of clock skew)")
+    _finite_positive(r.window_s, f"{path}.window_s", upper=MAX_DEMAND_WINDOW_S)
+    for name in ("request_rate_rps", "p50_latency_ms", "p99_latency_ms", "queue_length"):
+        v = getattr(r, name)
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise InvalidSpec(f"{path}.{name}", f"must be a finite number >= 0, got {v!r}")
+    if r.p99_latency_ms and r.p99_latency_ms < r.p50_latency_ms:
+        raise InvalidSpec(f"{path}.p99_latency_ms", f"must be >= p50_latency_ms ({r.p50_latency_ms:g}), got {r.p99_latency_ms:g}")
+
+
 def _max_chars(value: str, limit: int, path: str) -> None:
     if len(value) > limit:
         raise InvalidSpec(path, too_long(len(value), limit))
@@ -323,6 +392,8 @@ def validate_job_spec(spec: JobSpec, path: str = "spec") -> None:
             raise InvalidSpec(f"{path}.training", "must be unset for an inference job")
         _finite_positive(spec.inference.demand_rps, f"{path}.inference.demand_rps")
         _finite_positive(spec.inference.latency_slo_ms, f"{path}.inference.latency_slo_ms")
+        if spec.inference.metrics is not None:
+            validate_metrics_endpoint(spec.inference.metrics, f"{path}.inference.metrics")
     else:  # pragma: no cover - enum exhausts the cases
         raise InvalidSpec(f"{path}.kind", f"unknown kind {spec.kind!r}")
     if len(spec.shapes) > L.SHAPES_PER_JOB_MAX:

@@ -35,6 +35,7 @@ from elastico.coloc.rates import compose_additive, share_speed, slot_sum, utilis
 from elastico.coloc.truth import GroundTruth
 from services.allocator.policy.baselines import Policy
 from services.allocator.policy.contract import check
+from services.allocator.policy.forecast import looped_forecast, window_bins
 from services.allocator.policy.inference import slo_margin
 from services.allocator.policy.shapes import count_speed, relative_tput
 from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, JobTable, Topology, read_only
@@ -116,14 +117,13 @@ class Engine:
         if Ji:
             self.prof_scaled = [inf.demand(i) for i in range(Ji)]
             util[Jt:] = inf.mean_load()
-            W = max(1, int(round(cfg.forecast_window_s / BIN_S)))
-            # circular max over the last W bins, per bin, padded into one array [Ji, longest profile] so a
-            # LOAD tick reads every live service's forecast at once
+            W = window_bins(cfg.forecast_window_s, BIN_S)
+            # the shared forecaster on each looped profile (its previous period is the history before t=0), padded
+            # into one array [Ji, longest profile] so a LOAD tick reads every live service's forecast at once
             self.roll_len = np.array([len(p) for p in self.prof_scaled], np.int64)
             self.roll_pad = np.zeros((Ji, int(self.roll_len.max())))
             for i, p in enumerate(self.prof_scaled):
-                ext = np.concatenate([p[-(W - 1):], p]) if W > 1 else p
-                self.roll_pad[i, :len(p)] = [ext[b:b + W].max() for b in range(len(p))]
+                self.roll_pad[i, :len(p)] = looped_forecast(p, W)
         self.util = util
         # GPU-count shapes: a training job may run on another gang size (``shapes.allowed_counts``: halvings,
         # or growth between measured counts); its speed is then ``count_speed`` and each of its GPUs is busy

@@ -57,9 +57,10 @@ from pathlib import Path
 import numpy as np
 
 from elastico.coloc.profiles import TraceError, TypeTable
+from services.allocator.policy.forecast import BIN_S as FORECAST_BIN_S
 from services.allocator.policy.inference import slo_margin
 
-BIN_S = 60.0  # demand profile resolution, s
+BIN_S = FORECAST_BIN_S  # demand profile resolution, s: the forecaster's bins
 
 
 @dataclass

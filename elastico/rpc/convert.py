@@ -82,7 +82,9 @@ def job_spec_from_pb(m: pb.JobSpec, path: str = "spec") -> d.JobSpec:
     kind = kind_from_pb(m.kind, f"{path}.kind")
     work = m.WhichOneof("work")
     training = d.TrainingWork(m.training.total_steps, m.training.max_slowdown) if work == "training" else None
-    inference = d.InferenceWork(m.inference.demand_rps, m.inference.latency_slo_ms) if work == "inference" else None
+    inference = (d.InferenceWork(m.inference.demand_rps, m.inference.latency_slo_ms,
+                                 metrics_from_pb(m.inference.metrics) if m.inference.HasField("metrics") else None)
+                 if work == "inference" else None)
     spec = d.JobSpec(
         kind=kind, name=m.name, tenant=m.tenant or "default", priority=m.priority, model_family=m.model_family,
         batch_size=m.batch_size, precision=m.precision or "fp32", shapes=tuple(shape_from_pb(s) for s in m.shapes),
@@ -105,6 +107,8 @@ def job_spec_to_pb(s: d.JobSpec) -> pb.JobSpec:
         m.training.CopyFrom(pb.TrainingWork(total_steps=s.training.total_steps, max_slowdown=s.training.max_slowdown))
     if s.inference is not None:
         m.inference.CopyFrom(pb.InferenceWork(demand_rps=s.inference.demand_rps, latency_slo_ms=s.inference.latency_slo_ms))
+        if s.inference.metrics is not None:
+            m.inference.metrics.CopyFrom(metrics_to_pb(s.inference.metrics))
     return m
 
 
@@ -161,4 +165,29 @@ def workload_to_pb(w: d.Workload) -> pb.Workload:
         m.exit_code = w.exit_code
     if w.norm_throughput is not None:
         m.norm_throughput = w.norm_throughput
+    if w.endpoint:
+        m.endpoint = w.endpoint
+    if w.demand is not None:
+        m.demand.CopyFrom(demand_to_pb(w.demand))
     return m
+
+
+def metrics_from_pb(m: pb.MetricsEndpoint) -> d.MetricsEndpoint:
+    return d.MetricsEndpoint(port=m.port, path=m.path, format=m.format, scrape_interval_s=m.scrape_interval_s, model=m.model)
+
+
+def metrics_to_pb(m: d.MetricsEndpoint) -> pb.MetricsEndpoint:
+    return pb.MetricsEndpoint(port=m.port, path=m.path, format=m.format, scrape_interval_s=m.scrape_interval_s, model=m.model)
+
+
+def demand_from_pb(m: pb.DemandReport) -> d.DemandReport:
+    """The report as sent (``source`` is the allocator's to set, so it is dropped)."""
+    end = m.window_end.seconds + m.window_end.nanos * 1e-9 if m.HasField("window_end") else 0.0
+    return d.DemandReport(job_id=m.job_id, window_end_s=end, window_s=m.window_s, request_rate_rps=m.request_rate_rps,
+                          p50_latency_ms=m.p50_latency_ms, p99_latency_ms=m.p99_latency_ms, queue_length=m.queue_length)
+
+
+def demand_to_pb(r: d.DemandReport) -> pb.DemandReport:
+    return pb.DemandReport(job_id=r.job_id, window_end=ts(r.window_end_s), window_s=r.window_s,
+                           request_rate_rps=r.request_rate_rps, p50_latency_ms=r.p50_latency_ms,
+                           p99_latency_ms=r.p99_latency_ms, queue_length=r.queue_length, source=r.source)

@@ -1,0 +1,64 @@
+"""The one demand forecaster of inference services, used by the simulator and by the live allocator.
+
+Forecast = the peak per-bin demand over the last ``window_s`` (default one hour, about one period of the Azure
+profiles): a service is sized for the burst it just saw, so a rising demand is followed within one bin and a
+falling one released only after the window has passed it (the policy also waits ``shrink_after_s`` before a
+shrink). Demand is binned at ``BIN_S``; a bin's value is the highest rate reported for it.
+
+Two front ends, one rule: the simulator knows each service's per-bin demand profile and calls
+:func:`rolling_peak` on it; the live allocator has measured reports (window end, request rate) and calls
+:func:`forecast_rps`, which bins them and applies the same peak. Pure: numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+BIN_S = 60.0  # demand resolution, s (the simulator's profile bins)
+DEFAULT_WINDOW_S = 3600.0
+
+
+def window_bins(window_s: float, bin_s: float = BIN_S) -> int:
+    """Bins in a forecast window (at least one)."""
+    return max(1, int(round(window_s / bin_s)))
+
+
+def rolling_peak(series: np.ndarray, n_bins: int) -> np.ndarray:
+    """[P] causal rolling maximum: ``out[b] = max(series[max(0, b - n_bins + 1) : b + 1])``."""
+    x = np.asarray(series, float)
+    if len(x) == 0:
+        return x.copy()
+    w = max(1, int(n_bins))
+    pad = np.concatenate([np.full(w - 1, -np.inf), x])
+    return np.lib.stride_tricks.sliding_window_view(pad, w).max(axis=1)
+
+
+def looped_forecast(profile: np.ndarray, n_bins: int) -> np.ndarray:
+    """[P] :func:`rolling_peak` of a periodic per-bin demand profile, whose previous periods are its history."""
+    p = np.asarray(profile, float)
+    reps = -(-(max(1, n_bins) - 1) // max(1, len(p))) if len(p) else 0  # whole periods of history the window reaches
+    return rolling_peak(np.concatenate([np.tile(p, reps), p]), n_bins)[len(p) * reps:] if len(p) else p.copy()
+
+
+def forecast_rps(times_s: Sequence[float] | np.ndarray, rates_rps: Sequence[float] | np.ndarray, now_s: float,
+                 window_s: float = DEFAULT_WINDOW_S, bin_s: float = BIN_S) -> float:
+    """Forecast request rate at ``now_s`` from reports (window end ``times_s``, rate ``rates_rps``), in the same
+    clock as ``now_s``: each report counts for the bin its window ends in; the forecast is the peak over the
+    ``window_bins`` bins ending with ``now_s``'s bin (:func:`rolling_peak` at the last bin). NaN when no
+    report falls in that span."""
+    t = np.asarray(times_s, float)
+    r = np.asarray(rates_rps, float)
+    if len(t) == 0:
+        return math.nan
+    now_bin = math.floor(now_s / bin_s)
+    w = window_bins(window_s, bin_s)
+    b = np.floor(t / bin_s).astype(np.int64)
+    keep = (b > now_bin - w) & (b <= now_bin)
+    if not keep.any():
+        return math.nan
+    per_bin = np.full(w, -np.inf)
+    np.maximum.at(per_bin, (b[keep] - (now_bin - w + 1)).astype(np.int64), r[keep])
+    return float(rolling_peak(per_bin, w)[-1])
