@@ -23,7 +23,7 @@ ADMIN_RULES = "~* &* +@all"
 DEFAULT_USER_LINE = "user default off resetpass ~* &* +@all"
 # what RedisStore runs, directly and inside its Lua scripts (elastico/state/redis_store.py, lua.py)
 _ALLOCATOR_COMMANDS = ("+evalsha +script|load +get +set +mget +del +exists +incr +pexpire +hget +hset +hsetnx +hdel "
-                       "+hmget +hgetall +sadd +srem +smembers +zadd +zrevrangebyscore +zrange +zcard +zrem +xadd +xread +xinfo|stream")
+                       "+hmget +hgetall +sadd +srem +smembers +zadd +zrevrangebyscore +zrangebyscore +zrange +zcard +zcount +zrem +zremrangebyscore +zremrangebyrank +xadd +xread +xinfo|stream")
 # what the node agent's store calls run: put_node, get_node, get_desired, report_workloads, get_job
 _NODE_COMMANDS = "+get +set +del +hget +hset +hsetnx +hmget +hgetall"
 _SAFE = re.compile(r"[\w.@-]+")  # no whitespace (ACL file syntax), glob characters or ':' (key patterns)

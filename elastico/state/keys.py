@@ -67,6 +67,10 @@ class Keys:
         """String: the lowest submission sequence the index backfill has reached (it walks newest to oldest)."""
         return f"{self.prefix}jobs:backfill"
 
+    def demand(self, job_id: str) -> str:
+        """Sorted set: an inference job's demand reports (DemandReport JSON) scored by window end (unix s)."""
+        return f"{self.prefix}demand:{job_id}"
+
     def status(self, name: str) -> str:
         """String: JSON status document written by a service (e.g. the allocator's last round)."""
         return f"{self.prefix}status:{name}"

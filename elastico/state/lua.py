@@ -293,6 +293,32 @@ if taken == limit then more = 1 end
 return {deleted, 0, more}
 """
 
+# ARGV[1] = key prefix, ARGV[2] = keep seconds, ARGV[3] = max reports kept per job, then (job id, window end, JSON)
+# triples. Adds each report unless its job already has one with that window end (idempotent retries) or it ended
+# more than keep seconds before the job's newest (too old to count); drops the
+# job's reports that ended more than keep seconds before its newest, and the oldest beyond the maximum; the key
+# expires 2 x keep after its last write (a deleted job's history goes by itself). Returns 1 (added) or 0 per report.
+DEMAND_RECORD = r"""
+local p, keep, most = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local out = {}
+for i = 4, #ARGV, 3 do
+  local k = p .. 'demand:' .. ARGV[i]
+  local t = ARGV[i + 1]
+  local top = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
+  local newest = tonumber(top[2] or t)
+  if redis.call('ZCOUNT', k, t, t) == 0 and tonumber(t) >= newest - keep then
+    redis.call('ZADD', k, t, ARGV[i + 2])
+    redis.call('ZREMRANGEBYSCORE', k, '-inf', '(' .. tostring(math.max(newest, tonumber(t)) - keep))
+    redis.call('ZREMRANGEBYRANK', k, 0, -most - 1)
+    redis.call('PEXPIRE', k, math.floor(2000 * keep))
+    table.insert(out, 1)
+  else
+    table.insert(out, 0)
+  end
+end
+return out
+"""
+
 # ARGV[1] = key prefix. Every registered node in one step: a flat list of
 # (node JSON, 'share_used,mem_used' of each of its GPUs in the JSON's order joined by ';').
 NODES = r"""

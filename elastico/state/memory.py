@@ -11,10 +11,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import cast
 
-from elastico.domain import NodeInfo, Placement, Workload
+from elastico.domain import DemandReport, NodeInfo, Placement, Workload
 from elastico.errors import Conflict, NotFound, StaleEpoch
 from elastico.state import codec
 from elastico.state.store import (
+    DEMAND_REPORTS_MAX,
     DuplicateRequest,
     JobEvent,
     StoreBase,
@@ -36,6 +37,7 @@ class MemoryStore(StoreBase):
         self._jobs: dict[str, tuple[int, str, str]] = {}  # job_id -> (version, state, data)
         self._active: set[str] = set()  # ids of non-terminal jobs
         self._status: dict[str, str] = {}
+        self._demand: dict[str, dict[float, str]] = {}  # job_id -> window end -> DemandReport JSON
         self._index: dict[str, int] = {}  # job_id -> submission sequence
         self._meta: dict[str, tuple[str, str]] = {}  # job_id -> (tenant, request_id), recorded at creation
         self._finished: dict[str, float] = {}  # terminal job_id -> when it finished (unix s): retention order
@@ -115,6 +117,30 @@ class MemoryStore(StoreBase):
 
     async def _active_job_data(self) -> list[str | None]:
         return [self._jobs[j][2] for j in self._active if j in self._jobs]
+
+    async def record_demand(self, reports: Sequence[DemandReport], keep_s: float) -> list[bool]:
+        """As ``lua.DEMAND_RECORD`` (minus the key expiry)."""
+        out = []
+        async with self._lock:
+            for r in reports:
+                hist = self._demand.setdefault(r.job_id, {})
+                if r.window_end_s in hist or (hist and r.window_end_s < max(hist) - keep_s):
+                    out.append(False)
+                    continue
+                hist[r.window_end_s] = codec.dumps(r)
+                top = max(hist)
+                for t in sorted(hist)[:max(0, len(hist) - DEMAND_REPORTS_MAX)] + [t for t in hist if t < top - keep_s]:
+                    hist.pop(t, None)
+                out.append(True)
+        return out
+
+    async def demand_history(self, job_ids: Sequence[str], since_s: float) -> dict[str, list[DemandReport]]:
+        out = {}
+        for j in job_ids:
+            rows = [codec.loads(DemandReport, d) for t, d in sorted(self._demand.get(j, {}).items()) if t >= since_s]
+            if rows:
+                out[j] = rows
+        return out
 
     async def put_status(self, name: str, data: str) -> None:
         self._status[name] = data

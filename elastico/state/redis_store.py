@@ -15,11 +15,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from elastico.domain import NodeInfo, Placement, Workload
+from elastico.domain import DemandReport, NodeInfo, Placement, Workload
 from elastico.errors import Conflict, NotFound, StaleEpoch, Unavailable
 from elastico.state import codec, lua
 from elastico.state.keys import Keys
 from elastico.state.store import (
+    DEMAND_REPORTS_MAX,
     DuplicateRequest,
     JobEvent,
     StoreBase,
@@ -59,6 +60,7 @@ class RedisStore(StoreBase):
         self._sweep_script = client.register_script(lua.SWEEP)
         self._nodes_script = client.register_script(lua.NODES)
         self._workloads_script = client.register_script(lua.WORKLOADS)
+        self._demand_script = client.register_script(lua.DEMAND_RECORD)
         # decoded records memoised by their exact stored JSON (a round re-reads mostly unchanged records)
         self._node_cache: dict[tuple[str, str], NodeInfo] = {}
         self._workload_cache: dict[str, Workload] = {}
@@ -175,6 +177,27 @@ class RedisStore(StoreBase):
     async def _active_job_data(self) -> list[str | None]:
         """One script call: the active set and each member's record read in one step (one round trip)."""
         return await self._active_jobs_script(args=[self._k.prefix])
+
+    # --- inference demand ----------------------------------------------------------------------------
+    @_unavailable_on_connection_error
+    async def record_demand(self, reports: Sequence[DemandReport], keep_s: float) -> list[bool]:
+        """One script call (``lua.DEMAND_RECORD``) for every report."""
+        if not reports:
+            return []
+        args: list[str] = [self._k.prefix, repr(float(keep_s)), str(DEMAND_REPORTS_MAX)]
+        for r in reports:
+            args += [r.job_id, repr(float(r.window_end_s)), codec.dumps(r)]
+        return [bool(x) for x in await self._demand_script(args=args)]
+
+    @_unavailable_on_connection_error
+    async def demand_history(self, job_ids: Sequence[str], since_s: float) -> dict[str, list[DemandReport]]:
+        if not job_ids:
+            return {}
+        pipe = self._r.pipeline(transaction=False)
+        for j in job_ids:
+            pipe.zrangebyscore(self._k.demand(j), repr(float(since_s)), "+inf")
+        rows = await pipe.execute()
+        return {j: [codec.loads(DemandReport, x) for x in r] for j, r in zip(job_ids, rows, strict=True) if r}
 
     @_unavailable_on_connection_error
     async def put_status(self, name: str, data: str) -> None:

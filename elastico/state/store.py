@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, cast, runtime_checkable
 
-from elastico.domain import GpuInfo, Job, JobEvent, JobState, NodeInfo, Placement, StateReason, Workload
+from elastico.domain import DemandReport, GpuInfo, Job, JobEvent, JobState, NodeInfo, Placement, StateReason, Workload
 from elastico.errors import Conflict, NotFound, StaleEpoch, WrongState
 from elastico.state import codec
 
@@ -122,6 +122,7 @@ class SweepResult:
 
 DEFAULT_JOB_RETENTION_S = 7 * 86400.0
 DEFAULT_JOB_RETENTION_MAX = 100_000
+DEMAND_REPORTS_MAX = 10_000  # demand reports kept per job at most (a reporter with distinct window ends is bounded)
 SWEEP_LIMIT = 1000  # jobs deleted (or backfilled) per sweep step at most: one bounded Redis script call
 
 
@@ -175,6 +176,15 @@ class Store(Protocol):
         self, epoch: int | None, releases: Sequence[tuple[Job, JobState, StateReason, str]]
     ) -> list[Job | Conflict]:
         """``release_job`` for each (job, state, reason, message) on its own, in one round trip."""
+        ...
+    async def resize_in_place(self, epoch: int, changes: Sequence[tuple[Job, Placement, str]]) -> list[Job | Conflict]:
+        """Change the slices of placed jobs without a relaunch, each (job, new placement, message) atomic on its own."""
+        ...
+    async def record_demand(self, reports: Sequence[DemandReport], keep_s: float) -> list[bool]:
+        """Add each report to its job's demand history; per report False when that (job, window end) was there."""
+        ...
+    async def demand_history(self, job_ids: Sequence[str], since_s: float) -> dict[str, list[DemandReport]]:
+        """Each job's reports whose window ended at or after ``since_s``, oldest first (jobs without any: absent)."""
         ...
     async def put_node(self, node: NodeInfo) -> None: ...
     async def get_node(self, node_id: str) -> NodeInfo: ...
@@ -498,6 +508,45 @@ class StoreBase:
         await self._apply(tx)
         self._note_written(tx.jobs[0].data, new)
         return new
+
+    async def resize_in_place(self, epoch: int, changes: Sequence[tuple[Job, Placement, str]]) -> list[Job | Conflict]:
+        """Give placed jobs new slices on the same GPUs while their workloads keep running, fenced by ``epoch``.
+
+        An inference service grows or shrinks this way (its co-tenants' MPS limits are what protect it, so its own
+        process needs no relaunch). Per (job, placement, message), atomic on its own: the job is still at the
+        version it was read at, PLACED or RUNNING, and every GPU has room for the growth. The placement keeps its
+        identity (epoch and commit time: ``placement_id``), so the node agent adopts the new share instead of
+        restarting; the job keeps its state, its reason becomes RESIZED with ``message``, an event records it.
+
+        Returns:
+            Per change, the new job or the ``Conflict`` that rejected it (that change wrote nothing).
+
+        Raises:
+            StaleEpoch: ``epoch`` is stale. WrongState: a job is not placed, or the placement moves GPUs.
+        """
+        now = time.time()
+        built: list[tuple[Transaction, Job]] = []
+        for job, placement, message in changes:
+            old = job.placement
+            if job.state not in (JobState.PLACED, JobState.RUNNING) or old is None:
+                raise WrongState(f"job {job.job_id} is {job.state.value}, only a placed job can be resized in place")
+            if sorted((s.node_id, s.gpu_index) for s in old.slices) != sorted((s.node_id, s.gpu_index) for s in placement.slices):
+                raise WrongState(f"job {job.job_id}: an in-place resize keeps the job's GPUs")
+            placement = replace(placement, job_id=job.job_id, epoch=old.epoch, committed_at_s=old.committed_at_s)
+            new = replace(job, reason=StateReason.RESIZED, message=message, placement=placement,
+                          version=job.version + 1, updated_at_s=now)
+            tx = Transaction(epoch=epoch, jobs=[JobWrite(job.job_id, job.version, new.version, new.state.value,
+                                                         codec.dumps(new), time_s=now)])
+            before = {(s.node_id, s.gpu_index): s for s in old.slices}
+            for s in placement.slices:
+                b = before[(s.node_id, s.gpu_index)]
+                tx.gpus.append(GpuDelta(s.node_id, s.gpu_index, share_units(s.compute_share_pct) - share_units(b.compute_share_pct),
+                                        s.mem_mib - b.mem_mib))
+            for node_id in sorted({s.node_id for s in placement.slices}):
+                tx.desired.append(DesiredOp(node_id, job.job_id, codec.dumps(placement)))
+            tx.events.append(_event(new))
+            built.append((tx, new))
+        return self._each_result(built, await self._apply_each([tx for tx, _ in built]))
 
     async def release_jobs(
         self, epoch: int | None, releases: Sequence[tuple[Job, JobState, StateReason, str]]

@@ -161,12 +161,14 @@ def isolated_rate(spec: JobSpec, types: TypeTable, type_idx: int) -> float:
     return float(types.iso_tput_steps_s[type_idx]) * spec_num_gpus(spec)
 
 
-def inference_load(spec: JobSpec, iso_rps: float) -> float:
-    """Demand as a fraction of one full GPU's service rate; unknown rate -> the load that needs a whole GPU."""
+def inference_load(spec: JobSpec, iso_rps: float, forecast_rps: float | None = None) -> float:
+    """Demand as a fraction of one full GPU's service rate: the forecast from measured demand when there is one,
+    else the rate declared at submission; unknown service rate -> the load that needs a whole GPU."""
     if spec.inference is None:
         return math.nan
     if iso_rps > 0 and math.isfinite(iso_rps):
-        return float(spec.inference.demand_rps / iso_rps)
+        rps = forecast_rps if forecast_rps is not None and math.isfinite(forecast_rps) else spec.inference.demand_rps
+        return float(rps / iso_rps)
     return 1.0 - slo_margin(10.0)
 
 
@@ -177,7 +179,8 @@ def priority_weight(priority: int) -> float:
 
 def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable, resolve: Callable[[JobSpec], int],
                now_s: float, stale_s: float, time_scale: float = 1.0, max_tenants: int = 4,
-               observed: Mapping[str, tuple[float, Sequence[str]]] | None = None) -> tuple[ClusterView, ViewIndex]:
+               observed: Mapping[str, tuple[float, Sequence[str]]] | None = None,
+               demand_rps: Mapping[str, float] | None = None) -> tuple[ClusterView, ViewIndex]:
     """The round's ``ClusterView`` from active jobs and nodes (with their committed usage).
 
     Args:
@@ -192,6 +195,8 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
             vs its isolated speed in its shape; the co-tenant job ids at that measurement). It becomes
             ``JobTable.observed_norm`` of the placed job when those co-tenants are the ones it has now (a
             reading taken before a tenant came or went describes another situation); else NaN.
+        demand_rps: inference job id -> its demand forecast from measured reports, req/s (``demand.forecasts``);
+            a service without one is sized to the rate its spec declares.
     """
     ts = time_scale
     usable = sorted((n for n in nodes if node_fresh(n, now_s, stale_s)), key=lambda n: n.node_id)
@@ -221,7 +226,7 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
     load = np.full(N, np.nan)
     for r, j in enumerate(rows):
         if kind[r] == INFERENCE:
-            load[r] = inference_load(j.spec, iso[r])
+            load[r] = inference_load(j.spec, iso[r], (demand_rps or {}).get(j.job_id))
             solo[r] = load[r]
         elif j.spec.shapes:  # MPS caps a declaring job at its shares: its speed is read relative to its best one
             solo[r] = min(solo[r], declared_util_cap(j.spec.shapes))
@@ -318,6 +323,9 @@ class Plan:
 
     preempt: list[Job] = field(default_factory=list)  # release_job(PENDING, PREEMPTED)
     resize: list[tuple[Job, Placement]] = field(default_factory=list)  # release_job(PENDING, RESIZED), then re-place
+    # inference services given a new share on the same GPUs while they keep serving (Store.resize_in_place), after
+    # the releases (a co-tenant relaunched smaller frees the share a growing service takes) and before the commit
+    in_place: list[tuple[Job, Placement]] = field(default_factory=list)
     place: list[tuple[Job, Placement]] = field(default_factory=list)  # one commit_placements
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (job id, why) decisions not applied
 
@@ -373,8 +381,10 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
 
     The decision first goes through :func:`contract.check` (rows, pending, GPUs allowed for the job, gang
     sizes, topology, tenant slots, shares, declared shapes); what it rejects is dropped with its reason. Then
-    preemptions free their slices; a resize is a release plus a new placement on the same GPUs (MPS limits are
-    fixed at launch); placements are kept only if every slice fits what is left of its GPU's committed share
+    preemptions free their slices; resizes follow, shrinks first: a training job's is a release plus a new
+    placement on the same GPUs (its MPS limit is fixed at launch: it restarts from its checkpoint), an inference
+    service's is in place (``Plan.in_place``: same process, same memory; its co-tenants' limits protect it);
+    placements are kept only if every slice fits what is left of its GPU's committed share
     and memory (the store checks again atomically, all or nothing: a decision that cannot fit is dropped here
     so that it cannot veto the rest of the round). A placement of a job the decision also preempts is a
     resize (a relaunch on other GPUs).
@@ -415,18 +425,22 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
         gone.add(r)
         plan.preempt.append(index.jobs[r])
         release(index.jobs[r])
-    for r, sh in decision.resize:
+    # shrinks before growths: what a shrinking job frees, a growing one on the same GPU may take
+    for r, sh in sorted(decision.resize, key=lambda rs: rs[1] - index.jobs[rs[0]].placement.slices[0].compute_share_pct):
         job = index.jobs[r]
         options = _candidates(job, [(s.node_id, s.gpu_index, _mem_of(index, s.node_id, s.gpu_index, s.mem_mib, s.compute_share_pct), _type_of(index, s.node_id, s.gpu_index))
                                     for s in job.placement.slices], sh, float(index.iso_rate[r]), float(view.jobs.solo_util[r]))
         if not options:
             plan.dropped.append((job.job_id, f"resize to {sh}% is not among the job's declared shapes"))
             continue
+        service = job.spec.kind is JobKind.INFERENCE
+        if service:  # resized in place: the memory it launched with stays its memory (and its pinned limit)
+            options = [_keep_memory(o, job.placement) for o in options]
         release(job)
         p = next((o for o in options if fits(o)), None)
         if p is not None:
             take(p)
-            plan.resize.append((job, p))
+            (plan.in_place if service else plan.resize).append((job, p))
         else:
             plan.dropped.append((job.job_id, f"resize to {sh}% does not fit"))
             for sl in job.placement.slices:  # it keeps its slices
@@ -457,6 +471,13 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
         else:
             plan.place.append((job, p))
     return plan
+
+
+def _keep_memory(p: Placement, current: Placement) -> Placement:
+    """``p`` with each slice's memory (and the shape's) as in ``current``, the placement the job runs in now."""
+    mem = {(s.node_id, s.gpu_index): s.mem_mib for s in current.slices}
+    slices = tuple(replace(s, mem_mib=mem.get((s.node_id, s.gpu_index), s.mem_mib)) for s in p.slices)
+    return replace(p, slices=slices, shape=replace(p.shape, mem_mib=min(s.mem_mib for s in slices)))
 
 
 def _empty_gpus_for(job: Job, row: int, n: int, share_pct: float, view: ClusterView, index: ViewIndex,

@@ -8,16 +8,20 @@ One round (:meth:`Scheduler.round`), run by the leader only, every write fenced 
 2. **Consume reports** (:func:`plan.transitions`): PLACED -> RUNNING when the agent runs the placement;
    COMPLETED -> SUCCEEDED, OWN_FAILURE -> FAILED, COTENANT_FAULT -> PENDING (requeued without penalty,
    progress kept); a node silent past ``node_stale_s + node_grace_s`` -> its jobs PENDING (NODE_LOST).
-3. **Decide**: the view (:func:`plan.build_view`: GPU rows of fresh, ready nodes' healthy GPUs only); the
+3. **Decide**: inference demand first (:meth:`Scheduler._demand`: the windows the agents scraped are stored, and
+   every service is forecast from its history, ``demand.py``); the view (:func:`plan.build_view`: GPU rows of
+   fresh, ready nodes' healthy GPUs only, services sized to their forecast); the
    pair matrix from the predictor service (cached, refreshed; unavailable -> degraded: whole GPUs only);
    ``policy.decide(view)`` in a worker process (``decider.py``; or a thread), the event loop serving
    meanwhile, ElastiCo pricing through the pricer service with a deadline (:class:`clients.GrpcSolver`;
    down -> last good prices, degraded). The policy state the round reports (predicted speeds, its cap)
    comes back with the decision (:class:`decider.DecisionReport`), computed where the policy lives.
 4. **Apply** (:func:`plan.translate`): preemptions -> ``release_job(PENDING, PREEMPTED)`` with the progress
-   the agent reported; resizes -> release (RESIZED) + re-place (MPS limits are fixed at launch); all
+   the agent reported; a training job's resize -> release (RESIZED) + re-place (MPS limits are fixed at launch:
+   it restarts from its checkpoint); then services' resizes in place (``Store.resize_in_place``: the process
+   keeps serving; training first, so a growing service takes only what a relaunched co-tenant gave up); all
    placements of the round -> ONE ``commit_placements`` (all or nothing; Conflict -> nothing written,
-   the next round re-reads).
+   the next round re-reads). A round decides when jobs are pending or services run (their demand moves).
 5. **Nudge** the touched node agents (``Sync``, deadline, best effort), **record** the round's metrics
    (:class:`round_metrics.RoundMetrics`) and **publish** its status (prices, gap, degradations) to Redis
    for ``GetClusterState`` on any replica.
@@ -40,10 +44,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from elastico.coloc.profiles import TypeTable
-from elastico.domain import Job, JobState, NodeInfo, Placement, StateReason, Workload
-from elastico.errors import Conflict, ElasticoError, StaleEpoch, Unavailable, WrongState
+from elastico.domain import Job, JobKind, JobState, NodeInfo, Placement, StateReason, Workload, validate_demand_report
+from elastico.errors import Conflict, ElasticoError, InvalidSpec, StaleEpoch, Unavailable, WrongState
 from elastico.logging import get_logger
 from elastico.state.store import PreparedUpdates, Store
+from services.allocator import demand
 from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient, pool_names
 from services.allocator.decider import Decided, PolicySpec, ProcessDecider, run_policy
 from services.allocator.estimate import TypeResolver, default_kappa, default_types, exclusive_matrix, rule_matrix
@@ -58,7 +63,7 @@ from services.allocator.plan import (
     transitions,
     translate,
 )
-from services.allocator.policy import ClusterView, Decision, Policy, make_policy, options_for
+from services.allocator.policy import INFERENCE, ClusterView, Decision, Policy, make_policy, options_for
 from services.allocator.round_metrics import RoundMetrics, RoundOutcome, observed_speeds
 from services.allocator.settings import AllocatorSettings
 
@@ -132,6 +137,7 @@ class _RoundDecision:
     observed: dict[int, float]  # running view row -> normalised throughput its agent reports
     predicted: dict[int, float]  # the same rows' predicted throughput where they share a GPU (the policy's report)
     est_note: str  # estimate degradation ("" = healthy)
+    demand: dict[str, float] = field(default_factory=dict)  # inference job id -> forecast req/s from measured demand
 
 
 class Scheduler:
@@ -166,6 +172,7 @@ class Scheduler:
         self._matrix_tried = 0.0
         self._estimate_note = ""
         self._report_sig: frozenset = frozenset()
+        self._demand_seen: dict[str, float] = {}  # inference job id -> newest window end taken from its agents
         self._node_ids: list[str] = []
         self.last: RoundReport | None = None
         self.rounds = 0
@@ -407,18 +414,47 @@ class Scheduler:
         """View, estimate, the policy's decision (when jobs are pending) and its report."""
         matrix, est_note = await self._estimate()
         policy = self._policy(matrix)
+        forecasts = await self._demand(cluster.jobs, cluster.workloads, now)
         view, index = build_view(cluster.jobs, cluster.nodes, self.types, self.resolve, now, self.s.node_stale_s,
-                                 self.s.time_scale, self.s.max_tenants, observed=self._readings(cluster.jobs, cluster.workloads))
+                                 self.s.time_scale, self.s.max_tenants, observed=self._readings(cluster.jobs, cluster.workloads),
+                                 demand_rps=forecasts)
         rep.pending = len(view.pending)
         observed = observed_speeds(view, index, cluster.workloads)
         t1 = time.perf_counter()
+        # with services running, every round decides: their demand moves without any job arriving
+        serving = bool((view.jobs.kind[view.running] == INFERENCE).any())
         decided, prepared = await self._decide_and_prepare(policy, view, index, list(observed), cluster.total_gpus, epoch) \
-            if len(view.pending) else (None, None)
+            if len(view.pending) or serving else (None, None)
         rep.decide_seconds = time.perf_counter() - t1
         if decided is None and observed:  # nothing to decide: the policy still predicts the running jobs' speeds
             decided = await self._run_policy(policy, view, list(observed), decide=False)
         return _RoundDecision(view, index, decided.decision if decided else None, prepared, observed,
-                              decided.report.predicted_norm if decided else {}, est_note)
+                              decided.report.predicted_norm if decided else {}, est_note, forecasts)
+
+    async def _demand(self, jobs: list[Job], workloads: dict[str, dict[str, Workload]], now: float) -> dict[str, float]:
+        """Store the demand windows the agents scraped since the last round, then forecast every active service
+        from its history (``demand.forecasts``): two round trips, none without services."""
+        services = [j for j in jobs if j.spec.kind is JobKind.INFERENCE]
+        if not services:
+            self._demand_seen.clear()
+            return {}
+        keep = demand.keep_s(self.s.forecast_window_s, self.s.time_scale)
+        fresh = []
+        for r in demand.from_workloads(services, workloads, self._demand_seen):
+            try:
+                validate_demand_report(r, now)
+            except InvalidSpec as exc:  # an agent's bad window is its bug, not a reason to stop scheduling
+                log.warning("node agent demand report ignored", job_id=r.job_id, source=r.source, error=str(exc))
+                continue
+            fresh.append(r)
+        if fresh:
+            await self.store.record_demand(fresh, keep)
+            for r in fresh:
+                self._demand_seen[r.job_id] = max(self._demand_seen.get(r.job_id, 0.0), r.window_end_s)
+        history = await self.store.demand_history([j.job_id for j in services], now - keep)
+        live = {j.job_id for j in services}
+        self._demand_seen = {k: v for k, v in self._demand_seen.items() if k in live}
+        return demand.forecasts(services, history, now, self.s.forecast_window_s, self.s.time_scale)
 
     async def _apply(self, epoch: int, cluster: _Cluster, decided: _RoundDecision, rep: RoundReport) -> None:
         """The decision as store writes (:func:`plan.translate`): releases (preemptions, resizes) in one batch,
@@ -431,8 +467,10 @@ class Scheduler:
         batch = []
         releases = [(self._with_progress(job, workloads), JobState.PENDING, StateReason.PREEMPTED, "preempted by the policy")
                     for job in plan.preempt]
+        growing = {(s.node_id, s.gpu_index): j.job_id for j, p in plan.in_place for s in p.slices
+                   if s.compute_share_pct > j.placement.slices[0].compute_share_pct}
         releases += [(self._with_progress(job, workloads), JobState.PENDING, StateReason.RESIZED,
-                      f"restart at {p.slices[0].compute_share_pct:g}%") for job, p in plan.resize]
+                      _relaunch_reason(job, p, growing)) for job, p in plan.resize]
         results = await self.store.release_jobs(epoch, releases) if releases else []
         for i, (job, new) in enumerate(zip([*plan.preempt, *(j for j, _ in plan.resize)], results, strict=True)):
             if isinstance(new, Conflict):
@@ -444,6 +482,8 @@ class Scheduler:
             else:
                 rep.resized += 1
                 batch.append((new, plan.resize[i - len(plan.preempt)][1]))
+        if plan.in_place:  # after the releases (a relaunched co-tenant frees the share), before the commit
+            await self._resize_in_place(epoch, plan.in_place, decided.demand, cluster, rep)
         batch += plan.place
         # the commit and the UNSCHEDULABLE_NOW marks of the jobs left queued touch disjoint jobs: both in flight
         # together (one encodes while Redis runs the other)
@@ -457,6 +497,24 @@ class Scheduler:
         info = decision.info.get("pricing")
         if info is not None and info.get("gap") is not None and np.isfinite(info["gap"]):
             rep.gap = float(info["gap"])
+
+    async def _resize_in_place(self, epoch: int, changes: list[tuple[Job, Placement]], forecasts: dict[str, float],
+                               cluster: _Cluster, rep: RoundReport) -> None:
+        """Services' new shares, each atomic on its own (a conflict leaves that service as it was until next round)."""
+        def why(job: Job, p: Placement) -> str:
+            old, new = job.placement.slices[0].compute_share_pct, p.slices[0].compute_share_pct
+            f = forecasts.get(job.job_id)
+            basis = f"forecast {f:.3g} req/s" if f is not None else f"declared {job.spec.inference.demand_rps:.3g} req/s"
+            return f"share {old:g}% -> {new:g}% in place ({basis} + SLO margin)"
+
+        results = await self.store.resize_in_place(epoch, [(j, p, why(j, p)) for j, p in changes])
+        for (job, p), new in zip(changes, results, strict=True):
+            if isinstance(new, Conflict):
+                log.warning("in-place resize not applied; re-reading next round", job_id=job.job_id, error=str(new))
+                continue
+            rep.resized += 1
+            cluster.touched.update(s.node_id for s in p.slices)
+            log.info("service resized in place", job_id=job.job_id, detail=new.message, epoch=epoch)
 
     def _nudge(self, cluster: _Cluster) -> None:
         """Ask the agents of the touched nodes to sync now (best effort, in the background)."""
@@ -642,6 +700,13 @@ class Scheduler:
             self.solver.close()
         if self._decider is not None:
             self._decider.close()
+
+
+def _relaunch_reason(job: Job, p: Placement, growing: dict[tuple[str, int], str]) -> str:
+    """Why a training job restarts at another share: the event message of its RESIZED release."""
+    why = f"restart at {p.slices[0].compute_share_pct:g}%"
+    svc = sorted({growing[k] for k in ((s.node_id, s.gpu_index) for s in job.placement.slices) if k in growing})
+    return f"{why}: co-located service {', '.join(svc)} needs a larger share" if svc else why
 
 
 async def _none() -> list:

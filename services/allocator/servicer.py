@@ -21,7 +21,7 @@ from dataclasses import replace
 import grpc
 
 from elastico.auth import TokenStore
-from elastico.domain import Job, JobState, StateReason, validate_request_id
+from elastico.domain import Job, JobKind, JobState, StateReason, validate_demand_report, validate_request_id
 from elastico.errors import Conflict, InvalidSpec, NotFound, PermissionDenied, WrongState
 from elastico.logging import get_logger
 from elastico.rpc import convert
@@ -29,7 +29,7 @@ from elastico.rpc.security import Access, PeerPolicy, current_caller, roles
 from elastico.state.store import Store
 from elastico.v1 import allocator_pb2 as apb
 from elastico.v1 import allocator_pb2_grpc
-from services.allocator import access
+from services.allocator import access, demand
 from services.allocator.settings import AllocatorSettings
 
 log = get_logger(component="allocator")
@@ -212,6 +212,30 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             except NotFound:
                 owners[job_id] = False
         return owners[job_id]
+
+    async def ReportDemand(self, request: apb.ReportDemandRequest, context: grpc.aio.ServicerContext) -> apb.ReportDemandResponse:
+        if not request.HasField("report"):
+            raise InvalidSpec("report", "is required")
+        report = convert.demand_from_pb(request.report)
+        now = time.time()
+        validate_demand_report(report, now)
+        identity = current_caller().identity
+        job = access.check_job(identity, await self._store.get_job(report.job_id))
+        if job.spec.kind is not JobKind.INFERENCE:
+            raise WrongState(f"job {job.job_id} is a training job; only inference services report demand")
+        if job.state.terminal:
+            raise WrongState(f"job {job.job_id} is already {job.state.value}")
+        s = self._settings
+        report = replace(report, source=f"api:{identity.name if identity is not None else 'anonymous'}")
+        [accepted] = await self._store.record_demand([report], demand.keep_s(s.forecast_window_s, s.time_scale))
+        since = now - demand.keep_s(s.forecast_window_s, s.time_scale)
+        history = (await self._store.demand_history([job.job_id], since)).get(job.job_id, [])
+        f = demand.forecast(history, now, s.forecast_window_s, s.time_scale)
+        if accepted:
+            self._log().info("demand reported", job_id=job.job_id, rps=report.request_rate_rps, window_s=report.window_s,
+                             p99_ms=report.p99_latency_ms, source=report.source)
+        return apb.ReportDemandResponse(accepted=accepted, forecast_rps=f if f == f else 0.0,
+                                        reports_in_window=sum(1 for r in history if r.window_end_s >= since))
 
     async def GetClusterState(self, request: apb.GetClusterStateRequest, context: grpc.aio.ServicerContext) -> apb.GetClusterStateResponse:
         tenant = access.visible_tenant(current_caller().identity)

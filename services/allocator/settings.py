@@ -62,6 +62,9 @@ class AllocatorSettings(Settings):
     min_count_speed: float = _policy_default("min_count_speed")
     policy_max_attempts: int = 0  # ElastiCo: placement attempts per round at most (bounds a round's cost); 0 = the policy's default
     time_scale: float = 1.0  # policy clock = wall clock x this (demo replays: matches the node agents' scale)
+    # inference demand forecast (services/allocator/policy/forecast.py, the simulator's forecaster): the peak
+    # measured request rate over this past window, policy seconds (the simulator's SimConfig.forecast_window_s)
+    forecast_window_s: float = 3600.0
     # the Allocator API's bearer tokens (hashed; python -m elastico.auth): required unless ELASTICO_INSECURE=1
     auth_tokens_file: str = ""
     decide_worker: str = "process"  # where policy.decide runs: "process" (own core, loop keeps serving) or "thread"
@@ -86,7 +89,7 @@ class AllocatorSettings(Settings):
         if self.estimator not in ESTIMATORS:
             raise ConfigError(f"ELASTICO_ESTIMATOR={self.estimator!r}: must be one of {', '.join(ESTIMATORS)}")
         for name in ("round_interval_s", "report_poll_s", "lease_ttl_s", "pricer_timeout_s", "predictor_timeout_s",
-                     "sync_timeout_s", "estimate_refresh_s", "time_scale"):
+                     "sync_timeout_s", "estimate_refresh_s", "time_scale", "forecast_window_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"ELASTICO_{name.upper()}={getattr(self, name)}: must be > 0")
         if not 0 <= self.round_min_gap_s <= self.round_interval_s:

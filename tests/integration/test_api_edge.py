@@ -24,7 +24,7 @@ from services.pricer.servicer import PricerServicer
 from services.pricer.settings import PricerSettings
 
 METHODS = ["/elastico.v1.Allocator/SubmitJob", "/elastico.v1.Allocator/GetJob", "/elastico.v1.Allocator/ListJobs",
-           "/elastico.v1.Allocator/GetClusterState", "/elastico.v1.Pricer/ComputeAllocation", "/grpc.health.v1.Health/Check"]
+           "/elastico.v1.Allocator/GetClusterState", "/elastico.v1.Allocator/ReportDemand", "/elastico.v1.Pricer/ComputeAllocation", "/grpc.health.v1.Health/Check"]
 
 
 @pytest.fixture

@@ -555,3 +555,49 @@ async def test_other_readers_of_active_jobs_keep_their_own_decode_cache(store):
     assert (await store.list_active_jobs())[0] is by_round[0]  # the round's cache survived the reader's calls
     moved = await store.update_job(a, _with(a, message="m"))
     assert (await store.list_active_jobs(for_round=False))[0] == moved
+
+
+async def test_resize_in_place_keeps_the_placement_identity_and_conserves_capacity(store):
+    from elastico.domain import placement_id
+
+    await store.put_node(make_node(gpus=1, mem_mib=16384))
+    epoch = await store.acquire_leadership("a", 5)
+    svc, _ = await store.create_job(make_job())
+    train, _ = await store.create_job(make_job())
+    svc, train = await store.commit_placements(epoch, [(svc, placement_on("node-1", 0, 30.0, 2048)),
+                                                       (train, placement_on("node-1", 0, 70.0, 8192))])
+    # growing the service while the training tenant still holds 70 % is refused, nothing written
+    grown = await store.resize_in_place(epoch, [(svc, placement_on("node-1", 0, 50.0, 2048), "grow")])
+    assert isinstance(grown[0], Conflict)
+    assert (await store.get_node("node-1")).gpus[0].allocated_share_pct == 100.0
+    # training first: it is released (relaunched smaller later); then the service grows in place
+    await store.release_job(epoch, train, JobState.PENDING, StateReason.RESIZED, "restart at 50%")
+    [new] = await store.resize_in_place(epoch, [(svc, placement_on("node-1", 0, 50.0, 2048), "forecast rose")])
+    assert new.state is svc.state and new.reason is StateReason.RESIZED and new.message == "forecast rose"
+    assert placement_id(new.placement) == placement_id(svc.placement)  # the agent keeps the process
+    assert new.placement.slices[0].compute_share_pct == 50.0
+    gpu = (await store.get_node("node-1")).gpus[0]
+    assert (gpu.allocated_share_pct, gpu.allocated_mem_mib) == (50.0, 2048)
+    assert (await store.get_desired("node-1"))[1][svc.job_id].slices[0].compute_share_pct == 50.0
+    # a stale version, a stale epoch and a move to other GPUs are refused
+    assert isinstance((await store.resize_in_place(epoch, [(svc, placement_on("node-1", 0, 40.0, 2048), "x")]))[0], Conflict)
+    with pytest.raises(StaleEpoch):
+        await store.resize_in_place(epoch + 1, [(new, placement_on("node-1", 0, 40.0, 2048), "x")])
+    with pytest.raises(WrongState):
+        await store.resize_in_place(epoch, [(new, placement_on("node-1", 1, 40.0, 2048), "x")])
+    shrunk = await store.resize_in_place(epoch, [(new, placement_on("node-1", 0, 20.0, 2048), "forecast fell")])
+    assert (await store.get_node("node-1")).gpus[0].allocated_share_pct == 20.0 and shrunk[0].version == new.version + 1
+
+
+async def test_demand_history_is_idempotent_per_window_end_and_trimmed(store):
+    from elastico.domain import DemandReport
+
+    reports = [DemandReport("svc-1", 1000.0 + i, 1.0, float(i), 5.0, 9.0, 0.0, "api:x") for i in range(10)]
+    assert await store.record_demand(reports, keep_s=5.0) == [True] * 10
+    assert await store.record_demand(reports[-2:], keep_s=5.0) == [False, False]  # retried windows: not twice
+    assert await store.record_demand([reports[0]], keep_s=5.0) == [False]  # older than the kept span
+    hist = await store.demand_history(["svc-1", "svc-2"], since_s=0.0)
+    assert list(hist) == ["svc-1"]
+    assert [r.window_end_s for r in hist["svc-1"]] == [1004.0 + i for i in range(6)]  # newest - 5 s .. newest
+    assert hist["svc-1"][-1] == reports[-1]
+    assert [r.request_rate_rps for r in (await store.demand_history(["svc-1"], since_s=1008.0))["svc-1"]] == [8.0, 9.0]

@@ -89,12 +89,18 @@ def size_services(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision) -> N
         if p.slack and alone.any():
             slack_room = slack_share(p, pol.kappa, load[alone], jobs.solo_util[run][alone])
             reqs[alone] = np.where(np.isfinite(slack_room), np.maximum(reqs[alone], slack_room), reqs[alone])
-        if any_declared(jobs):  # a declaring service: its smallest declared share meeting the SLO, else its largest
+        if any_declared(jobs):  # a declaring service: its smallest declared share meeting the SLO (and, alone,
+            # leaving the slack room), else its largest
             for i, j in enumerate(run.tolist()):
                 if shapes_of(jobs, j):
                     own_shares = declared_shares(jobs, j, 1)
-                    reqs[i] = (required_share_pct(load[i:i + 1], p.slo_factor, nu[i:i + 1], own_shares)[0] if own_shares
-                               else cur[i])
+                    if not own_shares:
+                        reqs[i] = cur[i]
+                        continue
+                    want = required_share_pct(load[i:i + 1], p.slo_factor, nu[i:i + 1], own_shares)[0]
+                    if p.slack and alone[i]:
+                        want = _declared_at_least(own_shares, max(want, reqs[i]))
+                    reqs[i] = want
         grow = has & (reqs > cur + 1e-9)
         shrink = has & (reqs < cur - 1e-9) & (view.now_s - jobs.last_change_s[run] >= p.shrink_after_s)
         later = has & (reqs < cur - 1e-9) & ~shrink
@@ -133,9 +139,10 @@ def size_services(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision) -> N
             ok = pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok & cap_ok
             picked = pick_gang(-pred.share_free + pred.new_norm, ok, 1, allowed=mask)
             if picked is not None:
-                if p.slack and not own and not (gj[picked[0]] >= 0).any():  # alone: leave room for a training co-tenant
+                if p.slack and not (gj[picked[0]] >= 0).any():  # alone: leave room for a training co-tenant
                     room = float(slack_share(p, pol.kappa, np.array([load]), jobs.solo_util[[j]])[0])
-                    share = max(share, room) if np.isfinite(room) else share
+                    if np.isfinite(room):
+                        share = _declared_at_least(menu, max(share, room)) if own else max(share, room)
                 occupy(gj, gs, j, picked, float(share))
                 d.place.append((j, picked, float(share)))
                 placed = True
@@ -159,6 +166,11 @@ def size_services(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision) -> N
     else:
         memo.services = None
     memo.services_recheck_s = recheck
+
+
+def _declared_at_least(shares, want: float) -> float:
+    """The smallest of a service's declared ``shares`` (ascending) at least ``want``, else its largest."""
+    return float(next((x for x in shares if x >= want - 1e-9), shares[-1]))
 
 
 def slack_share(p: ElastiCoParams, kappa: float, load: np.ndarray, util: np.ndarray) -> np.ndarray:

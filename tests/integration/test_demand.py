@@ -1,0 +1,156 @@
+"""Live inference demand: the ReportDemand API, agent-scraped windows, the forecast, and in-place resizes."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from elastico.domain import DemandReport, InferenceWork, JobKind, JobState, Shape, StateReason, Workload, placement_id
+from elastico.rpc import convert
+from elastico.v1 import allocator_pb2 as apb
+from elastico.v1 import types_pb2 as tpb
+from services.allocator import demand
+from services.allocator.policy.forecast import BIN_S, looped_forecast, window_bins
+from services.allocator.rounds import Scheduler
+from tests.conftest import make_job, make_spec
+from tests.integration.test_allocator_rounds import agent_reports, heartbeat, leader, settings
+
+ISO_RPS = 10.0  # the test service's full-GPU request rate
+
+
+def service_spec(rps: float, **kw):
+    shapes = tuple(Shape(num_gpus=1, compute_share_pct=float(s), mem_mib=2048, throughput=ISO_RPS * s / 100)
+                   for s in range(5, 101, 5))
+    kw.setdefault("inference", InferenceWork(demand_rps=rps, latency_slo_ms=1000.0))
+    return make_spec(kind=JobKind.INFERENCE, model_family="inference", shapes=shapes, **kw)
+
+
+async def share_of(store, job_id: str) -> float:
+    return (await store.get_job(job_id)).placement.slices[0].compute_share_pct
+
+
+async def test_a_demand_step_grows_the_service_in_place_after_its_cotenant_is_relaunched(store):
+    await heartbeat(store, "n1", gpus=1)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(), lease)
+    svc, _ = await store.create_job(make_job(spec=service_spec(2.0)))
+    train, _ = await store.create_job(make_job(spec=make_spec(model_family="ResNet-18", batch_size=64)))
+    await sch.round(epoch)
+    await agent_reports(store, "n1", "running")
+    await sch.round(epoch)
+    svc, train = await store.get_job(svc.job_id), await store.get_job(train.job_id)
+    assert svc.state is JobState.RUNNING and train.state is JobState.RUNNING  # training in the service's slack
+    before, pid = svc.placement.slices[0].compute_share_pct, placement_id(svc.placement)
+    assert before + train.placement.slices[0].compute_share_pct <= 100.0
+
+    # the service's node agent scraped a doubled (and more) rate: load 0.2 -> 0.5 of a GPU
+    gen, ws = await store.get_workloads("n1")
+    w = ws[svc.job_id]
+    now = time.time()
+    ws[svc.job_id] = Workload(**{**w.__dict__, "demand": DemandReport(svc.job_id, now, 5.0, 5.0, 80.0, 400.0, 3.0)})
+    await store.report_workloads("n1", gen, list(ws.values()))
+    for _ in range(2):  # within two rounds
+        await sch.round(epoch)
+        await agent_reports(store, "n1", "running")
+        gpu = (await store.get_node("n1")).gpus[0]
+        assert gpu.allocated_share_pct <= 100.0
+    svc = await store.get_job(svc.job_id)
+    assert svc.state is JobState.RUNNING and placement_id(svc.placement) == pid  # same process, never relaunched
+    assert svc.placement.slices[0].compute_share_pct >= 60.0 > before  # load 0.5 + SLO margin 0.1
+    assert svc.placement.slices[0].mem_mib == 2048
+    assert svc.reason is StateReason.RESIZED and "in place" in svc.message and "forecast 5 req/s" in svc.message
+    events = await store.read_events("0", limit=1000)
+    mine = [(e.job_id, e.reason) for e in events if e.reason in (StateReason.RESIZED, StateReason.PREEMPTED)]
+    first_train = next(i for i, (j, _) in enumerate(mine) if j == train.job_id)
+    first_svc = next(i for i, (j, _) in enumerate(mine) if j == svc.job_id)
+    assert first_train < first_svc  # the training tenant gave up its share before the service took it
+    hist = await store.demand_history([svc.job_id], 0.0)
+    assert [r.source for r in hist[svc.job_id]] == ["node:n1"]
+
+
+async def test_forecast_from_live_reports_equals_the_simulators():
+    """Forecast parity: per-bin reports of a looped profile give the simulator's forecast at every bin."""
+    rng = np.random.default_rng(3)
+    profile = rng.random(90) * ISO_RPS
+    W = window_bins(1800.0)
+    sim = looped_forecast(profile, W)
+    scale = 60.0  # accelerated, as in the demo: a report's wall time x scale is policy time
+    reports = [DemandReport("s", ((b + 0.5) * BIN_S) / scale, 1.0, float(profile[b % 90])) for b in range(-90, 90)]
+    for b in range(90):
+        now_wall = (b + 0.9) * BIN_S / scale
+        seen = [r for r in reports if r.window_end_s <= now_wall]
+        assert demand.forecast(seen, now_wall, 1800.0, scale) == pytest.approx(sim[b])
+
+
+@pytest.mark.parametrize("field,value,why", [
+    ("window_s", 0.0, "report.window_s"), ("window_s", 7200.0, "report.window_s"),
+    ("request_rate_rps", -1.0, "report.request_rate_rps"), ("request_rate_rps", float("nan"), "report.request_rate_rps"),
+    ("p99_latency_ms", 1.0, "report.p99_latency_ms"), ("queue_length", float("inf"), "report.queue_length"),
+    ("job_id", "", "report.job_id"),
+])
+async def test_report_demand_rejects_bad_reports_naming_the_field(api, field, value, why):
+    stub, store = api
+    svc, _ = await store.create_job(make_job(spec=service_spec(2.0)))
+    r = DemandReport(svc.job_id, time.time(), 10.0, 3.0, 5.0, 9.0, 0.0)
+    msg = convert.demand_to_pb(r)
+    setattr(msg, field, value)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.ReportDemand(apb.ReportDemandRequest(report=msg))
+    assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT and why in e.value.details()
+
+
+async def test_report_demand_is_idempotent_and_answers_the_forecast(api):
+    stub, store = api
+    svc, _ = await store.create_job(make_job(spec=service_spec(2.0)))
+    train, _ = await store.create_job(make_job())
+    now = time.time()
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.ReportDemand(apb.ReportDemandRequest())
+    assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "report" in e.value.details()
+    future = convert.demand_to_pb(DemandReport(svc.job_id, now + 3600, 10.0, 3.0))
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.ReportDemand(apb.ReportDemandRequest(report=future))
+    assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "report.window_end" in e.value.details()
+    first = await stub.ReportDemand(apb.ReportDemandRequest(report=convert.demand_to_pb(DemandReport(svc.job_id, now - 20, 10.0, 3.0))))
+    assert first.accepted and first.forecast_rps == pytest.approx(3.0) and first.reports_in_window == 1
+    again = await stub.ReportDemand(apb.ReportDemandRequest(report=convert.demand_to_pb(DemandReport(svc.job_id, now - 20, 10.0, 7.0))))
+    assert not again.accepted and again.forecast_rps == pytest.approx(3.0)  # the retried window counts once
+    peak = await stub.ReportDemand(apb.ReportDemandRequest(report=convert.demand_to_pb(DemandReport(svc.job_id, now - 10, 10.0, 4.5))))
+    assert peak.accepted and peak.forecast_rps == pytest.approx(4.5) and peak.reports_in_window == 2
+    for job_id, code in (("j-nope", grpc.StatusCode.NOT_FOUND), (train.job_id, grpc.StatusCode.FAILED_PRECONDITION)):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.ReportDemand(apb.ReportDemandRequest(report=convert.demand_to_pb(DemandReport(job_id, now, 10.0, 1.0))))
+        assert e.value.code() is code
+
+
+@pytest.fixture
+async def api(store):
+    from elastico.rpc.server import ServiceBinding, create_server
+    from elastico.v1 import allocator_pb2_grpc
+    from services.allocator.servicer import AllocatorServicer
+
+    s = settings(port=0)
+    server, port = await create_server(s, [ServiceBinding("elastico.v1.Allocator", AllocatorServicer(store, s),
+                                                          allocator_pb2_grpc.add_AllocatorServicer_to_server)])
+    await server.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        yield allocator_pb2_grpc.AllocatorStub(ch), store
+    await server.stop(0)
+
+
+def test_spec_metrics_endpoint_round_trips_and_is_validated():
+    from elastico.domain import MetricsEndpoint, validate_job_spec
+    from elastico.errors import InvalidSpec
+
+    spec = service_spec(2.0, inference=InferenceWork(2.0, 100.0, MetricsEndpoint(8000, "/metrics", "triton", 2.0, "m")))
+    assert convert.job_spec_from_pb(convert.job_spec_to_pb(spec)) == spec
+    validate_job_spec(spec)
+    for bad, name in ((MetricsEndpoint(port=70000), "port"), (MetricsEndpoint(path="metrics"), "path"),
+                      (MetricsEndpoint(format="statsd"), "format"), (MetricsEndpoint(scrape_interval_s=0.01), "scrape_interval_s")):
+        with pytest.raises(InvalidSpec) as e:
+            validate_job_spec(service_spec(2.0, inference=InferenceWork(2.0, 100.0, bad)))
+        assert e.value.field == f"spec.inference.metrics.{name}"
+    assert tpb.MetricsEndpoint(port=1).port == 1
