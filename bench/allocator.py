@@ -18,6 +18,10 @@ is not part of a round's latency (no predictor call is made here).
 1. **Sustained submit + placement rate**: the client submits N one-GPU jobs through ``SubmitJob`` (64 in
    flight) while rounds run on events; rate = N / (time from the first submission until the last job is
    PLACED, i.e. committed by a round). Target >= 500 jobs/s.
+1b. **The same with demand reports flowing**: 256 inference services (pending: they name no existing node) call
+   ``ReportDemand`` once a second each (256 reports/s offered, from one more process) while 1. runs again;
+   printed: reports/s handled and the placement rate as a ratio of 1.'s. Rounds then also store the demand
+   history and forecast every service. Target: the placement rate unchanged (ratio >= 0.95).
 2. **Round latency at 512 GPUs / 1,000 pending**: the queue is topped up to 1,000 pending jobs and the
    cluster emptied before each measured round (read state, decide with the pricer call, one commit of
    every placement, UNSCHEDULABLE_NOW written on the jobs it newly leaves queued). Target median <= 200 ms.
@@ -73,6 +77,7 @@ from services.allocator.settings import AllocatorSettings
 
 NODES, GPUS_PER_NODE = 64, 8
 TARGET_RATE, TARGET_ROUND_S = 500.0, 0.200
+SERVICES, REPORT_RPS = 256, 256.0  # inference services reporting demand in phase 1b, one report a second each
 MAX_ATTEMPTS = 256  # placements per round at most (ElastiCo's default, 16, is tuned for the simulator's event-paced rounds)
 
 
@@ -179,7 +184,84 @@ async def _client_main(address: str, jobs: int, inflight: int, prefix: str, cert
     await ch.close()
 
 
-async def bench(jobs: int, rounds: int, pending: int, nodes: int, secure: bool) -> dict:
+async def _reporter_main(address: str, services: int, rps: float, prefix: str, cert_dir: str, token_file: str) -> None:
+    """``--reporter``: submit ``services`` inference services that never place (they name no existing node), then
+    after 'go' on stdin call ReportDemand ``rps`` times a second in total (each service a new window per call)
+    until stdin closes; print the reports answered and the seconds."""
+    ch = _client_tls(cert_dir, token_file).aio_channel(address)
+    stub = allocator_pb2_grpc.AllocatorStub(ch)
+    await ch.channel_ready()
+    spec = tpb.JobSpec(tenant="bench", kind=tpb.JOB_KIND_INFERENCE, model_family="inference", allowed_nodes=["unplaceable"],
+                       inference=tpb.InferenceWork(demand_rps=5.0, latency_slo_ms=200.0))
+    ids = [(await stub.SubmitJob(apb.SubmitJobRequest(request_id=f"{prefix}-svc-{i}", spec=spec), timeout=30)).job.job_id
+           for i in range(services)]
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.readline)
+    stopped = loop.run_in_executor(None, sys.stdin.read)
+    t0 = time.perf_counter()
+    sent = answered = 0
+
+    async def report(job_id: str, end_s: float) -> None:
+        nonlocal answered
+        r = tpb.DemandReport(job_id=job_id, window_s=1.0, request_rate_rps=5.0, p50_latency_ms=20.0, p99_latency_ms=90.0)
+        r.window_end.FromNanoseconds(int(end_s * 1e9))
+        await stub.ReportDemand(apb.ReportDemandRequest(report=r), timeout=30)
+        answered += 1
+
+    inflight: set[asyncio.Task] = set()
+    while not stopped.done():
+        due = int((time.perf_counter() - t0) * rps) - sent
+        for _ in range(max(0, min(due, 64 - len(inflight)))):
+            task = asyncio.create_task(report(ids[sent % len(ids)], time.time() - 1e-3 * (sent // len(ids))))
+            inflight.add(task)
+            task.add_done_callback(inflight.discard)
+            sent += 1
+        await asyncio.sleep(0.005)
+    await asyncio.gather(*inflight)
+    print(f"reported {answered} {time.perf_counter() - t0:.6f}", flush=True)
+    await ch.close()
+
+
+async def _phase1(port: int, jobs: int, prefix: str, client_args: list[str], reporter: subprocess.Popen | None) -> dict:
+    """Sustained submit + placement of ``jobs`` jobs; with ``reporter`` (ready), demand reports flow meanwhile."""
+    from services.allocator import metrics as m
+
+    me = [sys.executable, "-m", "bench.allocator"]
+    client = subprocess.Popen([*me, "--client", f"127.0.0.1:{port}", str(jobs), "64", prefix, *client_args], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    placed_before = m.PLACEMENTS._value.get()
+    loop = asyncio.get_running_loop()
+    assert (await loop.run_in_executor(None, client.stdout.readline)).strip() == "ready"
+    if reporter is not None:
+        reporter.stdin.write("go\n")
+        reporter.stdin.flush()
+    t0 = time.perf_counter()
+    client.stdin.write("go\n")
+    client.stdin.flush()
+    done = loop.run_in_executor(None, client.stdout.readline)
+    while m.PLACEMENTS._value.get() - placed_before < jobs and time.perf_counter() - t0 < 120:
+        await asyncio.sleep(0.01)
+    t_all = time.perf_counter() - t0
+    line = await done
+    assert line.startswith("submitted "), f"load client failed: {line!r}"
+    t_submit = float(line.split()[1])
+    client.wait(10)
+    out = {}
+    if reporter is not None:
+        reporter.stdin.close()
+        line = await loop.run_in_executor(None, reporter.stdout.readline)
+        assert line.startswith("reported "), f"demand reporter failed: {line!r}"
+        n, secs = line.split()[1:]
+        reporter.wait(10)
+        out.update(reports=int(n), reports_per_s=int(n) / float(secs))
+    placed = m.PLACEMENTS._value.get() - placed_before
+    print(f"   phase 1{' with demand reports' if reporter else ''} done in {t_all:.1f} s", file=sys.stderr, flush=True)
+    return {**out, "jobs": jobs, "submit_s": t_submit, "all_placed_s": t_all, "placed": int(placed),
+            "submit_rate": jobs / t_submit, "rate": placed / t_all}
+
+
+async def bench(jobs: int, rounds: int, pending: int, nodes: int, secure: bool, services: int, report_rps: float) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench-alloc-"))
     redis = EmbeddedRedis(tmp / "redis")
     redis.start()
@@ -230,28 +312,13 @@ async def bench(jobs: int, rounds: int, pending: int, nodes: int, secure: bool) 
         sch.start()
         me = [sys.executable, "-m", "bench.allocator"]
         agents = subprocess.Popen([*me, "--agents", redis.url, namespace, str(nodes)], stdin=subprocess.PIPE, text=True)
-        client = subprocess.Popen([*me, "--client", f"127.0.0.1:{port}", str(jobs), "64", "bench", *client_args], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
-        from services.allocator import metrics as m
-
-        placed_before = m.PLACEMENTS._value.get()
-        loop = asyncio.get_running_loop()
-        assert (await loop.run_in_executor(None, client.stdout.readline)).strip() == "ready"
-        t0 = time.perf_counter()
-        client.stdin.write("go\n")
-        client.stdin.flush()
-        done = loop.run_in_executor(None, client.stdout.readline)
-        while m.PLACEMENTS._value.get() - placed_before < jobs and time.perf_counter() - t0 < 120:
-            await asyncio.sleep(0.01)
-        t_all = time.perf_counter() - t0
-        line = await done
-        assert line.startswith("submitted "), f"load client failed: {line!r}"
-        t_submit = float(line.split()[1])
-        client.wait(10)
-        sch_placed = m.PLACEMENTS._value.get() - placed_before
-        print(f"   phase 1 done in {t_all:.1f} s", file=sys.stderr, flush=True)
-        out.update(jobs=jobs, submit_s=t_submit, all_placed_s=t_all, placed=int(sch_placed),
-                   submit_rate=jobs / t_submit, rate=sch_placed / t_all, rounds_phase1=sch.rounds)
+        out.update(await _phase1(port, jobs, "bench", client_args, None))
+        out["rounds_phase1"] = sch.rounds
+        # ---- 1b. the same with inference services' demand reports flowing (ReportDemand at report_rps) -----------
+        reporter = subprocess.Popen([*me, "--reporter", f"127.0.0.1:{port}", str(services), repr(report_rps), "bench",
+                                     *client_args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert (await asyncio.get_running_loop().run_in_executor(None, reporter.stdout.readline)).strip() == "ready"
+        out["with_reports"] = await _phase1(port, jobs, "bench-d", client_args, reporter)
         agents.stdin.close()
         agents.wait(10)
         await sch.stop()
@@ -259,6 +326,8 @@ async def bench(jobs: int, rounds: int, pending: int, nodes: int, secure: bool) 
         await server.stop(0)
 
         # ---- 2. round latency at 512 GPUs / `pending` pending ------------------------------------------
+        svc = [j for j in await store.list_active_jobs() if j.spec.kind is JobKind.INFERENCE]  # phase 2 as before 1b
+        await store.update_jobs([(j, replace(j, state=JobState.CANCELLED, reason=StateReason.CANCELLED_BY_CLIENT)) for j in svc])
         lease2 = LeaderLease(store, "bench-2", ttl_s=60)
         epoch = await lease2.try_acquire()
         sch2 = Scheduler(store, settings, lease2, solver=solver)
@@ -296,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--agents"]:  # internal: the played node agents' process
         asyncio.run(_agents_main(argv[1], argv[2], int(argv[3])))
         return 0
+    if argv[:1] == ["--reporter"]:  # internal: the demand reporter's process
+        asyncio.run(_reporter_main(argv[1], int(argv[2]), float(argv[3]), argv[4], argv[5], argv[6]))
+        return 0
     if argv[:1] == ["--client"]:  # internal: the load client's process
         asyncio.run(_client_main(argv[1], int(argv[2]), int(argv[3]), argv[4], argv[5], argv[6]))
         return 0
@@ -303,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="reduced sizes for CI (< 30 s); targets are not judged")
     a = ap.parse_args(argv)
     jobs, rounds, pending = (400, 3, 300) if a.smoke else (3000, 9, 1000)
+    services, report_rps = (16, 50.0) if a.smoke else (SERVICES, REPORT_RPS)
     print(f"bench.allocator: {NODES} nodes x {GPUS_PER_NODE} GPUs (registered with put_node; agents played by the bench), "
           f"real redis-server, pricer process over gRPC, allocator API + scheduler in this process (decide() in its "
           f"worker process), load client and played agents in their own processes"
@@ -310,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = {}
     for mode in ("mTLS + tokens", "plaintext"):
         print(f"== {mode}", file=sys.stderr, flush=True)
-        runs[mode] = asyncio.run(bench(jobs, rounds, pending, NODES, secure=mode != "plaintext"))
+        runs[mode] = asyncio.run(bench(jobs, rounds, pending, NODES, secure=mode != "plaintext", services=services,
+                                       report_rps=report_rps))
     def verdict(ok: bool) -> str:
         return "smoke" if a.smoke else ("PASS" if ok else "FAIL")
 
@@ -318,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         med = statistics.median(r["round_s"])
         ok1 = r["rate"] >= TARGET_RATE and r["placed"] >= r["jobs"]
         ok2 = med <= TARGET_ROUND_S and not r["pricer_degraded"]
+        ok1b = r["with_reports"]["rate"] >= 0.95 * r["rate"] and r["with_reports"]["placed"] >= r["jobs"]
         judged = mode != "plaintext"  # the shipped configuration is what the targets judge
         def tag(ok: bool, judged: bool = judged) -> str:
             return f"  [{verdict(ok)}]" if judged else "  [reference]"
@@ -326,6 +401,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"1. sustained SubmitJob + placement: {r['jobs']} jobs submitted in {r['submit_s']:.2f} s "
               f"({r['submit_rate']:.0f} submits/s), all {r['placed']} placed after {r['all_placed_s']:.2f} s "
               f"-> {r['rate']:.0f} jobs/s placed (target >= {TARGET_RATE:.0f}){tag(ok1)}")
+        d = r["with_reports"]
+        print(f"1b. the same with demand reports flowing: {d['reports']} ReportDemand calls answered from {services} "
+              f"services -> {d['reports_per_s']:.0f} reports/s handled; {d['rate']:.0f} jobs/s placed "
+              f"({d['rate'] / r['rate']:.2f}x of 1., target >= 0.95x), {d['submit_rate']:.0f} submits/s{tag(ok1b)}")
         print(f"2. round latency, {NODES * GPUS_PER_NODE} GPUs / {r['pending_seen']} pending (pricer over gRPC included): "
               f"median {med * 1e3:.0f} ms, min {min(r['round_s']) * 1e3:.0f}, max {max(r['round_s']) * 1e3:.0f} over "
               f"{len(r['round_s'])} rounds; decide() median {statistics.median(r['decide_s']) * 1e3:.0f} ms; "
@@ -333,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         if r["pricer_degraded"]:
             print(f"   pricer degraded during the measurement: {r['pricer_degraded']}")
         if judged:
-            passed = ok1 and ok2
+            passed = ok1 and ok1b and ok2
     s_, p_ = runs["mTLS + tokens"], runs["plaintext"]
     print(f"secure / plaintext: placement rate {s_['rate'] / p_['rate']:.2f}x, submit rate "
           f"{s_['submit_rate'] / p_['submit_rate']:.2f}x, median round "
