@@ -172,6 +172,9 @@ class Job:
     submitted_at_s: float = 0.0
     updated_at_s: float = 0.0
     queued_at_s: float = 0.0  # when it last entered the queue (submitted or requeued); 0 = unknown, use updated_at_s
+    # a service moving to other GPUs: its previous replica's placement, serving (its slices booked) until the new
+    # placement runs, then released (make-before-break); None otherwise
+    draining: Placement | None = None
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,14 @@ class Workload:
     ended_at_s: float = 0.0  # when it was seen ended; 0 while running
     endpoint: str = ""  # inference: host:port the service listens on (requests and /metrics); "" = none
     demand: DemandReport | None = None  # inference: the last window its metrics scrape measured
+
+
+DRAIN_SUFFIX = "~drain"  # desired-state key of a moving service's previous replica: "<job id>~drain"
+
+
+def drain_key(job_id: str) -> str:
+    """Desired-state key under which a node keeps a moving service's previous replica (never started anew)."""
+    return job_id + DRAIN_SUFFIX
 
 
 def placement_id(p: Placement) -> str:

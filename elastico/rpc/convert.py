@@ -127,6 +127,8 @@ def job_to_pb(j: d.Job) -> pb.Job:
                restarts=j.restarts, version=j.version, submitted_at=ts(j.submitted_at_s), updated_at=ts(j.updated_at_s))
     if j.placement is not None:
         m.placement.CopyFrom(placement_to_pb(j.placement))
+    if j.draining is not None:
+        m.draining.CopyFrom(placement_to_pb(j.draining))
     return m
 
 

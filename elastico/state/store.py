@@ -24,7 +24,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, cast, runtime_checkable
 
-from elastico.domain import DemandReport, GpuInfo, Job, JobEvent, JobState, NodeInfo, Placement, StateReason, Workload
+from elastico.domain import (
+    DemandReport,
+    GpuInfo,
+    Job,
+    JobEvent,
+    JobState,
+    NodeInfo,
+    Placement,
+    StateReason,
+    Workload,
+    drain_key,
+)
 from elastico.errors import Conflict, NotFound, StaleEpoch, WrongState
 from elastico.state import codec
 
@@ -179,6 +190,12 @@ class Store(Protocol):
         ...
     async def resize_in_place(self, epoch: int, changes: Sequence[tuple[Job, Placement, str]]) -> list[Job | Conflict]:
         """Change the slices of placed jobs without a relaunch, each (job, new placement, message) atomic on its own."""
+        ...
+    async def move_services(self, epoch: int, moves: Sequence[tuple[Job, Placement, str]]) -> list[Job | Conflict]:
+        """Move running services make-before-break: the new placement booked, the old kept until ``finish_moves``."""
+        ...
+    async def finish_moves(self, epoch: int, jobs: Sequence[Job]) -> list[Job | Conflict]:
+        """Moving services whose new replica runs: RUNNING, their previous placement released."""
         ...
     async def record_demand(self, reports: Sequence[DemandReport], keep_s: float) -> list[bool]:
         """Add each report to its job's demand history; per report False when that (job, window end) was there."""
@@ -548,6 +565,29 @@ class StoreBase:
             built.append((tx, new))
         return self._each_result(built, await self._apply_each([tx for tx, _ in built]))
 
+    async def move_services(self, epoch: int, moves: Sequence[tuple[Job, Placement, str]]) -> list[Job | Conflict]:
+        """Start moving running services to new placements, make-before-break, each (job, placement, message)
+        atomic on its own, fenced by ``epoch``.
+
+        The new placement is booked and goes to its nodes' desired state under the job's id (PLACED); the previous
+        one stays booked and stays desired under :func:`~elastico.domain.drain_key`, so its replica keeps serving,
+        until :meth:`finish_moves` (the new replica runs) releases it. A job released meanwhile (failed,
+        cancelled, node lost) frees both.
+
+        Raises:
+            StaleEpoch: ``epoch`` is stale. WrongState: a job is not RUNNING, or is moving already.
+        """
+        now = time.time()
+        built = [_move_tx(epoch, job, p, message, now) for job, p, message in moves]
+        return self._each_result(built, await self._apply_each([tx for tx, _ in built]))
+
+    async def finish_moves(self, epoch: int, jobs: Sequence[Job]) -> list[Job | Conflict]:
+        """Moving services whose new replica runs: RUNNING, the previous replica's slices and desired entry released
+        (its agent then stops it), each atomic on its own."""
+        now = time.time()
+        built = [_moved_tx(epoch, job, now) for job in jobs]
+        return self._each_result(built, await self._apply_each([tx for tx, _ in built]))
+
     async def release_jobs(
         self, epoch: int | None, releases: Sequence[tuple[Job, JobState, StateReason, str]]
     ) -> list[Job | Conflict]:
@@ -603,16 +643,57 @@ def _update_tx(old: Job, new: Job, epoch: int | None) -> tuple[Transaction, Job]
 def _release_tx(epoch: int | None, job: Job, state: JobState, reason: StateReason, message: str) -> tuple[Transaction, Job]:
     now = time.time()
     requeued = state is JobState.PENDING and job.placement is not None
-    new = replace(job, state=state, reason=reason, message=message, placement=None,
+    new = replace(job, state=state, reason=reason, message=message, placement=None, draining=None,
                   restarts=job.restarts + (1 if requeued else 0), version=job.version + 1, updated_at_s=now,
                   queued_at_s=now if state is JobState.PENDING else job.queued_at_s)
     tx = Transaction(epoch=epoch, jobs=[JobWrite(job.job_id, job.version, new.version, state.value, codec.dumps(new),
                                                  time_s=now)])
     if job.placement is not None:
-        for s in job.placement.slices:
-            tx.gpus.append(GpuDelta(s.node_id, s.gpu_index, -share_units(s.compute_share_pct), -s.mem_mib))
-        for node_id in sorted({s.node_id for s in job.placement.slices}):
+        _unbook(tx, job.placement, job.job_id)
+    if job.draining is not None:
+        _unbook(tx, job.draining, drain_key(job.job_id))
+    tx.events.append(_event(new))
+    return tx, new
+
+
+def _unbook(tx: Transaction, p: Placement, key: str) -> None:
+    """Free ``p``'s slices and delete desired-state entry ``key`` on its nodes."""
+    for s in p.slices:
+        tx.gpus.append(GpuDelta(s.node_id, s.gpu_index, -share_units(s.compute_share_pct), -s.mem_mib))
+    for node_id in sorted({s.node_id for s in p.slices}):
+        tx.desired.append(DesiredOp(node_id, key, None))
+
+
+def _move_tx(epoch: int, job: Job, placement: Placement, message: str, now: float) -> tuple[Transaction, Job]:
+    old = job.placement
+    if job.state is not JobState.RUNNING or old is None or job.draining is not None:
+        raise WrongState(f"job {job.job_id} is {job.state.value}; only a running service that is not moving already can move")
+    placement = replace(placement, job_id=job.job_id, epoch=epoch, committed_at_s=now)
+    new = replace(job, state=JobState.PLACED, reason=StateReason.RESIZED, message=message, placement=placement,
+                  draining=old, version=job.version + 1, updated_at_s=now)
+    tx = Transaction(epoch=epoch, jobs=[JobWrite(job.job_id, job.version, new.version, new.state.value, codec.dumps(new),
+                                                 time_s=now)])
+    for s in placement.slices:
+        tx.gpus.append(GpuDelta(s.node_id, s.gpu_index, share_units(s.compute_share_pct), s.mem_mib))
+    new_nodes = {s.node_id for s in placement.slices}
+    for node_id in sorted(new_nodes):
+        tx.desired.append(DesiredOp(node_id, job.job_id, codec.dumps(placement)))
+    for node_id in sorted({s.node_id for s in old.slices}):
+        tx.desired.append(DesiredOp(node_id, drain_key(job.job_id), codec.dumps(old)))
+        if node_id not in new_nodes:
             tx.desired.append(DesiredOp(node_id, job.job_id, None))
+    tx.events.append(_event(new))
+    return tx, new
+
+
+def _moved_tx(epoch: int, job: Job, now: float) -> tuple[Transaction, Job]:
+    if job.draining is None:
+        raise WrongState(f"job {job.job_id} is not moving")
+    new = replace(job, state=JobState.RUNNING, reason=StateReason.STARTED, message="new replica serving; previous one stopped",
+                  draining=None, version=job.version + 1, updated_at_s=now)
+    tx = Transaction(epoch=epoch, jobs=[JobWrite(job.job_id, job.version, new.version, new.state.value, codec.dumps(new),
+                                                 time_s=now)])
+    _unbook(tx, job.draining, drain_key(job.job_id))
     tx.events.append(_event(new))
     return tx, new
 

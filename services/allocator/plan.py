@@ -326,6 +326,9 @@ class Plan:
     # inference services given a new share on the same GPUs while they keep serving (Store.resize_in_place), after
     # the releases (a co-tenant relaunched smaller frees the share a growing service takes) and before the commit
     in_place: list[tuple[Job, Placement]] = field(default_factory=list)
+    # running services moving to other GPUs, make-before-break (Store.move_services): the old slices stay booked
+    # and serving until the new replica runs; a move that does not fit is dropped and the service stays put
+    move: list[tuple[Job, Placement]] = field(default_factory=list)
     place: list[tuple[Job, Placement]] = field(default_factory=list)  # one commit_placements
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (job id, why) decisions not applied
 
@@ -383,7 +386,9 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
     sizes, topology, tenant slots, shares, declared shapes); what it rejects is dropped with its reason. Then
     preemptions free their slices; resizes follow, shrinks first: a training job's is a release plus a new
     placement on the same GPUs (its MPS limit is fixed at launch: it restarts from its checkpoint), an inference
-    service's is in place (``Plan.in_place``: same process, same memory; its co-tenants' limits protect it);
+    service's is in place (``Plan.in_place``: same process, same memory; its co-tenants' limits protect it), and
+    a running service preempted and placed elsewhere moves make-before-break (``Plan.move``: its slices stay
+    booked, and its replica serving, until the new one runs; a move that does not fit leaves it where it is);
     placements are kept only if every slice fits what is left of its GPU's committed share
     and memory (the store checks again atomically, all or nothing: a decision that cannot fit is dropped here
     so that it cannot veto the rest of the round). A placement of a job the decision also preempts is a
@@ -421,10 +426,16 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
             free[(s.node_id, s.gpu_index)][1] -= s.mem_mib
 
     gone: set[int] = set()
+    replaced = {int(r) for r, _, _ in decision.place}
+    moving: set[int] = set()  # services preempted and placed again: they move, keeping their slices meanwhile
     for r in decision.preempt:
         gone.add(r)
-        plan.preempt.append(index.jobs[r])
-        release(index.jobs[r])
+        job = index.jobs[r]
+        if job.spec.kind is JobKind.INFERENCE and job.state is JobState.RUNNING and job.draining is None and r in replaced:
+            moving.add(r)
+            continue
+        plan.preempt.append(job)
+        release(job)
     # shrinks before growths: what a shrinking job frees, a growing one on the same GPU may take
     for r, sh in sorted(decision.resize, key=lambda rs: rs[1] - index.jobs[rs[0]].placement.slices[0].compute_share_pct):
         job = index.jobs[r]
@@ -465,7 +476,9 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
             plan.dropped.append((job.job_id, f"{n_gpus} x {sh}% does not fit committed capacity"))
             continue
         take(p)
-        if r in gone:  # preempted and re-placed in one round: a resize
+        if r in moving:
+            plan.move.append((job, p))
+        elif r in gone:  # preempted and re-placed in one round: a resize
             plan.preempt = [j for j in plan.preempt if j.job_id != job.job_id]
             plan.resize.append((job, p))
         else:

@@ -403,6 +403,9 @@ class Scheduler:
             if t.release and t.job.placement is not None:
                 released = True
                 cluster.touched.update(s.node_id for s in t.job.placement.slices)
+            if t.job.draining is not None:  # a move finished (or its job ended): the old replica's node stops it
+                released = True
+                cluster.touched.update(s.node_id for s in t.job.draining.slices)
         if changed:
             jobs = [changed.get(j.job_id, j) for j in cluster.jobs]
             cluster.jobs = [j for j in jobs if not j.state.terminal]
@@ -484,6 +487,8 @@ class Scheduler:
                 batch.append((new, plan.resize[i - len(plan.preempt)][1]))
         if plan.in_place:  # after the releases (a relaunched co-tenant frees the share), before the commit
             await self._resize_in_place(epoch, plan.in_place, decided.demand, cluster, rep)
+        if plan.move:
+            await self._move_services(epoch, plan.move, cluster, rep)
         batch += plan.place
         # the commit and the UNSCHEDULABLE_NOW marks of the jobs left queued touch disjoint jobs: both in flight
         # together (one encodes while Redis runs the other)
@@ -516,6 +521,21 @@ class Scheduler:
             cluster.touched.update(s.node_id for s in p.slices)
             log.info("service resized in place", job_id=job.job_id, detail=new.message, epoch=epoch)
 
+    async def _move_services(self, epoch: int, moves: list[tuple[Job, Placement]], cluster: _Cluster, rep: RoundReport) -> None:
+        """Services moving make-before-break (``Store.move_services``), each on its own."""
+        def why(job: Job, p: Placement) -> str:
+            to = ", ".join(f"{s.node_id}:{s.gpu_index}" for s in p.slices)
+            return f"moving to {to} at {p.slices[0].compute_share_pct:g}%; the current replica serves until the new one runs"
+
+        results = await self.store.move_services(epoch, [(j, p, why(j, p)) for j, p in moves])
+        for (job, p), new in zip(moves, results, strict=True):
+            if isinstance(new, Conflict):
+                log.warning("service move not applied; re-reading next round", job_id=job.job_id, error=str(new))
+                continue
+            rep.resized += 1
+            cluster.touched.update(s.node_id for s in (*p.slices, *job.placement.slices))
+            log.info("service moving", job_id=job.job_id, detail=new.message, epoch=epoch)
+
     def _nudge(self, cluster: _Cluster) -> None:
         """Ask the agents of the touched nodes to sync now (best effort, in the background)."""
         for node_id in cluster.touched:
@@ -529,12 +549,16 @@ class Scheduler:
         """Write the report-driven transitions, each its own compare-and-set, in one batch per kind (two round
         trips in parallel); returns the ones written with their new job (a Conflict means the job changed under
         us, e.g. cancelled: it is re-read next round)."""
-        starts = [t for t in ts if not t.release]
+        starts = [t for t in ts if not t.release and t.job.draining is None]
+        moved = [t for t in ts if not t.release and t.job.draining is not None]  # new replica runs: stop the old one
         ends = [t for t in ts if t.release]
-        started, ended = await asyncio.gather(
+        started, ended, done_moving = await asyncio.gather(
             self.store.update_jobs([(t.job, replace(t.job, state=JobState.RUNNING, reason=StateReason.STARTED, message=""))
                                     for t in starts], epoch=epoch) if starts else _none(),
-            self.store.release_jobs(epoch, [(t.job, t.state, t.reason, t.message) for t in ends]) if ends else _none())
+            self.store.release_jobs(epoch, [(t.job, t.state, t.reason, t.message) for t in ends]) if ends else _none(),
+            self.store.finish_moves(epoch, [t.job for t in moved]) if moved else _none())
+        starts += moved
+        started += done_moving
         out = []
         jlog = log.bind()  # bound once (see _commit)
         for t, new in zip(starts, started, strict=True):

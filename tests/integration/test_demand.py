@@ -154,3 +154,57 @@ def test_spec_metrics_endpoint_round_trips_and_is_validated():
             validate_job_spec(service_spec(2.0, inference=InferenceWork(2.0, 100.0, bad)))
         assert e.value.field == f"spec.inference.metrics.{name}"
     assert tpb.MetricsEndpoint(port=1).port == 1
+
+
+class _MoveOnce:
+    """A policy that moves the first running service to the first GPU of node ``to`` once, and else does nothing."""
+
+    name = "move-once"
+    needs_periodic_rounds = False
+
+    def __init__(self, to_node_rows):
+        self.rows, self.done = to_node_rows, False
+
+    def decide(self, view):
+        from services.allocator.policy import INFERENCE, Decision
+
+        d = Decision()
+        svc = [int(r) for r in view.running if view.jobs.kind[r] == INFERENCE]
+        if svc and not self.done:
+            self.done = True
+            d.preempt.append(svc[0])
+            d.place.append((svc[0], np.array([self.rows[0]]), 40.0))
+        return d
+
+
+async def test_a_service_moves_make_before_break(store):
+    from elastico.domain import drain_key
+
+    await heartbeat(store, "n1", gpus=1)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(), lease)
+    svc, _ = await store.create_job(make_job(spec=service_spec(1.0)))
+    await sch.round(epoch)
+    await agent_reports(store, "n1", "running")
+    await heartbeat(store, "n2", gpus=1)
+    await sch.round(epoch)
+    svc = await store.get_job(svc.job_id)
+    assert svc.state is JobState.RUNNING and svc.placement.slices[0].node_id == "n1"
+    old = placement_id(svc.placement)
+    mover = _MoveOnce([1])  # GPU row 1 = n2:0
+    sch._policy = lambda matrix: mover  # noqa: SLF001 - the test's policy
+    await sch.round(epoch)
+    moving = await store.get_job(svc.job_id)
+    assert moving.state is JobState.PLACED and placement_id(moving.draining) == old
+    assert moving.placement.slices[0].node_id == "n2" and "current replica serves" in moving.message
+    # the old replica stays desired (so its agent keeps it serving) until the new one runs
+    for _ in range(2):
+        await sch.round(epoch)
+        assert placement_id((await store.get_desired("n1"))[1][drain_key(svc.job_id)]) == old
+        assert (await store.get_job(svc.job_id)).state is JobState.PLACED
+    await agent_reports(store, "n2", "running")
+    await sch.round(epoch)
+    done = await store.get_job(svc.job_id)
+    assert done.state is JobState.RUNNING and done.draining is None and done.placement.slices[0].node_id == "n2"
+    assert (await store.get_desired("n1"))[1] == {}
+    assert [(await store.get_node(n)).gpus[0].allocated_share_pct for n in ("n1", "n2")] == [0.0, 40.0]

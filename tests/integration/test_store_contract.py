@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -601,3 +602,47 @@ async def test_demand_history_is_idempotent_per_window_end_and_trimmed(store):
     assert [r.window_end_s for r in hist["svc-1"]] == [1004.0 + i for i in range(6)]  # newest - 5 s .. newest
     assert hist["svc-1"][-1] == reports[-1]
     assert [r.request_rate_rps for r in (await store.demand_history(["svc-1"], since_s=1008.0))["svc-1"]] == [8.0, 9.0]
+
+
+async def test_a_moving_service_keeps_its_old_slices_until_its_new_replica_runs(store):
+    from elastico.domain import drain_key, placement_id
+
+    await store.put_node(make_node("n1", gpus=1))
+    await store.put_node(make_node("n2", gpus=1))
+    epoch = await store.acquire_leadership("a", 5)
+    svc, _ = await store.create_job(make_job())
+    [svc] = await store.commit_placements(epoch, [(svc, placement_on("n1", 0, 40.0, 2048))])
+    with pytest.raises(WrongState):  # only a running service moves
+        await store.move_services(epoch, [(svc, placement_on("n2", 0, 60.0, 2048), "move")])
+    svc = await store.update_job(svc, replace(svc, state=JobState.RUNNING, reason=StateReason.STARTED))
+    old_id = placement_id(svc.placement)
+    [moving] = await store.move_services(epoch, [(svc, placement_on("n2", 0, 60.0, 2048), "move")])
+    assert moving.state is JobState.PLACED and placement_id(moving.draining) == old_id
+    # both replicas booked and desired: the old one under its drain key on n1, the new one on n2
+    assert [(await store.get_node(n)).gpus[0].allocated_share_pct for n in ("n1", "n2")] == [40.0, 60.0]
+    assert list((await store.get_desired("n1"))[1]) == [drain_key(svc.job_id)]
+    assert placement_id((await store.get_desired("n1"))[1][drain_key(svc.job_id)]) == old_id
+    assert list((await store.get_desired("n2"))[1]) == [svc.job_id]
+    with pytest.raises(WrongState):  # one move at a time
+        await store.move_services(epoch, [(moving, placement_on("n2", 0, 10.0, 1024), "again")])
+    [done] = await store.finish_moves(epoch, [moving])
+    assert done.state is JobState.RUNNING and done.draining is None
+    assert [(await store.get_node(n)).gpus[0].allocated_share_pct for n in ("n1", "n2")] == [0.0, 60.0]
+    assert (await store.get_desired("n1"))[1] == {}
+
+
+async def test_releasing_a_moving_service_frees_both_replicas(store):
+    from elastico.domain import drain_key
+
+    await store.put_node(make_node("n1", gpus=2))
+    epoch = await store.acquire_leadership("a", 5)
+    svc, _ = await store.create_job(make_job())
+    [svc] = await store.commit_placements(epoch, [(svc, placement_on("n1", 0, 40.0, 2048))])
+    svc = await store.update_job(svc, replace(svc, state=JobState.RUNNING, reason=StateReason.STARTED))
+    [moving] = await store.move_services(epoch, [(svc, placement_on("n1", 1, 40.0, 2048), "move")])
+    desired = (await store.get_desired("n1"))[1]
+    assert sorted(desired) == sorted([svc.job_id, drain_key(svc.job_id)])  # same node: both keys
+    gone = await store.release_job(epoch, moving, JobState.CANCELLED, StateReason.CANCELLED_BY_CLIENT)
+    assert gone.draining is None and gone.placement is None
+    assert [g.allocated_share_pct for g in (await store.get_node("n1")).gpus] == [0.0, 0.0]
+    assert (await store.get_desired("n1"))[1] == {}
