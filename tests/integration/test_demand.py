@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -208,3 +209,41 @@ async def test_a_service_moves_make_before_break(store):
     assert done.state is JobState.RUNNING and done.draining is None and done.placement.slices[0].node_id == "n2"
     assert (await store.get_desired("n1"))[1] == {}
     assert [(await store.get_node(n)).gpus[0].allocated_share_pct for n in ("n1", "n2")] == [0.0, 40.0]
+
+
+async def test_committed_usage_stays_the_sum_of_placements_under_random_demand(store):
+    """Conservation under resizes: rounds with services' demand jumping at random (in-place growths and shrinks,
+    co-tenants relaunched) never book more than a GPU has, and each GPU's usage is what its placements hold."""
+    rng = np.random.default_rng(11)
+    await heartbeat(store, "n1", "n2", gpus=2)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(time_scale=50.0), lease)  # 50 policy s a wall s: shrinks become due too
+    services = [(await store.create_job(make_job(spec=service_spec(float(rng.uniform(0.5, 4.0))))))[0] for _ in range(3)]
+    for i in range(8):
+        await store.create_job(make_job(spec=make_spec(model_family=("ResNet-18", "ResNet-50", "LM")[i % 3], batch_size=32)))
+    resized = 0
+    for k in range(25):
+        rep = await sch.round(epoch)
+        resized += rep.resized
+        for n in ("n1", "n2"):
+            await agent_reports(store, n, "running")
+            gen, ws = await store.get_workloads(n)
+            now = time.time()
+            for s in services:
+                if s.job_id in ws and rng.random() < 0.5:
+                    w = ws[s.job_id]
+                    ws[s.job_id] = Workload(**{**w.__dict__, "demand": DemandReport(
+                        s.job_id, now, 1.0, float(rng.uniform(0.2, 6.0)))})
+            await store.report_workloads(n, gen, list(ws.values()))
+        jobs = await store.list_active_jobs()
+        held: dict[tuple[str, int], float] = {}
+        for j in jobs:
+            for p in (j.placement, j.draining):
+                for sl in (p.slices if p else ()):
+                    held[(sl.node_id, sl.gpu_index)] = held.get((sl.node_id, sl.gpu_index), 0.0) + sl.compute_share_pct
+        for n in ("n1", "n2"):
+            for g in (await store.get_node(n)).gpus:
+                assert g.allocated_share_pct <= 100.0 + 1e-9
+                assert g.allocated_share_pct == pytest.approx(held.get((n, g.index), 0.0)), (k, n, g.index)
+        await asyncio.sleep(0.02)
+    assert resized > 0  # the demand moved the services
