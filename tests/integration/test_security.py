@@ -9,6 +9,7 @@ import asyncio
 import datetime as dt
 import random
 import shutil
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -383,3 +384,23 @@ async def test_only_the_allocator_may_serve_token_only_callers(certs, redis_serv
     finally:
         await server.stop(0)
         await store.close()
+
+
+async def test_a_service_reports_demand_for_itself_only(api):
+    a, b = api["stub"]["a"], api["stub"]["b"]
+    svc = (await a.SubmitJob(apb.SubmitJobRequest(request_id=uuid.uuid4().hex, spec=tpb.JobSpec(
+        name="svc", kind=tpb.JOB_KIND_INFERENCE, model_family="inference",
+        inference=tpb.InferenceWork(demand_rps=3.0, latency_slo_ms=100.0))), timeout=5)).job
+    report = tpb.DemandReport(job_id=svc.job_id, window_s=10.0, request_rate_rps=4.0)
+    report.window_end.FromNanoseconds(time.time_ns())
+    before = await keyspace(api)
+    await expect(b.ReportDemand(apb.ReportDemandRequest(report=report), timeout=5), grpc.StatusCode.NOT_FOUND)
+    await expect(api["stub"]["node"].ReportDemand(apb.ReportDemandRequest(report=report), timeout=5), grpc.StatusCode.PERMISSION_DENIED)
+    await expect(api["stub"]["none"].ReportDemand(apb.ReportDemandRequest(report=report), timeout=5), grpc.StatusCode.UNAUTHENTICATED)
+    assert await keyspace(api) == before  # none of them wrote a report
+    ok = await a.ReportDemand(apb.ReportDemandRequest(report=report), timeout=5)
+    assert ok.accepted and ok.forecast_rps == 4.0
+    hist = await api["store"].demand_history([svc.job_id], 0.0)
+    assert [r.source for r in hist[svc.job_id]] == ["api:alice"]
+    ok = await api["stub"]["op"].ReportDemand(apb.ReportDemandRequest(report=report), timeout=5)  # an operator may, once
+    assert not ok.accepted
