@@ -68,7 +68,7 @@ def build(settings: NodeAgentSettings):
         reconciler = Reconciler(store, backend, mps, node_id, settings.effective_state_dir,
                                 stop_grace_s=settings.stop_grace_s, fault_holddown_s=settings.mps_fault_holddown_s,
                                 observation_interval_s=settings.observation_interval_s, observation_sink=reporter,
-                                policy=settings.workload_policy)
+                                policy=settings.workload_policy, scrape_interval_s=settings.scrape_interval_s)
         await reconciler.recover()
         agent = NodeAgent(store, backend, node_id, address, reconciler)
         await agent.heartbeat()  # register before serving, so the allocator sees the GPUs at once
@@ -83,6 +83,7 @@ def build(settings: NodeAgentSettings):
                     await task
             if settings.stop_workloads_on_exit:
                 await reconciler.stop_all()
+            await reconciler.aclose()
             if reporter is not None:
                 await reporter.close()
             backend.close()

@@ -10,15 +10,22 @@ lost nudge, a restart or a Redis blip can delay but never lose or duplicate work
 2. **Observe**: a workload whose process ended is classified — success (exit 0), own failure (non-zero
    exit, OOM), co-tenant fault (its GPU's MPS server failed while it ran: requeue without penalty), or
    stopped by us (no longer desired).
-3. **Stop** what is running but no longer desired (or desired with another placement: MPS limits are
+3. **Resize in place** an inference service whose desired placement keeps its ``placement_id`` but changes
+   its compute share: services run with MPS limit 100 % (their co-tenants' limits protect them), so only
+   the share the agent accounts (and the emulated capacity) changes; the process keeps running.
+   **Stop** what is running but no longer desired (or desired with another placement: MPS limits are
    fixed at launch, so a new shape is a restart): SIGTERM to its process group, SIGKILL after
    ``stop_grace_s``. Ended workloads that are no longer desired are forgotten.
 4. **Start** what is desired and has no workload yet, as the unprivileged workload user (``WorkloadPolicy``).
    A placement that already ran here (same ``placement_id``) is never started again, whatever its outcome:
    the allocator re-places a job to run it again, which gives it a new placement id. A job whose command
    cannot start (unparsable, or commands refused by ``ELASTICO_ALLOW_COMMANDS=0``) is reported failed.
-5. **Measure and report**: emulated rates (simulated GPUs), progress, throughput, co-tenants; the ledger
-   is saved atomically, the node's actual state goes to the store, co-located observations to the predictor.
+   An inference job without a command runs the built-in serving workload (``serving.py``) on a loopback
+   port the agent picks.
+5. **Measure and report**: emulated rates (simulated GPUs), progress, throughput, co-tenants; the metrics
+   of inference services whose scrape is due (``scrape.py``; concurrently, each bounded by a timeout) become
+   their ``Workload.demand``; the ledger is saved atomically, the node's actual state goes to the store,
+   co-located observations to the predictor.
 
 The ledger (``<state_dir>/ledger.json``) makes a restarted agent re-adopt its running processes (matched
 by pid *and* start time) instead of starting them twice or leaving them orphaned.
@@ -27,6 +34,7 @@ by pid *and* start time) instead of starting them twice or leaving them orphaned
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 import sys
 import time
@@ -35,8 +43,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from elastico.domain import (
+    MAX_DEMAND_WINDOW_S,
+    DemandReport,
     GpuCounters,
     JobKind,
+    MetricsEndpoint,
     NodeInfo,
     Placement,
     StateReason,
@@ -47,7 +58,7 @@ from elastico.errors import NotFound, Unavailable
 from elastico.logging import get_logger
 from elastico.state import codec
 from elastico.state.store import Store
-from services.node_agent.coloc import ColocationTruth
+from services.node_agent.coloc import DEFAULT_ISOLATED_STEPS_PER_S, ColocationTruth
 from services.node_agent.gpu import GpuBackend, Tenant
 from services.node_agent.mps import MpsController, MpsFault
 from services.node_agent.runner import (
@@ -55,14 +66,20 @@ from services.node_agent.runner import (
     LedgerFile,
     Runner,
     find_tagged,
+    free_loopback_port,
     proc_start_ticks,
+    serving_argv,
     synthetic_argv,
     workload_dir,
 )
+from services.node_agent.scrape import ScrapeError, Scraper, Snapshot, demand_between, parse_snapshot
 from services.node_agent.settings import WorkloadPolicy
 
 log = get_logger(component="reconcile")
 MAX_SYNC_WAIT_S = 5.0  # a Sync waits at most this long for the generation it asks for (the allocator asks for one it just wrote)
+SCRAPE_ERROR_LOG_S = 60.0  # at most one logged scrape failure per job per this many seconds
+SCRAPE_STARTUP_GRACE_S = 10.0  # a service that has not answered yet this soon after its start is still starting
+SCRAPE_FIRST_RETRY_S = 1.0  # until its first answer, a service is scraped at least this often
 
 # receives measured co-located pairs (a, b, node_id); services/node_agent/observations.PredictorReporter is one
 ObservationSink = Callable[[list[tuple[LedgerEntry, LedgerEntry, str]]], Awaitable[None]]
@@ -76,6 +93,7 @@ class SyncResult:
     started: int
     stopped: int
     workloads: tuple[Workload, ...]
+    resized: int = 0  # inference services resized in place
 
 
 @dataclass
@@ -87,13 +105,25 @@ class _Samples:
     last: tuple[float, float] | None = None
 
 
+@dataclass
+class _Scrape:
+    """Metrics scrape state of one running inference workload (one placement)."""
+
+    placement_id: str
+    due_at: float = 0.0  # time.monotonic() of the next scrape
+    prev: Snapshot | None = None  # the last successful scrape
+    report: DemandReport | None = None  # the last window measured; kept when a scrape fails
+    failures: int = 0  # failures since the last logged one
+    logged_at: float = -math.inf  # time.monotonic() of the last logged failure
+
+
 class Reconciler:
     """Owns the ledger, the runner and the MPS controller of one node."""
 
     def __init__(self, store: Store, backend: GpuBackend, mps: MpsController, node_id: str, state_dir: Path, *,
                  stop_grace_s: float = 10.0, fault_holddown_s: float = 5.0, observation_interval_s: float = 30.0,
                  observation_sink: ObservationSink | None = None, truth: ColocationTruth | None = None,
-                 policy: WorkloadPolicy | None = None) -> None:
+                 policy: WorkloadPolicy | None = None, scrape_interval_s: float = 5.0) -> None:
         self.store = store
         self.backend = backend
         self.mps = mps
@@ -113,6 +143,9 @@ class Reconciler:
         self._child_pids: dict[str, int] = {}
         self._drain_clear_at: dict[int, float] = {}  # gpu -> when its last faulted client was seen gone
         self.mps_state = "ok"
+        self.scrape_interval_s = scrape_interval_s  # services whose endpoint names no interval
+        self._scraper = Scraper()
+        self._scrapes: dict[str, _Scrape] = {}  # job_id -> scrape state of its running service
 
     # --- start-up -------------------------------------------------------------------------------------
     async def recover(self) -> None:
@@ -190,18 +223,20 @@ class Reconciler:
         await self._check_mps(now)
         self._observe_ends(now)
         self._update_drains(now)
+        resized = self._resize_in_place(desired)
         stopped = await self._stop_unwanted(desired)
         started = await self._start_missing(desired)
         await self._measure(now)
+        await self._scrape_due()
         self.ledger.applied_generation = gen
         await asyncio.to_thread(self.ledger.save)
         workloads = self.workloads()
         await self.store.report_workloads(self.node_id, gen, workloads)
         await self._observe_pairs(now)
-        if started or stopped:
-            log.info("reconciled", generation=gen, started=started, stopped=stopped,
+        if started or stopped or resized:
+            log.info("reconciled", generation=gen, started=started, stopped=stopped, resized=resized,
                      running=sum(1 for w in workloads if w.status == "running"))
-        return SyncResult(gen, started, stopped, tuple(workloads))
+        return SyncResult(gen, started, stopped, tuple(workloads), resized)
 
     # --- 1. MPS ---------------------------------------------------------------------------------------
     async def _check_mps(self, now: float) -> None:
@@ -275,9 +310,32 @@ class Reconciler:
         log.info("workload ended", job_id=e.job_id, status=status, reason=reason.value, detail=message)
         self._samples.pop(e.job_id, None)
         self._child_pids.pop(e.job_id, None)
+        self._scrapes.pop(e.job_id, None)
         return ended
 
-    # --- 3. stop --------------------------------------------------------------------------------------
+    # --- 3. resize in place, stop ---------------------------------------------------------------------
+    def _resize_in_place(self, desired: dict[str, Placement]) -> int:
+        """Take a running service's new compute share from a desired placement with its own placement id.
+
+        Its MPS limit is 100 % (see ``_start_missing``) and its memory limit stays as launched, so nothing
+        about the process changes: only the share the agent reports and emulates its capacity from.
+        """
+        resized = 0
+        for e in list(self.ledger.entries.values()):
+            want = desired.get(e.job_id)
+            if not e.running or e.kind != JobKind.INFERENCE.value or want is None or placement_id(want) != e.placement_id:
+                continue
+            slices = [s for s in want.slices if s.node_id == self.node_id]
+            if not slices or want == e.placement:
+                continue
+            share = slices[0].compute_share_pct
+            if share != e.compute_share_pct:
+                log.info("service resized in place", job_id=e.job_id, pid=e.pid, old_share_pct=e.compute_share_pct,
+                         new_share_pct=share, placement_id=e.placement_id)
+                resized += 1
+            self.ledger.entries[e.job_id] = replace(e, compute_share_pct=share, placement=want)
+        return resized
+
     async def _stop_unwanted(self, desired: dict[str, Placement]) -> int:
         victims = []
         for e in list(self.ledger.entries.values()):
@@ -340,7 +398,9 @@ class Reconciler:
                 progress_steps=job.progress_steps, isolated_throughput=self._isolated(p, spec.model_family,
                                                                                        p.shape.batch_size or spec.batch_size, len(gpus)),
             )
-            env = self.mps.client_env(gpus, share, mem)
+            inference = spec.kind is JobKind.INFERENCE
+            # a service is resized in place (_resize_in_place): it runs unlimited and its co-tenants' limits protect it
+            env = self.mps.client_env(gpus, 100.0 if inference else share, mem)
             try:
                 if spec.command:
                     if not self.runner.policy.allow_commands:
@@ -349,6 +409,23 @@ class Reconciler:
                     argv = self.runner.command_argv(spec.command)
                     if not argv:
                         raise ValueError("command is blank")
+                    declared = spec.inference.metrics if inference and spec.inference else None
+                    if declared is not None:
+                        port = declared.port or free_loopback_port()
+                        if not declared.port:
+                            env["ELASTICO_SERVE_PORT"] = str(port)
+                        entry = replace(entry, serve_port=0 if declared.port else port, metrics=MetricsEndpoint(
+                            port, declared.path or "/metrics", declared.format or "vllm", declared.scrape_interval_s,
+                            declared.model))
+                elif inference:
+                    declared = spec.inference.metrics if spec.inference else None
+                    port = declared.port if declared is not None and declared.port else free_loopback_port()
+                    entry = replace(entry, serve_port=port, metrics=MetricsEndpoint(
+                        port, "/metrics", "vllm", declared.scrape_interval_s if declared else 0.0,
+                        declared.model if declared else ""))
+                    argv = serving_argv(self.runner.policy.python or sys.executable)
+                    env.update({"ELASTICO_SIM_RATE_FILE": entry.rate_file, "ELASTICO_SERVE_PORT": str(port),
+                                "ELASTICO_TIME_SCALE": repr(float(getattr(self.backend, "time_scale", 1.0)))})
                 else:
                     total = spec.training.total_steps if spec.kind is JobKind.TRAINING and spec.training else 0
                     argv = synthetic_argv(total, job.progress_steps, self.runner.policy.python or sys.executable)
@@ -362,7 +439,7 @@ class Reconciler:
             await asyncio.to_thread(self.ledger.save)
             started += 1
             log.info("started workload", job_id=job_id, pid=entry.pid, gpus=list(gpus), share_pct=share, mem_mib=mem,
-                     placement_id=pid_)
+                     placement_id=pid_, **({"endpoint": entry.endpoint} if entry.endpoint else {}))
         return started
 
     def _isolated(self, p: Placement, model: str, batch_size: int, num_gpus: int) -> float:
@@ -374,6 +451,18 @@ class Reconciler:
         gpu_type = getattr(self.backend, "gpu_type", "") or next((g.gpu_type for g in self.backend.gpus()), "")
         truth = self._truth or ColocationTruth.default()
         return (truth.isolated(model, batch_size, gpu_type, num_gpus) or 0.0) * scale
+
+    def _full_gpu_rps(self, e: LedgerEntry) -> float:
+        """A service's isolated requests per wall second on whole GPUs: its shape's isolated throughput scaled
+        from the shape's share to 100 % when the allocator gave one, else the measured isolated speed."""
+        scale = float(getattr(self.backend, "time_scale", 1.0))
+        shape = e.placement.shape
+        if shape is not None and shape.throughput > 0 and shape.compute_share_pct > 0:
+            return shape.throughput * 100.0 / shape.compute_share_pct * scale
+        gpu_type = getattr(self.backend, "gpu_type", "") or next((g.gpu_type for g in self.backend.gpus()), "")
+        truth = self._truth or ColocationTruth.default()
+        iso = truth.isolated(e.model, e.batch_size, gpu_type, max(1, len(e.gpu_indices)))
+        return (iso if iso is not None else DEFAULT_ISOLATED_STEPS_PER_S) * scale
 
     # --- 5. measure -----------------------------------------------------------------------------------
     def _child_pid(self, e: LedgerEntry) -> int | None:
@@ -393,6 +482,10 @@ class Reconciler:
         tenants = [Tenant(e.job_id, e.model, e.batch_size, e.gpu_indices, e.compute_share_pct, e.kind) for e in running]
         rates = self.backend.emulated_rates(tenants, {e.job_id: e.mem_mib for e in running})
         for e in running:
+            if e.job_id in rates and e.kind == JobKind.INFERENCE.value:
+                # capacity of a service = full-GPU speed x its speed next to its co-tenants x its share
+                rates[e.job_id] = (self._full_gpu_rps(e) * rates[e.job_id][1] * e.compute_share_pct / 100.0,
+                                   rates[e.job_id][1])
             if e.job_id in rates:
                 await asyncio.to_thread(self.runner.write_rate, e, rates[e.job_id][0])
             progress = self.runner.read_progress(e.progress_file)
@@ -412,6 +505,50 @@ class Reconciler:
             self.ledger.entries[e.job_id] = replace(e, progress_steps=progress[0] if progress else e.progress_steps,
                                                     throughput=throughput, norm_throughput=norm)
 
+    async def _scrape_due(self) -> None:
+        """Scrape every running service whose scrape is due, concurrently; forget the state of ended ones."""
+        live = {e.job_id: e for e in self.ledger.entries.values() if e.running and e.metrics is not None and e.metrics.port}
+        for job_id in [j for j, st in self._scrapes.items() if j not in live or st.placement_id != live[j].placement_id]:
+            del self._scrapes[job_id]
+        mono = time.monotonic()
+        due = []
+        for e in live.values():
+            st = self._scrapes.setdefault(e.job_id, _Scrape(e.placement_id))
+            if mono >= st.due_at:
+                due.append(e)
+        results = await asyncio.gather(*(self._scrape_one(e, self._scrapes[e.job_id]) for e in due), return_exceptions=True)
+        for e, res in zip(due, results, strict=True):
+            if isinstance(res, Exception):  # a bug in one scrape must not fail the pass: demand is best effort
+                log.error("metrics scrape crashed", job_id=e.job_id, error=f"{type(res).__name__}: {res}")
+
+    async def _scrape_one(self, e: LedgerEntry, st: _Scrape) -> None:
+        m = e.metrics
+        assert m is not None
+        interval = m.scrape_interval_s or self.scrape_interval_s
+        st.due_at = time.monotonic() + (interval if st.prev is not None else min(interval, SCRAPE_FIRST_RETRY_S))
+        try:
+            text = await self._scraper.fetch(m.port, m.path)
+            t = time.time()
+            snap = await asyncio.to_thread(parse_snapshot, text, t, m.format, m.model)
+        except ScrapeError as exc:
+            self._scrape_failed(e, st, str(exc))
+            return
+        if st.prev is not None and 0 < snap.t - st.prev.t <= MAX_DEMAND_WINDOW_S:
+            st.report = replace(demand_between(st.prev, snap, e.job_id, m.format), source=f"node:{self.node_id}")
+        st.prev = snap  # a longer gap (agent paused) is no window: measure afresh from here
+
+    def _scrape_failed(self, e: LedgerEntry, st: _Scrape, error: str) -> None:
+        """Log a failed scrape, at most once per job per ``SCRAPE_ERROR_LOG_S``; the last report stays."""
+        if st.prev is None and time.time() - e.started_at_s < SCRAPE_STARTUP_GRACE_S:
+            log.debug("service not answering metrics scrapes yet", job_id=e.job_id, error=error)
+            return
+        st.failures += 1
+        mono = time.monotonic()
+        if mono - st.logged_at >= SCRAPE_ERROR_LOG_S:
+            log.warning("metrics scrape failed; keeping the last demand report", job_id=e.job_id, endpoint=e.endpoint,
+                        error=error, failures=st.failures)
+            st.logged_at, st.failures = mono, 0
+
     def workloads(self) -> list[Workload]:
         """The node's actual state (every ledger entry) as domain objects."""
         counters = self.backend.process_counters()
@@ -425,8 +562,12 @@ class Reconciler:
                 placement_id=e.placement_id, reason=e.reason, exit_code=e.exit_code, message=e.message,
                 cotenants=self._cotenants(e) if e.running else (), norm_throughput=e.norm_throughput if e.running else None,
                 counters=counters.get(child, GpuCounters()) if child else GpuCounters(), log_path=e.log_path,
-                ended_at_s=e.ended_at_s))
+                ended_at_s=e.ended_at_s, endpoint=e.endpoint if e.running else "", demand=self._demand(e)))
         return out
+
+    def _demand(self, e: LedgerEntry) -> DemandReport | None:
+        st = self._scrapes.get(e.job_id)
+        return st.report if e.running and st is not None and st.placement_id == e.placement_id else None
 
     def drained_gpus(self) -> frozenset[int]:
         return frozenset(self.ledger.drained)
@@ -472,6 +613,10 @@ class Reconciler:
                 log.warning("reporting observations failed", error=str(exc))
 
     # --- shutdown -------------------------------------------------------------------------------------
+    async def aclose(self) -> None:
+        """Release the scraper's HTTP session (workloads keep running)."""
+        await self._scraper.close()
+
     async def stop_all(self) -> int:
         """Stop every workload and quit MPS (``stop_workloads_on_exit``; the default leaves them running)."""
         async with self._lock:

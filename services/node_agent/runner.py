@@ -9,7 +9,8 @@ a directory ``<state_dir>/workloads/<job_id>/<placement_id>/`` holding:
 - ``work/``        the workload's own directory and working directory: owned by the workload user, mode 0700
 - ``work/progress`` written by the workload, optional (``ELASTICO_PROGRESS_FILE``): a number of steps
                    done, or JSON ``{"steps": ..}``; programs that write nothing still run, without progress
-- ``rate``         simulated GPUs only: steps/s the synthetic workload must run at (``ELASTICO_SIM_RATE_FILE``)
+- ``rate``         simulated GPUs only: steps/s the synthetic workload must run at, or requests/s the serving
+                   workload serves (``ELASTICO_SIM_RATE_FILE``)
 - ``child.json``, ``exit.json``  written by the shim: the real command's pid, and its exit status
 
 The workload directory itself stays the agent's: a workload (run as ``WorkloadPolicy``'s unprivileged
@@ -27,6 +28,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -34,7 +36,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from elastico.domain import Placement, StateReason
+from elastico.domain import MetricsEndpoint, Placement, StateReason
 from elastico.logging import get_logger
 from elastico.state import codec
 from services.node_agent.mps import read_environ
@@ -79,6 +81,13 @@ class LedgerEntry:
     isolated_throughput: float = 0.0  # reference speed in this shape, steps/s; 0 = unknown
     stop_requested: bool = False  # the agent stopped it (no longer desired)
     cotenant_fault: bool = False  # an MPS fault hit its GPU while it ran
+    serve_port: int = 0  # inference: the loopback port the agent picked and passed as ELASTICO_SERVE_PORT; 0 = none
+    metrics: MetricsEndpoint | None = None  # inference: the endpoint the agent scrapes (port, path, format resolved)
+
+    @property
+    def endpoint(self) -> str:
+        """host:port of an inference service's requests and metrics; "" = none."""
+        return f"127.0.0.1:{self.metrics.port}" if self.metrics is not None and self.metrics.port else ""
 
     @property
     def running(self) -> bool:
@@ -211,6 +220,18 @@ def workload_dir(state_dir: Path, job_id: str, placement_id: str) -> Path:
 def synthetic_argv(total_steps: float, start_steps: float, python: str = sys.executable) -> list[str]:
     return [python, "-m", "services.node_agent.synthetic", "--total-steps", repr(float(total_steps)),
             "--start-steps", repr(float(start_steps))]
+
+
+def serving_argv(python: str = sys.executable) -> list[str]:
+    """The built-in inference workload (configured by its environment: ELASTICO_SERVE_PORT and friends)."""
+    return [python, "-m", "services.node_agent.serving"]
+
+
+def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (bound to port 0, read, closed) for a service to listen on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class Runner:

@@ -143,6 +143,7 @@ class NodeAgentSettings(Settings):
     predictor_address: str = ""  # host:port of the predictor for ReportObservation; "" = do not report
     predictor_timeout_s: float = 2.0  # deadline of each ReportObservation call
     observation_interval_s: float = 30.0  # at most one observation per co-located pair per interval
+    scrape_interval_s: float = 5.0  # metrics scrape period of inference services whose endpoint names none
     stop_workloads_on_exit: bool = False  # SIGTERM also stops workloads and MPS (local clusters); default: leave them running
     # --- workloads (docs/security.md "Workloads") ------------------------------------------------------
     workload_user: str = ""  # user name or uid workloads run as; "" = the agent's user, or `nobody` when the agent is root
@@ -181,6 +182,8 @@ class NodeAgentSettings(Settings):
             raise ConfigError(f"ELASTICO_PREDICTOR_TIMEOUT_S={self.predictor_timeout_s}: must be > 0")
         if self.observation_interval_s < 0:
             raise ConfigError(f"ELASTICO_OBSERVATION_INTERVAL_S={self.observation_interval_s}: must be >= 0")
+        if not 0.1 <= self.scrape_interval_s <= 3600:
+            raise ConfigError(f"ELASTICO_SCRAPE_INTERVAL_S={self.scrape_interval_s}: must be in [0.1, 3600]")
         if self.predictor_address and ":" not in self.predictor_address:
             raise ConfigError(f"ELASTICO_PREDICTOR_ADDRESS={self.predictor_address!r}: must be host:port")
         for name in ("nofile", "nproc", "core_mib", "as_mib"):
