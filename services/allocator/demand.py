@@ -3,7 +3,8 @@
 Reports arrive two ways (``Allocator.ReportDemand``; a node agent's scrape, carried in its workload report) and
 are kept per job in the store; :func:`forecasts` turns each service's recent reports into its forecast with the
 simulator's forecaster (:func:`services.allocator.policy.forecast.forecast_rps`) on the policy clock
-(wall x ``time_scale``), so the live allocator and the simulator size services by the same rule.
+(wall x ``time_scale``, rates per policy second), so the live allocator and the simulator size services by the
+same rule.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ def keep_s(window_s: float, time_scale: float) -> float:
 
 
 def forecast(reports: Sequence[DemandReport], now_s: float, window_s: float, time_scale: float) -> float:
-    """Forecast request rate (req/s) at wall time ``now_s`` from ``reports``; NaN without a report in the window."""
-    return forecast_rps([r.window_end_s * time_scale for r in reports], [r.request_rate_rps for r in reports],
+    """Forecast request rate at wall time ``now_s`` from ``reports``, per *policy* second (the unit of a service's
+    declared throughput); NaN without a report in the window. Reports measure wall time (window ends, rates per
+    wall second): on an accelerated clock a rate is ``time_scale`` times the policy's."""
+    return forecast_rps([r.window_end_s * time_scale for r in reports], [r.request_rate_rps / time_scale for r in reports],
                         now_s * time_scale, window_s)
 
 

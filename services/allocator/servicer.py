@@ -234,7 +234,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         if accepted:
             self._log().info("demand reported", job_id=job.job_id, rps=report.request_rate_rps, window_s=report.window_s,
                              p99_ms=report.p99_latency_ms, source=report.source)
-        return apb.ReportDemandResponse(accepted=accepted, forecast_rps=f if f == f else 0.0,
+        return apb.ReportDemandResponse(accepted=accepted, forecast_rps=f * s.time_scale if f == f else 0.0,  # the caller's clock
                                         reports_in_window=sum(1 for r in history if r.window_end_s >= since))
 
     async def GetClusterState(self, request: apb.GetClusterStateRequest, context: grpc.aio.ServicerContext) -> apb.GetClusterStateResponse:

@@ -79,7 +79,8 @@ async def test_forecast_from_live_reports_equals_the_simulators():
     W = window_bins(1800.0)
     sim = looped_forecast(profile, W)
     scale = 60.0  # accelerated, as in the demo: a report's wall time x scale is policy time
-    reports = [DemandReport("s", ((b + 0.5) * BIN_S) / scale, 1.0, float(profile[b % 90])) for b in range(-90, 90)]
+    # measured on the wall clock: window ends and rates per wall second (scale x the policy's)
+    reports = [DemandReport("s", ((b + 0.5) * BIN_S) / scale, 1.0, float(profile[b % 90]) * scale) for b in range(-90, 90)]
     for b in range(90):
         now_wall = (b + 0.9) * BIN_S / scale
         seen = [r for r in reports if r.window_end_s <= now_wall]
@@ -233,7 +234,7 @@ async def test_committed_usage_stays_the_sum_of_placements_under_random_demand(s
                 if s.job_id in ws and rng.random() < 0.5:
                     w = ws[s.job_id]
                     ws[s.job_id] = Workload(**{**w.__dict__, "demand": DemandReport(
-                        s.job_id, now, 1.0, float(rng.uniform(0.2, 6.0)))})
+                        s.job_id, now, 1.0, 50.0 * float(rng.uniform(0.2, 6.0)))})  # per wall second
             await store.report_workloads(n, gen, list(ws.values()))
         jobs = await store.list_active_jobs()
         held: dict[tuple[str, int], float] = {}
