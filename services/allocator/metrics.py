@@ -33,3 +33,12 @@ OBSERVED_NORM = Histogram("elastico_allocator_observed_norm_throughput",
 SLOWDOWN_ERROR = Histogram("elastico_allocator_norm_throughput_error",
                            "Observed minus predicted normalised throughput of co-located running jobs",
                            buckets=(-0.5, -0.3, -0.2, -0.1, -0.05, 0, 0.05, 0.1, 0.2, 0.3, 0.5))
+# inference services (one series per running service, removed when it ends)
+SERVICE_FORECAST = Gauge("elastico_allocator_service_forecast_rps",
+                         "Demand forecast each inference service is sized to, policy requests/s", ["job_id"])
+SERVICE_SHARE = Gauge("elastico_allocator_service_share_pct", "Committed MPS share of each placed inference service, percent",
+                      ["job_id"])
+SERVICE_P99 = Gauge("elastico_allocator_service_p99_latency_ms", "Last measured p99 latency of each inference service, ms",
+                    ["job_id"])
+SERVICE_SLO = Gauge("elastico_allocator_service_latency_slo_ms", "Latency SLO of each inference service, ms", ["job_id"])
+DEMAND_REPORTS = Counter("elastico_allocator_demand_reports_total", "Demand windows stored, by source (api, node)", ["source"])

@@ -9,8 +9,9 @@ store accepted even when a later step of the round fails; the gauges and histogr
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,6 +37,8 @@ class RoundOutcome:
     fresh_nodes: Sequence[NodeInfo]  # nodes with a fresh heartbeat and a ready agent
     observed: Mapping[int, float]  # running view row -> reported normalised throughput (:func:`observed_speeds`)
     predicted: Mapping[int, float]  # those of them sharing a GPU -> predicted (the policy's DecisionReport)
+    # inference job id -> (committed share % or 0, forecast req/s or NaN, last p99 ms or NaN, SLO ms)
+    services: Mapping[str, tuple[float, float, float, float]] = field(default_factory=dict)
 
 
 def observed_speeds(view: ClusterView, index: ViewIndex, workloads: Mapping[str, Mapping[str, Workload]]) -> dict[int, float]:
@@ -54,6 +57,9 @@ def observed_speeds(view: ClusterView, index: ViewIndex, workloads: Mapping[str,
 
 class RoundMetrics:
     """Updates the allocator's Prometheus metrics from rounds (see module docstring)."""
+
+    def __init__(self) -> None:
+        self._services: set[str] = set()  # job ids with per-service series
 
     @staticmethod
     def leading(epoch: int | None) -> None:
@@ -86,8 +92,7 @@ class RoundMetrics:
         if rep.conflict:
             m.CONFLICTS.inc()
 
-    @staticmethod
-    def record(outcome: RoundOutcome) -> None:
+    def record(self, outcome: RoundOutcome) -> None:
         """Queue, decide time, pricing gap, degradations, predicted vs observed speeds, GPU allocation and
         utilisation, placed jobs, round time and the round's outcome."""
         rep, view = outcome.report, outcome.view
@@ -108,5 +113,20 @@ class RoundMetrics:
         if sm:
             m.GPU_UTILISATION.set(float(np.mean(sm)) / 100.0)
         m.RUNNING_JOBS.set(len(view.running) + rep.placed_jobs)
+        self._record_services(outcome.services)
         m.ROUND_SECONDS.observe(rep.seconds)
         m.ROUNDS.labels("conflict" if rep.conflict else "ok").inc()
+
+    def _record_services(self, services: Mapping[str, tuple[float, float, float, float]]) -> None:
+        """Per-service share, forecast, p99 and SLO; the series of services that ended are removed."""
+        for job_id in self._services - set(services):
+            for g in (m.SERVICE_SHARE, m.SERVICE_FORECAST, m.SERVICE_P99, m.SERVICE_SLO):
+                with contextlib.suppress(KeyError):
+                    g.remove(job_id)
+        for job_id, (share, forecast, p99, slo) in services.items():
+            m.SERVICE_SHARE.labels(job_id).set(share)
+            m.SERVICE_SLO.labels(job_id).set(slo)
+            for g, v in ((m.SERVICE_FORECAST, forecast), (m.SERVICE_P99, p99)):
+                if np.isfinite(v):
+                    g.labels(job_id).set(v)
+        self._services = set(services)

@@ -49,6 +49,7 @@ from elastico.errors import Conflict, ElasticoError, InvalidSpec, StaleEpoch, Un
 from elastico.logging import get_logger
 from elastico.state.store import PreparedUpdates, Store
 from services.allocator import demand
+from services.allocator import metrics as m
 from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient, pool_names
 from services.allocator.decider import Decided, PolicySpec, ProcessDecider, run_policy
 from services.allocator.estimate import TypeResolver, default_kappa, default_types, exclusive_matrix, rule_matrix
@@ -173,6 +174,7 @@ class Scheduler:
         self._estimate_note = ""
         self._report_sig: frozenset = frozenset()
         self._demand_seen: dict[str, float] = {}  # inference job id -> newest window end taken from its agents
+        self._p99: dict[str, float] = {}  # inference job id -> p99 latency of its newest report, ms
         self._node_ids: list[str] = []
         self.last: RoundReport | None = None
         self.rounds = 0
@@ -371,7 +373,8 @@ class Scheduler:
         rep.degraded = self._degradations(cluster.nodes, now, decided.est_note)
         rep.seconds = time.perf_counter() - t0
         fresh = [n for n in cluster.nodes if node_fresh(n, now, self.s.node_stale_s)]
-        self.metrics.record(RoundOutcome(rep, decided.view, fresh, decided.observed, decided.predicted))
+        self.metrics.record(RoundOutcome(rep, decided.view, fresh, decided.observed, decided.predicted,
+                                         self._service_series(cluster.jobs, decided.demand)))
         await self._publish(rep, now)
         self.last = rep
         self.rounds += 1
@@ -454,10 +457,19 @@ class Scheduler:
             await self.store.record_demand(fresh, keep)
             for r in fresh:
                 self._demand_seen[r.job_id] = max(self._demand_seen.get(r.job_id, 0.0), r.window_end_s)
+            m.DEMAND_REPORTS.labels("node").inc(len(fresh))
         history = await self.store.demand_history([j.job_id for j in services], now - keep)
         live = {j.job_id for j in services}
         self._demand_seen = {k: v for k, v in self._demand_seen.items() if k in live}
+        self._p99 = {j: h[-1].p99_latency_ms for j, h in history.items() if h and h[-1].p99_latency_ms > 0}
         return demand.forecasts(services, history, now, self.s.forecast_window_s, self.s.time_scale)
+
+    def _service_series(self, jobs: list[Job], forecasts: dict[str, float]) -> dict[str, tuple[float, float, float, float]]:
+        """What the per-service metrics show (:meth:`RoundMetrics._record_services`)."""
+        nan = float("nan")
+        return {j.job_id: (j.placement.slices[0].compute_share_pct if j.placement else 0.0, forecasts.get(j.job_id, nan),
+                           self._p99.get(j.job_id, nan), j.spec.inference.latency_slo_ms if j.spec.inference else nan)
+                for j in jobs if j.spec.kind is JobKind.INFERENCE}
 
     async def _apply(self, epoch: int, cluster: _Cluster, decided: _RoundDecision, rep: RoundReport) -> None:
         """The decision as store writes (:func:`plan.translate`): releases (preemptions, resizes) in one batch,

@@ -30,6 +30,7 @@ from elastico.state.store import Store
 from elastico.v1 import allocator_pb2 as apb
 from elastico.v1 import allocator_pb2_grpc
 from services.allocator import access, demand
+from services.allocator import metrics as m
 from services.allocator.settings import AllocatorSettings
 
 log = get_logger(component="allocator")
@@ -232,6 +233,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         history = (await self._store.demand_history([job.job_id], since)).get(job.job_id, [])
         f = demand.forecast(history, now, s.forecast_window_s, s.time_scale)
         if accepted:
+            m.DEMAND_REPORTS.labels("api").inc()
             self._log().info("demand reported", job_id=job.job_id, rps=report.request_rate_rps, window_s=report.window_s,
                              p99_ms=report.p99_latency_ms, source=report.source)
         return apb.ReportDemandResponse(accepted=accepted, forecast_rps=f * s.time_scale if f == f else 0.0,  # the caller's clock

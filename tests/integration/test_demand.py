@@ -70,6 +70,17 @@ async def test_a_demand_step_grows_the_service_in_place_after_its_cotenant_is_re
     assert first_train < first_svc  # the training tenant gave up its share before the service took it
     hist = await store.demand_history([svc.job_id], 0.0)
     assert [r.source for r in hist[svc.job_id]] == ["node:n1"]
+    from prometheus_client import REGISTRY
+
+    def sample(name):
+        return REGISTRY.get_sample_value(name, {"job_id": svc.job_id})
+
+    assert sample("elastico_allocator_service_share_pct") == svc.placement.slices[0].compute_share_pct
+    assert (sample("elastico_allocator_service_forecast_rps"), sample("elastico_allocator_service_p99_latency_ms"),
+            sample("elastico_allocator_service_latency_slo_ms")) == (5.0, 400.0, 1000.0)
+    await store.release_job(epoch, svc, JobState.CANCELLED, StateReason.CANCELLED_BY_CLIENT)
+    await sch.round(epoch)
+    assert sample("elastico_allocator_service_share_pct") is None  # an ended service's series go
 
 
 async def test_forecast_from_live_reports_equals_the_simulators():
