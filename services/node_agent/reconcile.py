@@ -10,21 +10,29 @@ lost nudge, a restart or a Redis blip can delay but never lose or duplicate work
 2. **Observe**: a workload whose process ended is classified — success (exit 0), own failure (non-zero
    exit, OOM), co-tenant fault (its GPU's MPS server failed while it ran: requeue without penalty), or
    stopped by us (no longer desired).
-3. **Resize in place** an inference service whose desired placement keeps its ``placement_id`` but changes
+3. **Keep moving services' previous replicas**: a service moves make-before-break. Its new placement is
+   desired under the job id and its previous one under ``drain_key(job)``; the workload running that previous
+   placement is re-keyed in the ledger under the drain key (so it is not stopped, and is reported under that
+   key), and the new replica starts in step 5. A drain entry is never started: one naming no workload of
+   this node is ignored. When the drain key leaves the desired state the old replica is stopped as usual.
+4. **Resize in place** an inference service whose desired placement keeps its ``placement_id`` but changes
    its compute share: services run with MPS limit 100 % (their co-tenants' limits protect them), so only
    the share the agent accounts (and the emulated capacity) changes; the process keeps running.
    **Stop** what is running but no longer desired (or desired with another placement: MPS limits are
    fixed at launch, so a new shape is a restart): SIGTERM to its process group, SIGKILL after
-   ``stop_grace_s``. Ended workloads that are no longer desired are forgotten.
-4. **Start** what is desired and has no workload yet, as the unprivileged workload user (``WorkloadPolicy``).
+   ``stop_grace_s``. Ended workloads that are no longer desired are forgotten. Shrinks apply before the
+   stops, growths only after them: a service grows into the share a co-tenant relaunched smaller gives up,
+   so its larger capacity must not be accounted (or emulated) while the old co-tenant still runs.
+5. **Start** what is desired and has no workload yet, as the unprivileged workload user (``WorkloadPolicy``).
    A placement that already ran here (same ``placement_id``) is never started again, whatever its outcome:
    the allocator re-places a job to run it again, which gives it a new placement id. A job whose command
    cannot start (unparsable, or commands refused by ``ELASTICO_ALLOW_COMMANDS=0``) is reported failed.
    An inference job without a command runs the built-in serving workload (``serving.py``) on a loopback
    port the agent picks.
-5. **Measure and report**: emulated rates (simulated GPUs), progress, throughput, co-tenants; the metrics
+6. **Measure and report**: emulated rates (simulated GPUs), progress, throughput, co-tenants; the metrics
    of inference services whose scrape is due (``scrape.py``; concurrently, each bounded by a timeout) become
-   their ``Workload.demand``; the ledger is saved atomically, the node's actual state goes to the store,
+   their ``Workload.demand`` (a previous replica still serving is not scraped: only the current one's demand
+   counts); the ledger is saved atomically, the node's actual state goes to the store,
    co-located observations to the predictor.
 
 The ledger (``<state_dir>/ledger.json``) makes a restarted agent re-adopt its running processes (matched
@@ -43,6 +51,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from elastico.domain import (
+    DRAIN_SUFFIX,
     MAX_DEMAND_WINDOW_S,
     DemandReport,
     GpuCounters,
@@ -152,7 +161,7 @@ class Reconciler:
         """Re-adopt processes from the ledger and from tagged processes missing in it; start MPS."""
         await asyncio.to_thread(self.mps.start)
         tagged = await asyncio.to_thread(find_tagged, str(self.state_dir))
-        known = {(e.job_id, e.placement_id) for e in self.ledger.entries.values()}
+        known = {(e.base_job_id, e.placement_id) for e in self.ledger.entries.values()}  # tags name the real job
         for (job_id, pid_), pid in tagged.items():
             if (job_id, pid_) in known:
                 continue
@@ -223,8 +232,10 @@ class Reconciler:
         await self._check_mps(now)
         self._observe_ends(now)
         self._update_drains(now)
-        resized = self._resize_in_place(desired)
-        stopped = await self._stop_unwanted(desired)
+        stopped = await self._keep_moving(desired)
+        resized = self._resize_in_place(desired, grow=False)
+        stopped += await self._stop_unwanted(desired)
+        resized += self._resize_in_place(desired, grow=True)  # after the stops: see the module docstring, step 4
         started = await self._start_missing(desired)
         await self._measure(now)
         await self._scrape_due()
@@ -313,9 +324,50 @@ class Reconciler:
         self._scrapes.pop(e.job_id, None)
         return ended
 
-    # --- 3. resize in place, stop ---------------------------------------------------------------------
-    def _resize_in_place(self, desired: dict[str, Placement]) -> int:
-        """Take a running service's new compute share from a desired placement with its own placement id.
+    # --- 3. moving services --------------------------------------------------------------------------
+    async def _keep_moving(self, desired: dict[str, Placement]) -> int:
+        """Re-key the workload running a moving service's previous placement under its drain key; returns how
+        many stale drain replicas (an older move's, still in the ledger) had to be stopped to make room.
+
+        A drain entry only keeps an existing workload: one naming no workload of this node is ignored (it
+        may be another node's replica, or one that ended and was forgotten), never started.
+        """
+        moves: list[tuple[str, LedgerEntry]] = []
+        stale: list[LedgerEntry] = []
+        for key, p in sorted(desired.items()):
+            if not key.endswith(DRAIN_SUFFIX):
+                continue
+            job_id, pid_ = key[: -len(DRAIN_SUFFIX)], placement_id(p)
+            kept = self.ledger.entries.get(key)
+            if kept is not None and kept.placement_id == pid_:
+                continue  # kept already
+            e = self.ledger.entries.get(job_id)
+            current = desired.get(job_id)
+            if e is None or e.placement_id != pid_ or (current is not None and placement_id(current) == pid_):
+                log.debug("drain entry names no workload of this node; nothing to keep", job_id=job_id, placement_id=pid_)
+                continue
+            if kept is not None and kept.running:  # an older move's replica still holds the key: not desired now
+                stale.append(kept)
+            moves.append((key, e))
+        stopped = await self._stop(stale) if stale else 0
+        for key, e in moves:
+            del self.ledger.entries[e.job_id]
+            self.ledger.entries[key] = replace(e, job_id=key)
+            if e.job_id in self._samples:
+                self._samples[key] = self._samples.pop(e.job_id)
+            if e.job_id in self._child_pids:
+                self._child_pids[key] = self._child_pids.pop(e.job_id)
+            self._scrapes.pop(e.job_id, None)  # the job's demand is the new replica's from here
+            log.info("service moving: keeping its previous replica until the new one runs", job_id=e.job_id,
+                     pid=e.pid, placement_id=e.placement_id, drain_key=key)
+        if moves:
+            await asyncio.to_thread(self.ledger.save)  # before the new replica starts: a restart keeps both apart
+        return stopped
+
+    # --- 4. resize in place, stop ---------------------------------------------------------------------
+    def _resize_in_place(self, desired: dict[str, Placement], *, grow: bool) -> int:
+        """Take a running service's new compute share from a desired placement with its own placement id:
+        shrinks (and other changes) with ``grow=False``, growths with ``grow=True``.
 
         Its MPS limit is 100 % (see ``_start_missing``) and its memory limit stays as launched, so nothing
         about the process changes: only the share the agent reports and emulates its capacity from.
@@ -329,6 +381,8 @@ class Reconciler:
             if not slices or want == e.placement:
                 continue
             share = slices[0].compute_share_pct
+            if (share > e.compute_share_pct) != grow:
+                continue  # a growth waits for the stops; the rest applies before them
             if share != e.compute_share_pct:
                 log.info("service resized in place", job_id=e.job_id, pid=e.pid, old_share_pct=e.compute_share_pct,
                          new_share_pct=share, placement_id=e.placement_id)
@@ -346,8 +400,10 @@ class Reconciler:
                 victims.append(e)
             else:
                 del self.ledger.entries[e.job_id]  # outcome acknowledged by the allocator: forget it
-        if not victims:
-            return 0
+        return await self._stop(victims) if victims else 0
+
+    async def _stop(self, victims: list[LedgerEntry]) -> int:
+        """Stop ``victims`` (running ledger entries) and forget them; returns once every one has exited."""
         for e in victims:
             self.ledger.entries[e.job_id] = replace(e, stop_requested=True)
             self.runner.signal_group(e, signal.SIGTERM)
@@ -369,14 +425,14 @@ class Reconciler:
             log.info("stopped workload", job_id=e.job_id, detail=ended.message)
         return len(victims)
 
-    # --- 4. start -------------------------------------------------------------------------------------
+    # --- 5. start -------------------------------------------------------------------------------------
     async def _start_missing(self, desired: dict[str, Placement]) -> int:
         if self.mps_state != "ok":
             return 0
         started = 0
         for job_id, p in sorted(desired.items()):
-            if job_id in self.ledger.entries:
-                continue  # running, or ran with this placement: never twice
+            if job_id in self.ledger.entries or job_id.endswith(DRAIN_SUFFIX):
+                continue  # running, or ran with this placement: never twice; a drain entry only keeps a replica
             slices = [s for s in p.slices if s.node_id == self.node_id]
             if not slices:
                 continue
@@ -464,7 +520,7 @@ class Reconciler:
         iso = truth.isolated(e.model, e.batch_size, gpu_type, max(1, len(e.gpu_indices)))
         return (iso if iso is not None else DEFAULT_ISOLATED_STEPS_PER_S) * scale
 
-    # --- 5. measure -----------------------------------------------------------------------------------
+    # --- 6. measure -----------------------------------------------------------------------------------
     def _child_pid(self, e: LedgerEntry) -> int | None:
         if e.job_id not in self._child_pids:
             child = self.runner.child_pid(e)
@@ -507,7 +563,9 @@ class Reconciler:
 
     async def _scrape_due(self) -> None:
         """Scrape every running service whose scrape is due, concurrently; forget the state of ended ones."""
-        live = {e.job_id: e for e in self.ledger.entries.values() if e.running and e.metrics is not None and e.metrics.port}
+        # a previous replica still serving during a move is not scraped: the job's demand is its current replica's
+        live = {e.job_id: e for e in self.ledger.entries.values()
+                if e.running and not e.draining and e.metrics is not None and e.metrics.port}
         for job_id in [j for j, st in self._scrapes.items() if j not in live or st.placement_id != live[j].placement_id]:
             del self._scrapes[job_id]
         mono = time.monotonic()
@@ -557,13 +615,22 @@ class Reconciler:
             child = self._child_pid(e) if e.running else None
             out.append(Workload(
                 job_id=e.job_id, gpu_indices=e.gpu_indices, compute_share_pct=e.compute_share_pct, mem_mib=e.mem_mib,
-                status=e.status, pid=e.pid if e.running else 0, progress_steps=e.progress_steps,
+                status=self._status(e), pid=e.pid if e.running else 0, progress_steps=e.progress_steps,
                 throughput=e.throughput if e.running else 0.0, started_at_s=e.started_at_s,
                 placement_id=e.placement_id, reason=e.reason, exit_code=e.exit_code, message=e.message,
                 cotenants=self._cotenants(e) if e.running else (), norm_throughput=e.norm_throughput if e.running else None,
                 counters=counters.get(child, GpuCounters()) if child else GpuCounters(), log_path=e.log_path,
                 ended_at_s=e.ended_at_s, endpoint=e.endpoint if e.running else "", demand=self._demand(e)))
         return out
+
+    def _status(self, e: LedgerEntry) -> str:
+        """A service with a metrics endpoint is "starting" until its endpoint first answers: the allocator marks it
+        RUNNING (and finishes a make-before-break move, stopping the previous replica) only once it serves."""
+        if e.running and e.metrics is not None and not e.draining:
+            st = self._scrapes.get(e.job_id)
+            if st is None or st.placement_id != e.placement_id or st.prev is None:
+                return "starting"
+        return e.status
 
     def _demand(self, e: LedgerEntry) -> DemandReport | None:
         st = self._scrapes.get(e.job_id)
@@ -589,8 +656,8 @@ class Reconciler:
         pairs = []
         seen: set[tuple[str, str]] = set()
         for tenants in by_gpu.values():
-            if len(tenants) != 2:
-                continue
+            if len(tenants) != 2 or any(e.draining for e in tenants):
+                continue  # a previous replica of a moving service runs only for the move: no steady pair
             a, b = sorted(tenants, key=lambda x: x.job_id)
             if a.norm_throughput is None or b.norm_throughput is None:
                 continue

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from elastico.domain import MetricsEndpoint, Placement, StateReason
+from elastico.domain import DRAIN_SUFFIX, MetricsEndpoint, Placement, StateReason
 from elastico.logging import get_logger
 from elastico.state import codec
 from services.node_agent.mps import read_environ
@@ -56,7 +56,7 @@ MAX_PROGRESS_BYTES = 65536
 class LedgerEntry:
     """One workload the agent started (or is about to start), as recorded on disk."""
 
-    job_id: str
+    job_id: str  # its ledger key: the job id, or its drain key while it is a moving service's previous replica
     placement_id: str
     placement: Placement
     gpu_indices: tuple[int, ...]  # this node's GPUs of the placement
@@ -92,6 +92,16 @@ class LedgerEntry:
     @property
     def running(self) -> bool:
         return self.status in ("starting", "running")
+
+    @property
+    def draining(self) -> bool:
+        """A moving service's previous replica, kept under ``drain_key(job)`` until its move finishes."""
+        return self.job_id.endswith(DRAIN_SUFFIX)
+
+    @property
+    def base_job_id(self) -> str:
+        """The job this workload runs (its workload dir and process tag are named by it, drain or not)."""
+        return self.job_id[: -len(DRAIN_SUFFIX)] if self.draining else self.job_id
 
     @property
     def log_path(self) -> str:
@@ -131,7 +141,7 @@ class LedgerFile:
     """``<state_dir>/ledger.json``: every workload entry plus drained GPUs, replaced atomically."""
 
     path: Path
-    entries: dict[str, LedgerEntry] = field(default_factory=dict)  # job_id -> entry
+    entries: dict[str, LedgerEntry] = field(default_factory=dict)  # entry.job_id (job id or drain key) -> entry
     drained: dict[int, float] = field(default_factory=dict)  # gpu index -> drained since (s)
     applied_generation: int = 0
 
@@ -262,9 +272,9 @@ class Runner:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ELASTICO_", "CUDA_MPS_"))}
         env.pop("CUDA_VISIBLE_DEVICES", None)
         env.update(extra_env)
-        env[TAG_VAR] = f"{self.state_dir}|{entry.job_id}|{entry.placement_id}"
+        env[TAG_VAR] = f"{self.state_dir}|{entry.base_job_id}|{entry.placement_id}"
         env[PROGRESS_VAR] = entry.progress_file
-        env["ELASTICO_JOB_ID"] = entry.job_id
+        env["ELASTICO_JOB_ID"] = entry.base_job_id
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         env["PYTHONUNBUFFERED"] = "1"
         env.update(HOME=policy.home, USER=policy.user, LOGNAME=policy.user)
