@@ -26,7 +26,7 @@ from services.node_agent.reconcile import Reconciler
 
 log = get_logger(component="node_agent")
 
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}(~drain)?$")  # a job id, or a moving service's drain key
 MAX_FILTER_ITEMS = 1000
 DEFAULT_SYNC_DEADLINE_S = 30.0
 
@@ -70,7 +70,7 @@ def _validate_list_request(request: npb.ListWorkloadsRequest) -> None:
             raise InvalidSpec(name, f"at most {MAX_FILTER_ITEMS} items, got {len(items)}")
     for i, job_id in enumerate(request.job_ids):
         if not JOB_ID_RE.match(job_id):
-            raise InvalidSpec(f"job_ids[{i}]", "must be 1-128 characters of [A-Za-z0-9._:-]")
+            raise InvalidSpec(f"job_ids[{i}]", "must be 1-128 characters of [A-Za-z0-9._:-] (a drain key: followed by ~drain)")
     for i, status in enumerate(request.statuses):
         if status not in WORKLOAD_STATUSES:
             raise InvalidSpec(f"statuses[{i}]", f"must be one of {', '.join(WORKLOAD_STATUSES)}, got {clip(status)!r}")
