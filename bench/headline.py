@@ -32,6 +32,11 @@ native load) runs last, alone, for the speed target. Misses are printed as measu
 Information parity: the simulator hands every policy the same remaining-run-time estimates (exact
 isolated remaining time). EASY backfilling, Lucid and ElastiCo use them; FIFO, Tiresias and
 MPS-equal-share ignore them by design.
+
+Output: ``headline.json``, ``headline.md`` and ``report.html`` (the summary table, every cell's table, checks
+and plots, the configuration) in ``--out``, and per cell a folder with its JSON, PNGs and own ``report.html``.
+Where Chromium is installed, the report is rendered headless and checked non-blank (``bench.render_report``;
+not in ``--smoke``).
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from services.allocator.policy import POLICY_NAMES, RuleEstimator
 from services.allocator.settings import AllocatorSettings
 from simulator.engine import SimConfig
 from simulator.metrics import throughput_ceiling
-from simulator.report import table, write_outputs, write_work_plot
+from simulator.report import Section, markdown_table, table, write_html, write_outputs, write_work_plot
 from simulator.run import build_workload, run_policies
 from simulator.traces import TraceError, ls_gpu_share
 
@@ -291,11 +296,13 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
             tag = f"g{cell['gpus']}_share{cell['share']:.2f}_load{cell['load']:g}"
             meta = {k: cell[k] for k in ("gpus", "share", "load", "jobs", "main")}
-            write_outputs(out / tag, cell["sums"], cell["results"], {**meta, "offered_load": cell["load"]})
-            write_work_plot(out / tag / "work_vs_ceiling.png", cell["sums"], cell["ceiling"], cell["head"][3:60])
+            work = write_work_plot(out / tag / "work_vs_ceiling.png", cell["sums"], cell["ceiling"], cell["head"][3:60])
+            write_outputs(out / tag, cell["sums"], cell["results"], {**meta, "offered_load": cell["load"]},
+                          extra_images=[work] if work else [], notes=_notes(lines, checks))
             report[tag] = {"meta": meta, "summaries": cell["sums"], "ceiling": cell["ceiling"], "lines": lines,
                            "checks": checks}
             cell.pop("results")
+            cell["tag"], cell["notes"] = tag, _notes(lines, checks)
             cells.append(cell)
     if not a.skip_speed:
         speed = full_trace_speed(a.trace, inf, a.seed, a.estimator, a.pairs, options)
@@ -311,11 +318,56 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "headline.json").write_text(json.dumps(report, indent=2, default=float))
     (out / "headline.md").write_text("\n".join(rows) + "\n")
+    page = write_report(out / "report.html", rows, cells, report.get("speed"), misses, {**common, "sizes": a.sizes})
+    if not a.smoke:
+        misses += render_check(page)
     print(f"\nOVERALL: {'PASS' if not misses else f'FAIL ({len(misses)} miss(es), as measured)'}  "
           f"[{time.perf_counter() - t0:.0f} s]")
     for m in misses:
         print(f"  miss: {m}")
+    print(f"report: {page.resolve().as_uri()}")
     return 0
+
+
+def _notes(lines: list[str], checks: list[tuple[str, bool]]) -> list[str]:
+    """A cell's printed lines and its checks' verdicts, for its HTML report."""
+    return [ln.strip() for ln in lines if ln.strip()] + [f"{verdict(ok)} {name}" for name, ok in checks]
+
+
+def write_report(path: Path, rows: list[str], cells: list[dict], speed: dict | None, misses: list[str],
+                 config: dict) -> Path:
+    """The run's HTML page: the summary table, the misses, then per cell its table, checks and plots (linked from
+    the cell's folder, whose own report.html embeds them), and the configuration."""
+    head = [Section("Summary", grid=markdown_table(rows) if len(rows) > 2 else None,
+                    notes=[f"OVERALL: {'PASS' if not misses else f'FAIL ({len(misses)} miss(es))'}"]
+                    + [f"miss: {m}" for m in misses]
+                    + ([f"speed: elastico, whole trace at 512 GPUs: {speed['wall_s']:.1f} s wall, "
+                        f"{speed['cpu_s']:.1f} s CPU ({verdict(speed['ok'])})"] if speed else []),
+                    config=config)]
+    body = [Section(cell["head"].strip("= "), summaries=cell["sums"], notes=cell["notes"],
+                    link=("this cell's report (plots embedded)", f"{cell['tag']}/report.html"),
+                    images=[(f, f"{cell['tag']}/{f}") for f in ("jct_cdf.png", "utilisation.png", "work_vs_ceiling.png")
+                            if (path.parent / cell["tag"] / f).exists()])
+            for cell in cells]
+    return write_html(path, "ElastiCo headline benchmark", head + body)
+
+
+def render_check(page: Path) -> list[str]:
+    """Render ``page`` in headless Chromium and check it is not blank (``bench.render_report``); the misses it
+    finds. Without Chromium it says so and finds none (the check needs a browser, the benchmark does not)."""
+    from bench.render_report import RenderError, check, find_browser
+
+    if find_browser() is None:
+        print("render check: not run, no Chromium on PATH (apt-get install chromium)")
+        return []
+    try:
+        stats, shot = check(page)
+    except RenderError as exc:
+        print(f"render check: FAIL {exc}")
+        return [f"render check: {exc}"]
+    problems = stats.problems()
+    print(f"render check: {verdict(not problems)} {shot} ({stats.ink:.1%} ink, {stats.colour:.2%} coloured)")
+    return [f"render check: {p}" for p in problems]
 
 
 if __name__ == "__main__":

@@ -13,6 +13,13 @@ Configuration (environment):
     ELASTICO_SIM_GPU_COUNT, ELASTICO_SIM_GPU_TYPE, ELASTICO_SIM_GPU_MEM_MIB  passed to each agent
     ELASTICO_BASE_PORT    first port to try for the services (default 50050); busy ports are skipped
     ELASTICO_INSECURE     1 = plaintext gRPC without tokens (loopback only); default: mTLS and tokens
+    ELASTICO_MONITORING   1 = as ``up --monitoring``: also Prometheus and Grafana (see below)
+    ELASTICO_PROMETHEUS_PORT, ELASTICO_GRAFANA_PORT  first ports to try for them (default 9090, 3000)
+
+``up --monitoring`` gives every process a fixed metrics port and starts Prometheus (deploy/prometheus: scrape
+config and alert rules, the targets written to ``<run>/monitoring``) and Grafana (deploy/grafana: datasource and
+dashboard provisioned) on loopback when ``prometheus`` / ``grafana-server`` are on PATH; it says which is missing
+and runs the suite without it otherwise (``docker compose --profile monitoring up`` brings both as images).
 
 Security is on by default, as in a deployment: ``up`` creates a throwaway CA under ``<run>/pki`` with a
 certificate per process, and an ``operator`` token (``<run>/auth/operator.token``, mode 0600) whose hash is
@@ -26,6 +33,8 @@ import argparse
 import hashlib
 import json
 import os
+import secrets
+import shutil
 import signal
 import socket
 import stat
@@ -33,6 +42,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -42,6 +53,8 @@ from elastico.healthcheck import health_status
 from elastico.redis_embedded import EmbeddedRedis, free_port, redis_version
 
 SERVICES = ("allocator", "pricer", "predictor")
+HTTP_PROCS = {"prometheus": "/-/ready", "grafana": "/api/health"}  # monitoring processes and their readiness path
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 
 
 @dataclass
@@ -109,8 +122,11 @@ def _spawn(name: str, module: str, env: dict[str, str], logs: Path) -> subproces
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def up(nodes: int, timeout_s: float = 30.0) -> dict:
-    """Start the suite; returns the run state. Raises RuntimeError if something does not come up."""
+def up(nodes: int, timeout_s: float = 30.0, monitoring: bool | None = None) -> dict:
+    """Start the suite (with ``monitoring``, default ELASTICO_MONITORING: Prometheus and Grafana too, where
+    installed); returns the run state. Raises RuntimeError if something does not come up."""
+    if monitoring is None:
+        monitoring = os.environ.get("ELASTICO_MONITORING", "").strip().lower() in ("1", "true", "yes", "on")
     state = load_state()
     if state and any(_alive(p["pid"]) for p in state["procs"]):
         print("cluster already running (make down first); endpoints:")
@@ -135,16 +151,22 @@ def up(nodes: int, timeout_s: float = 30.0) -> dict:
             redis, redis_urls = _start_embedded_redis(rd, nodes, state)
             procs.append(Proc("redis", redis.proc.pid, f"127.0.0.1:{redis.port}", str(rd / "redis" / "redis.log")))
             save()
-        ports = _ports(len(SERVICES) + nodes)
+        count = len(SERVICES) + nodes
+        ports = _ports(2 * count if monitoring else count)  # the second half: metrics ports
+        metrics = ports[count:]
+        ports = ports[:count]
         sec = _provision_security(rd, nodes, state)
         nodes_dir = _nodes_dir(rd)
         base_env = {**os.environ, "ELASTICO_REDIS_URL": redis_url, "ELASTICO_HOST": "127.0.0.1",
                     "ELASTICO_LOG_FORMAT": os.environ.get("ELASTICO_LOG_FORMAT", "json"), "PYTHONUNBUFFERED": "1"}
         addr = {name: f"127.0.0.1:{port}" for name, port in zip(SERVICES, ports, strict=False)}
         state["service_env"] = {}
-        for name, port in zip(SERVICES, ports, strict=False):
+        targets: list[tuple[str, str, int]] = []  # (process, service label, metrics port) for Prometheus
+        for i, (name, port) in enumerate(zip(SERVICES, ports, strict=False)):
+            if metrics:
+                targets.append((name, name, metrics[i]))
             env = {**base_env, **sec.get(name, {}), "ELASTICO_REDIS_URL": redis_urls.get(name, redis_url),
-                   "ELASTICO_PORT": str(port), "ELASTICO_METRICS_PORT": "0",
+                   "ELASTICO_PORT": str(port), "ELASTICO_METRICS_PORT": str(metrics[i]) if metrics else "0",
                    "ELASTICO_PRICER_ADDRESS": addr["pricer"], "ELASTICO_PREDICTOR_ADDRESS": addr["predictor"]}
             state["service_env"][name] = {k: v for k, v in env.items() if k.startswith("ELASTICO_")}
             p = _spawn(name, f"services.{name}", env, logs)
@@ -159,15 +181,113 @@ def up(nodes: int, timeout_s: float = 30.0) -> dict:
                    "ELASTICO_GPU_BACKEND": os.environ.get("ELASTICO_GPU_BACKEND", "simulated"),
                    "ELASTICO_STATE_DIR": str(nodes_dir / name), "ELASTICO_STOP_WORKLOADS_ON_EXIT": "1",
                    "ELASTICO_PREDICTOR_ADDRESS": addr["predictor"]}
+            if metrics:
+                env["ELASTICO_METRICS_PORT"] = str(metrics[len(SERVICES) + i])
+                targets.append((name, "node-agent", metrics[len(SERVICES) + i]))
             p = _spawn(name, "services.node_agent", env, logs)
             procs.append(Proc(name, p.pid, f"127.0.0.1:{port}", str(logs / f"{name}.log")))
+            save()
+        if monitoring:
+            procs += start_monitoring(rd, targets, logs, state)
             save()
         wait_serving(state, timeout_s)
     except BaseException:
         down(quiet=True)
         raise
     print_endpoints(state)
+    for name, url in state.get("monitoring", {}).items():
+        print(f"{name}: {url}")
     return state
+
+
+def prometheus_targets(targets: list[tuple[str, str, int]]) -> list[dict]:
+    """Prometheus file_sd target groups: one per process, ``127.0.0.1:<metrics port>`` labelled with its service
+    (allocator, pricer, predictor, node-agent) and process name."""
+    return [{"targets": [f"127.0.0.1:{port}"], "labels": {"service": service, "process": name}}
+            for name, service, port in targets]
+
+
+def start_monitoring(rd: Path, targets: list[tuple[str, str, int]], logs: Path, state: dict) -> list[Proc]:
+    """Prometheus scraping ``targets`` with the alert rules, and Grafana with the ElastiCo datasource and dashboard,
+    each on a free loopback port, where its binary is on PATH (else a line says what is missing). Their URLs go to
+    ``state["monitoring"]``; the processes are returned for ``down`` to stop."""
+    procs: list[Proc] = []
+    state["monitoring"] = {}
+    mon = rd / "monitoring"
+    prometheus, grafana = shutil.which("prometheus"), shutil.which("grafana-server") or shutil.which("grafana")
+    if prometheus is None:
+        print("monitoring: prometheus is not installed (not on PATH): no Prometheus, and Grafana would have no data; "
+              "install it (e.g. apt-get install prometheus) or use `docker compose --profile monitoring up`", file=sys.stderr)
+        return procs
+    prom_port, grafana_port = _ports_from(int(os.environ.get("ELASTICO_PROMETHEUS_PORT", "9090")), 1)[0], 0
+    prom_dir = mon / "prometheus"
+    (prom_dir / "targets").mkdir(parents=True, exist_ok=True)
+    for f in ("prometheus.yml", "alerts.yml"):
+        shutil.copyfile(DEPLOY / "prometheus" / f, prom_dir / f)
+    (prom_dir / "targets" / "local.json").write_text(json.dumps(prometheus_targets(targets), indent=2))
+    with open(logs / "prometheus.log", "ab") as log:
+        p = subprocess.Popen([prometheus, f"--config.file={prom_dir / 'prometheus.yml'}",
+                              f"--storage.tsdb.path={prom_dir / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    procs.append(Proc("prometheus", p.pid, f"127.0.0.1:{prom_port}", str(logs / "prometheus.log")))
+    state["monitoring"]["prometheus"] = f"http://127.0.0.1:{prom_port}"
+    if grafana is None:
+        print("monitoring: grafana-server is not installed (not on PATH): Prometheus only; install Grafana or use "
+              "`docker compose --profile monitoring up` for the dashboard", file=sys.stderr)
+        return procs
+    grafana_port = _ports_from(int(os.environ.get("ELASTICO_GRAFANA_PORT", "3000")), 1, skip={prom_port})[0]
+    gdir = mon / "grafana"
+    gdir.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_hex(16)  # the admin's, for edits; viewers need none (anonymous, loopback only)
+    fd = os.open(gdir / "admin-password", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(password + "\n")
+    env = {**os.environ, "GF_PATHS_PROVISIONING": str(DEPLOY / "grafana" / "provisioning"), "GF_PATHS_DATA": str(gdir / "data"),
+           "GF_PATHS_LOGS": str(gdir / "logs"), "GF_SERVER_HTTP_ADDR": "127.0.0.1", "GF_SERVER_HTTP_PORT": str(grafana_port),
+           "GF_SECURITY_ADMIN_PASSWORD": password, "GF_AUTH_ANONYMOUS_ENABLED": "true", "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
+           "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH": str(DEPLOY / "grafana" / "dashboards" / "elastico.json"),
+           "ELASTICO_PROMETHEUS_URL": state["monitoring"]["prometheus"],
+           "ELASTICO_DASHBOARDS_DIR": str(DEPLOY / "grafana" / "dashboards")}
+    home = os.environ.get("GRAFANA_HOME", "/usr/share/grafana")
+    cmd = [grafana, *(["server"] if Path(grafana).name == "grafana" else []), f"--homepath={home}"]
+    with open(logs / "grafana.log", "ab") as log:
+        p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    procs.append(Proc("grafana", p.pid, f"127.0.0.1:{grafana_port}", str(logs / "grafana.log")))
+    state["monitoring"]["grafana"] = f"http://127.0.0.1:{grafana_port}/d/elastico-overview (admin password: {gdir / 'admin-password'})"
+    return procs
+
+
+def _ports_from(port: int, count: int, skip: set[int] | frozenset[int] = frozenset()) -> list[int]:
+    """``count`` free ports from ``port`` upwards, none in ``skip``."""
+    out: list[int] = []
+    while len(out) < count and port < 65535:
+        if port not in skip and _port_free(port):
+            out.append(port)
+        port += 1
+    if len(out) < count:
+        raise RuntimeError(f"no {count} free port(s) from {port}")
+    return out
+
+
+def _http_ready(address: str, path: str, timeout_s: float = 2.0) -> str:
+    """"SERVING" when ``http://address/path`` answers 200, else what went wrong (for the health column)."""
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=timeout_s) as r:
+            return "SERVING" if r.status == 200 else f"HTTP {r.status}"
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except OSError:
+        return "UNAVAILABLE"
+
+
+def _health(p: dict, tls) -> str:
+    """The process's health: "-" for Redis, HTTP readiness for the monitoring processes, gRPC health otherwise."""
+    if p["name"] == "redis":
+        return "-"
+    if p["name"] in HTTP_PROCS:
+        return _http_ready(p["address"], HTTP_PROCS[p["name"]])
+    return health_status(p["address"], tls=tls)
 
 
 def _start_embedded_redis(rd: Path, nodes: int, state: dict) -> tuple[EmbeddedRedis, dict[str, str]]:
@@ -286,7 +406,7 @@ def wait_serving(state: dict, timeout_s: float) -> None:
             if not _alive(p["pid"]):
                 tail = Path(p["log"]).read_text()[-3000:] if Path(p["log"]).exists() else ""
                 raise RuntimeError(f"{p['name']} exited during start-up; log tail:\n{tail}")
-            if health_status(p["address"], tls=tls) == "SERVING":
+            if _health(p, tls) == "SERVING":
                 pending.remove(p)
         if pending and time.monotonic() > deadline:
             raise RuntimeError(f"not SERVING after {timeout_s:.0f}s: {', '.join(p['name'] for p in pending)} (see .run/logs)")
@@ -298,7 +418,7 @@ def print_endpoints(state: dict) -> None:
     tls = client_tls(state, token=False)
     print(f"{'process':<12} {'pid':>7}  {'endpoint':<22} health")
     for p in state["procs"]:
-        health = "-" if p["name"] == "redis" else health_status(p["address"], tls=tls)
+        health = _health(p, tls)
         endpoint = redact_url(state["redis_url"]) if p["name"] == "redis" else p["address"]
         print(f"{p['name']:<12} {p['pid']:>7}  {endpoint:<22} {health}")
 
@@ -379,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up = sub.add_parser("up", help="start Redis, the services and N node agents")
     p_up.add_argument("--nodes", type=int, default=int(os.environ.get("ELASTICO_NODES", "2")))
     p_up.add_argument("--timeout-s", type=float, default=30.0)
+    p_up.add_argument("--monitoring", action="store_true", default=None,
+                      help="also start Prometheus and Grafana where installed (default: ELASTICO_MONITORING)")
     sub.add_parser("down", help="stop everything started by up")
     sub.add_parser("ps", help="processes, endpoints and health")
     p_logs = sub.add_parser("logs", help="tail every log")
@@ -389,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.nodes < 1:
             ap.error("--nodes must be >= 1")
         try:
-            up(args.nodes, args.timeout_s)
+            up(args.nodes, args.timeout_s, args.monitoring)
         except RuntimeError as exc:
             print(f"make up failed: {exc}", file=sys.stderr)
             return 1

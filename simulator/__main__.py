@@ -1,4 +1,4 @@
-"""``python -m simulator``: run policies side by side on one trace and write a table, JSON and plots."""
+"""``python -m simulator``: run policies side by side on one trace and write a table, JSON, plots and an HTML page."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="GPUs per node (default 8): a gang that fits one node runs inside one, a larger one takes "
                          "whole nodes plus at most one partial node")
     ap.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated policy names (default: all)")
-    ap.add_argument("--out", default="out/sim", help="folder for summary.json, jct_cdf.png and utilisation.png (default out/sim)")
+    ap.add_argument("--out", default="out/sim", help="folder for summary.json, jct_cdf.png, utilisation.png and report.html (default out/sim)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the inference services' sampling and demand")
     ap.add_argument("--load", type=_ranged(0.0, lo_open=True), default=None,
                     help="target training offered load, counted against the GPUs static allocation leaves to training "
@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             "estimator": w.estimator_name, "kappa": w.truth.kappa}
     for p in write_outputs(Path(a.out), sums, results, meta):
         print(f"wrote {p}")
+        if p.suffix == ".html":
+            print(f"report: {p.resolve().as_uri()}")
     return 0
 
 

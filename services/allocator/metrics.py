@@ -19,6 +19,10 @@ PLACEMENTS = Counter("elastico_allocator_placements_total", "Jobs placed (rate()
 RELEASES = Counter("elastico_allocator_releases_total", "Jobs taken off their GPUs, by reason", ["reason"])
 GPU_ALLOCATED = Gauge("elastico_allocator_gpu_allocated_ratio", "MPS share committed / GPUs of usable nodes")
 GPU_UTILISATION = Gauge("elastico_allocator_gpu_utilisation_ratio", "Mean SM utilisation the node agents report, 0-1")
+GPU_EFFECTIVE = Gauge("elastico_allocator_gpu_effective_ratio",
+                      "MPS share committed, each tenant's weighted by its observed normalised speed / GPUs of usable nodes")
+PENDING_BY_REASON = Gauge("elastico_allocator_pending_jobs", "Pending jobs by the reason of their state", ["reason"])
+NODES = Gauge("elastico_allocator_nodes", "Registered nodes: fresh (recent heartbeat, agent ready) or stale", ["state"])
 DEGRADED = Gauge("elastico_allocator_degraded", "1 while a component is degraded", ["component"])
 IS_LEADER = Gauge("elastico_allocator_is_leader", "1 while this replica holds the leader lease")
 EPOCH = Gauge("elastico_allocator_leader_epoch", "Leader epoch (fencing token) this replica writes with")
@@ -33,6 +37,11 @@ OBSERVED_NORM = Histogram("elastico_allocator_observed_norm_throughput",
 SLOWDOWN_ERROR = Histogram("elastico_allocator_norm_throughput_error",
                            "Observed minus predicted normalised throughput of co-located running jobs",
                            buckets=(-0.5, -0.3, -0.2, -0.1, -0.05, 0, 0.05, 0.1, 0.2, 0.3, 0.5))
+# predictor drift: the error above over a recent window (round_metrics.ERROR_WINDOW); NaN while it holds no sample
+ERROR_MEAN_ABS = Gauge("elastico_allocator_norm_throughput_error_mean_abs",
+                       "Mean |observed - predicted| normalised throughput of co-located jobs over the recent window")
+ERROR_MEAN = Gauge("elastico_allocator_norm_throughput_error_mean",
+                   "Mean observed - predicted normalised throughput of co-located jobs over the recent window (bias)")
 # inference services (one series per running service, removed when it ends)
 SERVICE_FORECAST = Gauge("elastico_allocator_service_forecast_rps",
                          "Demand forecast each inference service is sized to, policy requests/s", ["job_id"])

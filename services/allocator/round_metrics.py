@@ -10,13 +10,15 @@ store accepted even when a later step of the round fails; the gauges and histogr
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from elastico.domain import NodeInfo, StateReason, Workload
+from elastico.domain import Job, JobState, NodeInfo, StateReason, Workload
 from services.allocator import metrics as m
 from services.allocator.plan import ViewIndex
 from services.allocator.policy import ClusterView
@@ -26,6 +28,13 @@ if TYPE_CHECKING:
 
 # elastico_allocator_degraded{component} -> how its degradation notes (RoundReport.degraded) begin
 DEGRADED_PREFIXES = {"pricer": ("pricer",), "predictor": ("predictor",), "nodes": ("nodes", "node ")}
+# how the round's note on one node that is not fresh begins (Scheduler._degradations: "node <id>: <why>: ...")
+STALE_NODE_PREFIX = "node "
+# predictor drift (elastico_allocator_norm_throughput_error_mean*): the last ERROR_WINDOW errors of co-located
+# jobs, none older than ERROR_WINDOW_S seconds of the view's clock, so that the gauges follow the model's
+# current accuracy and go NaN (no alert) once no co-located job has been observed for a while
+ERROR_WINDOW = 512
+ERROR_WINDOW_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,33 @@ class RoundOutcome:
     predicted: Mapping[int, float]  # those of them sharing a GPU -> predicted (the policy's DecisionReport)
     # inference job id -> (committed share % or 0, forecast req/s or NaN, last p99 ms or NaN, SLO ms)
     services: Mapping[str, tuple[float, float, float, float]] = field(default_factory=dict)
+    # StateReason value -> pending jobs with it (:func:`pending_reasons`); None: not known, the gauges are kept
+    pending_reasons: Mapping[str, int] | None = None
+
+
+def pending_reasons(jobs: Iterable[Job]) -> dict[str, int]:
+    """StateReason value -> number of PENDING jobs with that reason: why the queue waits (submitted, unschedulable
+    now, never schedulable, requeued after a preemption or a lost node, ...)."""
+    out: dict[str, int] = {}
+    for j in jobs:
+        if j.state is JobState.PENDING:
+            out[j.reason.value] = out.get(j.reason.value, 0) + 1
+    return out
+
+
+def effective_utilisation(view: ClusterView, observed: Mapping[int, float], predicted: Mapping[int, float]) -> float:
+    """Committed MPS share weighted by each tenant's normalised speed, over the view's GPUs (0-1): the share that
+    does isolated-speed work. A tenant's speed is the one its agent reports, else the policy's prediction, else
+    1 (its isolated speed in its shape: what a tenant that is alone or not yet measured is counted at)."""
+    if view.num_gpus == 0:
+        return 0.0
+    jobs, share = view.gpu_job, view.gpu_share
+    used = jobs >= 0
+    speed_of = {j: observed.get(j, predicted.get(j, 1.0)) for j in map(int, np.unique(jobs[used]))}
+    speed = np.zeros(share.shape)
+    speed[used] = [speed_of[int(j)] for j in jobs[used]]
+    per_gpu = np.minimum((share * speed).sum(axis=1), 100.0)
+    return float(per_gpu.sum() / 100.0 / view.num_gpus)
 
 
 def observed_speeds(view: ClusterView, index: ViewIndex, workloads: Mapping[str, Mapping[str, Workload]]) -> dict[int, float]:
@@ -60,6 +96,8 @@ class RoundMetrics:
 
     def __init__(self) -> None:
         self._services: set[str] = set()  # job ids with per-service series
+        self._reasons: set[str] = set()  # reasons with a pending-jobs series
+        self._errors: deque[tuple[float, float]] = deque(maxlen=ERROR_WINDOW)  # (view time s, observed - predicted)
 
     @staticmethod
     def leading(epoch: int | None) -> None:
@@ -93,22 +131,30 @@ class RoundMetrics:
             m.CONFLICTS.inc()
 
     def record(self, outcome: RoundOutcome) -> None:
-        """Queue, decide time, pricing gap, degradations, predicted vs observed speeds, GPU allocation and
-        utilisation, placed jobs, round time and the round's outcome."""
+        """Queue (and its reasons), decide time, pricing gap, degradations, node freshness, predicted vs observed
+        speeds and their recent error, GPU allocation, effective and SM utilisation, placed jobs, per-service
+        series, round time and the round's outcome."""
         rep, view = outcome.report, outcome.view
         m.QUEUE_LENGTH.set(rep.pending)
+        if outcome.pending_reasons is not None:
+            self._record_reasons(outcome.pending_reasons)
         m.DECIDE_SECONDS.observe(rep.decide_seconds)
         if rep.gap is not None:
             m.PRICING_GAP.set(rep.gap)
         for comp, prefixes in DEGRADED_PREFIXES.items():
             m.DEGRADED.labels(comp).set(1 if any(d.startswith(prefixes) for d in rep.degraded) else 0)
+        m.NODES.labels("fresh").set(len(outcome.fresh_nodes))
+        m.NODES.labels("stale").set(sum(d.startswith(STALE_NODE_PREFIX) for d in rep.degraded))
         for r, observed in outcome.observed.items():
             predicted = outcome.predicted.get(r)
             if predicted is not None:
                 m.PREDICTED_NORM.observe(predicted)
                 m.OBSERVED_NORM.observe(observed)
                 m.SLOWDOWN_ERROR.observe(observed - predicted)
+                self._errors.append((view.now_s, observed - predicted))
+        self._record_drift(view.now_s)
         m.GPU_ALLOCATED.set(float(np.minimum(view.gpu_share.sum(axis=1), 100).sum() / 100 / max(view.num_gpus, 1)))
+        m.GPU_EFFECTIVE.set(effective_utilisation(view, outcome.observed, outcome.predicted))
         sm = [g.counters.sm_util_pct for n in outcome.fresh_nodes for g in n.gpus if g.counters.sm_util_pct is not None]
         if sm:
             m.GPU_UTILISATION.set(float(np.mean(sm)) / 100.0)
@@ -116,6 +162,20 @@ class RoundMetrics:
         self._record_services(outcome.services)
         m.ROUND_SECONDS.observe(rep.seconds)
         m.ROUNDS.labels("conflict" if rep.conflict else "ok").inc()
+
+    def _record_reasons(self, reasons: Mapping[str, int]) -> None:
+        """Pending jobs per reason; a reason no pending job has any more reads 0 (its series stays)."""
+        for reason in self._reasons | set(reasons):
+            m.PENDING_BY_REASON.labels(reason).set(reasons.get(reason, 0))
+        self._reasons |= set(reasons)
+
+    def _record_drift(self, now_s: float) -> None:
+        """Mean and mean absolute error of the window's samples (older ones dropped first); NaN when none."""
+        while self._errors and self._errors[0][0] < now_s - ERROR_WINDOW_S:
+            self._errors.popleft()
+        errs = np.array([e for _, e in self._errors])
+        m.ERROR_MEAN.set(float(errs.mean()) if len(errs) else math.nan)
+        m.ERROR_MEAN_ABS.set(float(np.abs(errs).mean()) if len(errs) else math.nan)
 
     def _record_services(self, services: Mapping[str, tuple[float, float, float, float]]) -> None:
         """Per-service share, forecast, p99 and SLO; the series of services that ended are removed."""

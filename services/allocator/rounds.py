@@ -65,7 +65,7 @@ from services.allocator.plan import (
     translate,
 )
 from services.allocator.policy import INFERENCE, ClusterView, Decision, Policy, make_policy, options_for
-from services.allocator.round_metrics import RoundMetrics, RoundOutcome, observed_speeds
+from services.allocator.round_metrics import RoundMetrics, RoundOutcome, observed_speeds, pending_reasons
 from services.allocator.settings import AllocatorSettings
 
 log = get_logger(component="rounds")
@@ -374,7 +374,7 @@ class Scheduler:
         rep.seconds = time.perf_counter() - t0
         fresh = [n for n in cluster.nodes if node_fresh(n, now, self.s.node_stale_s)]
         self.metrics.record(RoundOutcome(rep, decided.view, fresh, decided.observed, decided.predicted,
-                                         self._service_series(cluster.jobs, decided.demand)))
+                                         self._service_series(cluster.jobs, decided.demand), pending_reasons(cluster.jobs)))
         await self._publish(rep, now)
         self.last = rep
         self.rounds += 1
