@@ -246,6 +246,7 @@ class Workload:
     ended_at_s: float = 0.0  # when it was seen ended; 0 while running
     endpoint: str = ""  # inference: host:port the service listens on (requests and /metrics); "" = none
     demand: DemandReport | None = None  # inference: the last window its metrics scrape measured
+    recent_demand: tuple[DemandReport, ...] = ()  # inference: its last scraped windows, newest last (bounded)
 
 
 DRAIN_SUFFIX = "~drain"  # desired-state key of a moving service's previous replica: "<job id>~drain"

@@ -55,7 +55,9 @@ def from_workloads(jobs: Sequence[Job], workloads: Mapping[str, Mapping[str, Wor
         pid = placement_id(j.placement)
         for node in sorted({s.node_id for s in j.placement.slices}):
             w = workloads.get(node, {}).get(j.job_id)
-            if w is None or w.demand is None or w.placement_id != pid or w.demand.window_end_s <= seen.get(j.job_id, -math.inf):
+            if w is None or w.placement_id != pid:
                 continue
-            out.append(replace(w.demand, job_id=j.job_id, source=f"node:{node}"))
+            last = seen.get(j.job_id, -math.inf)
+            out += [replace(r, job_id=j.job_id, source=f"node:{node}") for r in (w.recent_demand or (w.demand,))
+                    if r is not None and r.window_end_s > last]
     return out

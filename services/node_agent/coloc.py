@@ -18,7 +18,8 @@ module only adapts the node agent's view of a workload to it and turns normalise
    node, so a training tenant's speed is then capped by its share: ``min(1, share / u)`` with ``u`` its
    type's fitted solo utilisation (saturating: a job that uses 60 % of a GPU alone loses nothing at a 75 %
    share). An inference workload (``kind="inference"``) is not capped and counts with utilisation = its
-   share (the most it can use; the simulator uses the service's mean load, unknown to the agent).
+   measured load (``Tenant.load``, from its metrics scrape) up to its share, or its share while unmeasured
+   (the simulator uses the service's mean load).
 3. **Gang jobs** run at the pace of their slowest GPU (as the simulator's engine).
 4. **Steps/s** = the measured isolated speed (``data/gavel_isolated_throughputs.csv``, nearest measured
    batch size, linear in the GPU count where Gavel did not measure that count) x normalised speed;
@@ -110,7 +111,8 @@ class ColocationTruth:
         idx, util, training = [], [], []
         for t in tenants:
             if t.kind == "inference":
-                i, u = types.inference_index, t.compute_share_pct / 100.0
+                u = t.compute_share_pct / 100.0
+                i, u = types.inference_index, (min(u, max(t.load, 0.0)) if t.load is not None else u)
             else:
                 i = type_index(types, t.model, t.batch_size)
                 if i is None:  # no training type on this GPU type: NaN pair row -> the utilisation rule

@@ -33,6 +33,9 @@ class Tenant:
     gpu_indices: tuple[int, ...]
     compute_share_pct: float  # MPS active-thread percentage on each of its GPUs, (0, 100]
     kind: str = "training"  # "training" or "inference"
+    # inference: its measured load, fraction of a full GPU's request rate (None = unknown: counted as its share);
+    # a service's co-tenants feel what it uses, as the simulator's ground truth counts a service's load
+    load: float | None = None
 
 
 class GpuBackend(Protocol):

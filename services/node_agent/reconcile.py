@@ -46,8 +46,9 @@ import math
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from elastico.domain import (
@@ -86,6 +87,7 @@ from services.node_agent.settings import WorkloadPolicy
 
 log = get_logger(component="reconcile")
 MAX_SYNC_WAIT_S = 5.0  # a Sync waits at most this long for the generation it asks for (the allocator asks for one it just wrote)
+RECENT_DEMAND_WINDOWS = 64  # scraped windows a workload report carries (Workload.recent_demand)
 SCRAPE_ERROR_LOG_S = 60.0  # at most one logged scrape failure per job per this many seconds
 SCRAPE_STARTUP_GRACE_S = 10.0  # a service that has not answered yet this soon after its start is still starting
 SCRAPE_FIRST_RETRY_S = 1.0  # until its first answer, a service is scraped at least this often
@@ -122,6 +124,8 @@ class _Scrape:
     due_at: float = 0.0  # time.monotonic() of the next scrape
     prev: Snapshot | None = None  # the last successful scrape
     report: DemandReport | None = None  # the last window measured; kept when a scrape fails
+    # the last windows, newest last: every one reaches the allocator however seldom its rounds read the reports
+    recent: deque[DemandReport] = field(default_factory=lambda: deque(maxlen=RECENT_DEMAND_WINDOWS))
     failures: int = 0  # failures since the last logged one
     logged_at: float = -math.inf  # time.monotonic() of the last logged failure
 
@@ -529,13 +533,22 @@ class Reconciler:
             self._child_pids[e.job_id] = child
         return self._child_pids[e.job_id]
 
+    def _load(self, e: LedgerEntry) -> float | None:
+        """A service's measured load (its last window's request rate / its full-GPU rate); None = not measured."""
+        st = self._scrapes.get(e.job_id)
+        if e.kind != JobKind.INFERENCE.value or st is None or st.report is None or st.placement_id != e.placement_id:
+            return None
+        full = self._full_gpu_rps(e)
+        return st.report.request_rate_rps / full if full > 0 else None
+
     def _cotenants(self, e: LedgerEntry) -> tuple[str, ...]:
         return tuple(sorted(o.job_id for o in self.ledger.entries.values()
                             if o.running and o.job_id != e.job_id and set(o.gpu_indices) & set(e.gpu_indices)))
 
     async def _measure(self, now: float) -> None:
         running = [e for e in self.ledger.entries.values() if e.running]
-        tenants = [Tenant(e.job_id, e.model, e.batch_size, e.gpu_indices, e.compute_share_pct, e.kind) for e in running]
+        tenants = [Tenant(e.job_id, e.model, e.batch_size, e.gpu_indices, e.compute_share_pct, e.kind, self._load(e))
+                   for e in running]
         rates = self.backend.emulated_rates(tenants, {e.job_id: e.mem_mib for e in running})
         for e in running:
             if e.job_id in rates and e.kind == JobKind.INFERENCE.value:
@@ -593,6 +606,7 @@ class Reconciler:
             return
         if st.prev is not None and 0 < snap.t - st.prev.t <= MAX_DEMAND_WINDOW_S:
             st.report = replace(demand_between(st.prev, snap, e.job_id, m.format), source=f"node:{self.node_id}")
+            st.recent.append(st.report)
         st.prev = snap  # a longer gap (agent paused) is no window: measure afresh from here
 
     def _scrape_failed(self, e: LedgerEntry, st: _Scrape, error: str) -> None:
@@ -620,7 +634,8 @@ class Reconciler:
                 placement_id=e.placement_id, reason=e.reason, exit_code=e.exit_code, message=e.message,
                 cotenants=self._cotenants(e) if e.running else (), norm_throughput=e.norm_throughput if e.running else None,
                 counters=counters.get(child, GpuCounters()) if child else GpuCounters(), log_path=e.log_path,
-                ended_at_s=e.ended_at_s, endpoint=e.endpoint if e.running else "", demand=self._demand(e)))
+                ended_at_s=e.ended_at_s, endpoint=e.endpoint if e.running else "", demand=self._demand(e),
+                recent_demand=self._recent_demand(e)))
         return out
 
     def _status(self, e: LedgerEntry) -> str:
@@ -631,6 +646,10 @@ class Reconciler:
             if st is None or st.placement_id != e.placement_id or st.prev is None:
                 return "starting"
         return e.status
+
+    def _recent_demand(self, e: LedgerEntry) -> tuple[DemandReport, ...]:
+        st = self._scrapes.get(e.job_id)
+        return tuple(st.recent) if e.running and st is not None and st.placement_id == e.placement_id else ()
 
     def _demand(self, e: LedgerEntry) -> DemandReport | None:
         st = self._scrapes.get(e.job_id)

@@ -259,3 +259,26 @@ async def test_committed_usage_stays_the_sum_of_placements_under_random_demand(s
                 assert g.allocated_share_pct == pytest.approx(held.get((n, g.index), 0.0)), (k, n, g.index)
         await asyncio.sleep(0.02)
     assert resized > 0  # the demand moved the services
+
+
+async def test_every_scraped_window_reaches_the_history_however_seldom_rounds_run(store):
+    await heartbeat(store, "n1", gpus=1)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(), lease)
+    svc, _ = await store.create_job(make_job(spec=service_spec(1.0)))
+    await sch.round(epoch)
+    await agent_reports(store, "n1", "running")
+    await sch.round(epoch)
+    gen, ws = await store.get_workloads("n1")
+    now = time.time()
+    windows = tuple(DemandReport(svc.job_id, now - 5 + i, 1.0, rate) for i, rate in enumerate((1.0, 9.0, 2.0, 1.5, 1.0)))
+    w = ws[svc.job_id]
+    ws[svc.job_id] = Workload(**{**w.__dict__, "demand": windows[-1], "recent_demand": windows})
+    await store.report_workloads("n1", gen, list(ws.values()))
+    await sch.round(epoch)
+    await sch.round(epoch)  # the same windows again: stored once
+    hist = (await store.demand_history([svc.job_id], 0.0))[svc.job_id]
+    assert [r.request_rate_rps for r in hist] == [1.0, 9.0, 2.0, 1.5, 1.0]  # the burst between rounds is kept
+    from prometheus_client import REGISTRY
+
+    assert REGISTRY.get_sample_value("elastico_allocator_service_forecast_rps", {"job_id": svc.job_id}) == 9.0

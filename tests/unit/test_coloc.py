@@ -213,3 +213,14 @@ def test_unconsolidated_rows_and_unknown_gpu_are_ignored():
 
 def test_shipped_isolated_speed():
     assert C.isolated("ResNet-50", 64, "v100") == pytest.approx(4.394774823323071)
+
+
+def test_a_service_counts_with_its_measured_load_up_to_its_share():
+    train = t("a", "CycleGAN", 0, (0,), 50)
+    by_share = norms([train, Tenant("s", "inference", 0, (0,), 50, "inference")])
+    by_load = norms([train, Tenant("s", "inference", 0, (0,), 50, "inference", load=0.2)])
+    above = norms([train, Tenant("s", "inference", 0, (0,), 50, "inference", load=0.9)])
+    assert u(CYC) + 0.5 > 1.0  # heavy enough that the service's utilisation matters
+    assert by_load["s"] == pytest.approx(GT.kappa * min(1.0, 1.0 / (u(CYC) + 0.2)))  # the rule with its load
+    assert by_load["s"] > by_share["s"] and by_load["a"] >= by_share["a"]  # a lightly loaded service interferes less
+    assert above == pytest.approx(by_share)  # a load above its share counts as its share (what it can use)
