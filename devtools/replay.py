@@ -12,6 +12,19 @@ Used by ``make demo`` and the end-to-end tests. The slice is loaded with the sim
   and every node agent's ``ListWorkloads`` (allocated share, effective utilisation, work done) and checks
   the invariants on every sample: no GPU above 100 % share or its memory, no job running twice.
 
+Inference services (optional, :func:`service_jobs`): service i -> ``SubmitJob`` of an INFERENCE job with
+declared 1-GPU shapes at the policy's inference shares (``throughput = mu_full x share / 100``, one fixed memory
+footprint), ``latency_slo_ms = slo_factor x 1000 / mu_full`` and ``demand_rps`` = the simulator's forecast at its
+start. Services are submitted ``service_lead_s`` wall seconds before their start (model time 0 for the demo's:
+up and serving when the slice begins, as in the simulator, whose first round places them at t = 0), driven by a
+:class:`devtools.loadgen.LoadGenerator` that replays their demand profile (the looped profile's past during the
+lead), and cancelled at their end. A sampler reads each service's committed share (``GetJob``) and scrapes its
+``/metrics`` (vLLM names); :func:`service_windows` turns that into per-bin rate, mean and p99 latency and SLO
+attainment: the fraction of the service's lifetime in ``BIN_S`` windows (model time) whose mean latency of the
+requests completed in it is within ``latency_slo_ms`` -- the live reading of the simulator's criterion (the
+M/M/1 mean sojourn at the bin's demand within the SLO); a window in which the service had no serving replica,
+or lost an arrival for want of one, is violated.
+
 :func:`live_result` turns what was observed into the simulator's ``SimResult`` so that the *same*
 ``simulator.metrics.summarise`` / ``simulator.report.table`` print both.
 """
@@ -19,6 +32,7 @@ Used by ``make demo`` and the end-to-end tests. The slice is loaded with the sim
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import math
 import threading
 import time
@@ -27,12 +41,16 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
+from devtools.loadgen import LoadGenerator, LoadStats, ProfileArrivals
 from elastico.v1 import allocator_pb2 as apb
 from elastico.v1 import allocator_pb2_grpc, node_agent_pb2, node_agent_pb2_grpc
 from elastico.v1 import types_pb2 as tpb
 from services.allocator.estimate import split_type_name
 from services.allocator.policy import training_shapes
+from services.allocator.policy.forecast import looped_forecast, window_bins
+from services.allocator.policy.shapes import count_speed, relative_tput
 from services.node_agent.coloc import DEFAULT_ISOLATED_STEPS_PER_S, ColocationTruth
+from simulator.traces import BIN_S
 
 TERMINAL = (tpb.JOB_STATE_SUCCEEDED, tpb.JOB_STATE_FAILED, tpb.JOB_STATE_CANCELLED)
 
@@ -49,11 +67,15 @@ class TraceJob:
     solo_util: float
     rate: float  # isolated steps/s the simulated GPUs give it at num_gpus (wall, time scale 1)
     spec: tpb.JobSpec
+    scale_curve: np.ndarray | None = None  # its type's throughput curve (TypeTable.scale_tput row), None = linear
 
 
-def trace_jobs(workload, *, train_floor: float, gpu_type: str = "v100", gpu_mem_mib: int = 16384) -> list[TraceJob]:
+def trace_jobs(workload, *, train_floor: float, gpu_type: str = "v100", gpu_mem_mib: int = 16384,
+               min_speed: float | None = None) -> list[TraceJob]:
     """The workload's training jobs as API specs (see the module docstring for the mapping); their shapes keep
-    ``train_floor`` (the live allocator's)."""
+    ``min_speed`` of their speed, by default ``train_floor`` (the live allocator's). A lower ``min_speed`` (the
+    ElastiCo policy's ``slack_floor``) declares the policy's whole share menu, as the simulator offers it: the
+    policy itself keeps ``train_floor`` for ordinary co-location and the slack floor in a service's slack."""
     truth = ColocationTruth.default()
     types, tr = workload.types, workload.train
     out = []
@@ -64,15 +86,284 @@ def trace_jobs(workload, *, train_floor: float, gpu_type: str = "v100", gpu_mem_
         n = int(tr.num_gpus[i])
         rate = truth.isolated(model, bs, gpu_type, n) or DEFAULT_ISOLATED_STEPS_PER_S * n
         dur = float(tr.duration_s[i])
-        shapes = training_shapes(n, float(types.solo_util[t]), rate, min_speed=train_floor, gpu_type=gpu_type,
+        floor = train_floor if min_speed is None else min_speed
+        shapes = training_shapes(n, float(types.solo_util[t]), rate, min_speed=floor, gpu_type=gpu_type,
                                  gpu_mem_mib=gpu_mem_mib)
         spec = tpb.JobSpec(
             name=f"trace-{i}", tenant="trace", kind=tpb.JOB_KIND_TRAINING, model_family=model, batch_size=bs,
             training=tpb.TrainingWork(total_steps=max(1, int(round(dur * rate)))),
             shapes=[tpb.Shape(num_gpus=s.num_gpus, compute_share_pct=s.compute_share_pct, mem_mib=s.mem_mib,
                               batch_size=bs, gpu_type=s.gpu_type, throughput=s.throughput) for s in shapes])
-        out.append(TraceJob(i, float(tr.arrival_s[i]), n, dur, name, float(types.solo_util[t]), rate, spec))
+        curve = np.asarray(types.scale_tput[t], float) if types.scale_tput is not None else None
+        out.append(TraceJob(i, float(tr.arrival_s[i]), n, dur, name, float(types.solo_util[t]), rate, spec, curve))
     return out
+
+
+@dataclass
+class ServiceJob:
+    """One inference service as submitted (times in model seconds, rates in requests per model second)."""
+
+    index: int
+    name: str
+    start_s: float
+    end_s: float
+    rates_rps: np.ndarray  # [P] request rate per BIN_S bin of its looped profile
+    phase_bin: int  # the profile bin at model time 0
+    mu_full: float  # requests/s one whole, uncontended GPU serves
+    slo_ms: float  # latency objective (model time), ms
+    spec: tpb.JobSpec
+
+    def rate_at(self, t: float) -> float:
+        """Demand at model time ``t`` (the simulator's indexing: bin ``(phase + floor(t / BIN_S)) % P``)."""
+        return float(self.rates_rps[(self.phase_bin + math.floor(t / BIN_S)) % len(self.rates_rps)])
+
+
+def service_jobs(inf, *, mu_full: float, slo_factor: float, shares_pct, mem_mib: int = 2048,
+                 forecast_window_s: float = 3600.0, gpu_type: str = "v100") -> list[ServiceJob]:
+    """The simulator's inference services (``simulator.traces.InferenceServices``) as API specs.
+
+    Demand = ``inf.demand(i)`` (fraction of one GPU) x ``mu_full``; every service declares 1-GPU shapes at
+    ``shares_pct`` with ``throughput = mu_full x share / 100`` and the same ``mem_mib`` (a service's memory
+    footprint does not follow its compute share); ``demand_rps`` is the simulator's forecast at its start (the
+    shared forecaster's peak over ``forecast_window_s`` of the looped profile), so both front ends start from
+    the same number.
+    """
+    if not (math.isfinite(mu_full) and mu_full > 0):
+        raise ValueError(f"mu_full must be a finite number > 0, got {mu_full!r}")
+    if not (math.isfinite(slo_factor) and slo_factor >= 1):
+        raise ValueError(f"slo_factor must be a finite number >= 1, got {slo_factor!r}")
+    shares = sorted(float(x) for x in shares_pct)
+    if not shares or shares[0] <= 0 or shares[-1] > 100:
+        raise ValueError(f"shares_pct must be shares in (0, 100], got {tuple(shares_pct)!r}")
+    out = []
+    for i in range(len(inf.start_s)):
+        load = np.asarray(inf.demand(i), float)
+        phase = int(inf.phase_bin[i])
+        start = float(inf.start_s[i])
+        fc = looped_forecast(load, window_bins(forecast_window_s, BIN_S))
+        demand = float(fc[(phase + math.floor(start / BIN_S)) % len(fc)]) * mu_full
+        name = str(inf.names[int(inf.profile[i])]).replace("azure2023_llm_inference_", "")
+        slo_ms = slo_factor * 1000.0 / mu_full
+        spec = tpb.JobSpec(
+            name=f"svc-{i}-{name}", tenant="services", kind=tpb.JOB_KIND_INFERENCE, model_family="inference",
+            inference=tpb.InferenceWork(demand_rps=max(demand, 1e-6), latency_slo_ms=slo_ms),
+            shapes=[tpb.Shape(num_gpus=1, compute_share_pct=sh, mem_mib=mem_mib, gpu_type=gpu_type,
+                              throughput=mu_full * sh / 100.0) for sh in shares])
+        out.append(ServiceJob(i, name, start, float(inf.end_s[i]), load * mu_full, phase, float(mu_full), slo_ms, spec))
+    return out
+
+
+@dataclass
+class MetricsSample:
+    """One scrape of a service's ``/metrics`` (vLLM names; latencies in model seconds)."""
+
+    completed: float
+    waiting: float
+    latency_sum_s: float
+    latency_count: float
+    bucket_le: tuple[float, ...]  # upper bounds, ascending, +inf last
+    bucket_cum: tuple[float, ...]  # cumulative counts per bound
+    capacity_rps: float = math.nan  # the built-in serving workload's capacity now, requests per wall second
+
+
+def parse_vllm_metrics(text: str, model_name: str = "") -> MetricsSample:
+    """The vLLM series of a Prometheus text body, summed over series (only ``model_name``'s when given).
+
+    Raises:
+        ValueError: the body is not Prometheus text, or holds no ``vllm:request_success_total``.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    completed = waiting = lsum = lcount = 0.0
+    capacity = math.nan
+    buckets: dict[float, float] = {}
+    seen = False
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if model_name and smp.labels.get("model_name", model_name) != model_name:
+                continue
+            if smp.name == "vllm:request_success_total":
+                completed += smp.value
+                seen = True
+            elif smp.name == "vllm:num_requests_waiting":
+                waiting += smp.value
+            elif smp.name == "vllm:e2e_request_latency_seconds_sum":
+                lsum += smp.value
+            elif smp.name == "vllm:e2e_request_latency_seconds_count":
+                lcount += smp.value
+            elif smp.name == "elastico_serving_capacity_rps":
+                capacity = smp.value if math.isnan(capacity) else capacity + smp.value
+            elif smp.name == "vllm:e2e_request_latency_seconds_bucket":
+                le = float(smp.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + smp.value
+    if not seen:
+        raise ValueError("metrics hold no vllm:request_success_total series" + (f" for {model_name}" if model_name else ""))
+    les = tuple(sorted(buckets))
+    return MetricsSample(completed, waiting, lsum, lcount, les, tuple(buckets[b] for b in les), capacity)
+
+
+def scrape_metrics(endpoint: str, model_name: str = "", timeout_s: float = 1.0) -> MetricsSample:
+    """GET ``http://<endpoint>/metrics`` and parse it (:func:`parse_vllm_metrics`); OSError/ValueError on failure."""
+    from devtools.loadgen import split_endpoint
+
+    host, port = split_endpoint(endpoint)
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        body = resp.read(4 << 20).decode()
+        if resp.status != 200:
+            raise ValueError(f"GET /metrics: HTTP {resp.status}")
+    except http.client.HTTPException as exc:
+        raise OSError(f"GET /metrics: {exc}") from exc
+    finally:
+        conn.close()
+    return parse_vllm_metrics(body, model_name)
+
+
+def histogram_quantile(q: float, le: np.ndarray, cum: np.ndarray) -> float:
+    """Quantile ``q`` of a cumulative histogram, interpolated linearly inside its bucket (Prometheus'
+    ``histogram_quantile``: the +Inf bucket answers the largest finite bound); NaN when it is empty."""
+    le, cum = np.asarray(le, float), np.asarray(cum, float)
+    if len(cum) == 0 or not cum[-1] > 0:
+        return math.nan
+    rank = q * cum[-1]
+    k = int(np.searchsorted(cum, rank, side="left"))
+    k = min(k, len(cum) - 1)
+    if math.isinf(le[k]):
+        return float(le[k - 1]) if k > 0 else math.nan
+    lo = 0.0 if k == 0 else float(le[k - 1])
+    below = 0.0 if k == 0 else float(cum[k - 1])
+    inside = float(cum[k] - below)
+    return lo + (float(le[k]) - lo) * ((rank - below) / inside if inside > 0 else 1.0)
+
+
+@dataclass
+class ServiceSample:
+    """What the sampler saw of a service at wall time ``t`` (s since model time 0)."""
+
+    t: float
+    share_pct: float  # committed share (0 = no placement)
+    up: bool  # a workload of its placement runs and has an endpoint
+    endpoint: str
+    metrics: MetricsSample | None  # None = not scraped (down) or the scrape failed
+
+
+@dataclass
+class ServiceObserved:
+    """What a replay saw of one service."""
+
+    job_id: str = ""
+    submitted: float = math.nan  # wall s since model time 0 (negative: before it)
+    first_up: float = math.nan
+    cancelled: float = math.nan
+    samples: list[ServiceSample] = field(default_factory=list)
+    load: LoadStats | None = None
+    scrape_errors: int = 0
+    history_reports: int = 0  # demand windows before its submission reported (Replay.history_s)
+    gateway_reports: int = 0  # per-minute demand windows reported while it ran (Replay.gateway_reports)
+    reported_bin: int | None = None  # last model-time bin reported
+
+
+def service_windows(svc: ServiceJob, so: ServiceObserved, time_scale: float, bin_s: float = BIN_S) -> dict:
+    """Per-``bin_s`` windows (model time) of a service's lifetime [start, end) from its samples, and their summary.
+
+    Counter deltas between consecutive scrapes go to the window of the interval's midpoint; a new endpoint or a
+    counter that went down (a new serving process) counts from zero. A window is *violated* when a sample in it
+    saw no serving replica (or, if it has none, the last one before it did), when an arrival of it could not be
+    delivered, when its completed requests' mean latency exceeds the SLO, or when it completed nothing while
+    requests waited; else it is met. Returns arrays per window (``t_s`` window start; ``arrivals_rps``,
+    ``served_rps``, ``mean_ms``, ``p99_ms``, ``share_pct`` and ``capacity`` -- the lowest seen, the latter the
+    serving workload's own capacity as a fraction of ``mu_full`` --, ``ok``) and ``slo_attainment`` (met time over the
+    lifetime), ``p99_ms`` and ``mean_ms`` over the lifetime, ``lifetime_s`` and ``ok_s``.
+    """
+    sc = time_scale
+    lo, hi = svc.start_s, svc.end_s
+    nb = max(1, math.ceil((hi - lo) / bin_s - 1e-9))
+    edges = lo + bin_s * np.arange(nb + 1)
+    width = np.minimum(edges[1:], hi) - edges[:-1]
+    cnt = np.zeros(nb)
+    lat = np.zeros(nb)
+    served = np.zeros(nb)
+    down = np.zeros(nb, bool)
+    waiting = np.zeros(nb)
+    share = np.full(nb, np.nan)
+    capacity = np.full(nb, np.nan)  # lowest capacity seen, fraction of a full GPU's rate (the serving workload's own)
+    les: tuple[float, ...] = ()
+    hist = None
+    samples = sorted(so.samples, key=lambda x: x.t)
+
+    def bin_of(t_model: float) -> int:
+        return int(math.floor((t_model - lo) / bin_s))
+
+    seen = np.zeros(nb, bool)
+    for x in samples:
+        b = bin_of(x.t * sc)
+        if 0 <= b < nb:
+            seen[b] = True
+            down[b] |= not x.up
+            share[b] = x.share_pct if np.isnan(share[b]) else min(share[b], x.share_pct)
+            if x.metrics is not None:
+                waiting[b] = x.metrics.waiting
+                c = x.metrics.capacity_rps / sc / svc.mu_full
+                capacity[b] = c if np.isnan(capacity[b]) else min(capacity[b], c)
+    last_up = None
+    for b in range(nb):  # a window no sample fell in takes the state of the last sample before it
+        if seen[b]:
+            before = [x for x in samples if x.t * sc < edges[b + 1]]
+            last_up = before[-1].up if before else last_up
+        else:
+            before = [x for x in samples if x.t * sc < edges[b]]
+            last_up = before[-1].up if before else False
+            down[b] = not last_up
+            share[b] = before[-1].share_pct if before else 0.0
+    prev: ServiceSample | None = None
+    for x in samples:
+        m = x.metrics
+        if m is None:
+            continue
+        if hist is None:
+            les = m.bucket_le
+            hist = np.zeros((nb, len(les)))
+        if prev is not None and prev.metrics is not None:
+            pm = prev.metrics
+            fresh = x.endpoint != prev.endpoint or m.completed < pm.completed or m.bucket_le != pm.bucket_le
+            base = (0.0, 0.0, 0.0, np.zeros(len(m.bucket_cum))) if fresh else (
+                pm.completed, pm.latency_sum_s, pm.latency_count, np.asarray(pm.bucket_cum))
+            b = bin_of((prev.t + x.t) / 2 * sc)
+            if 0 <= b < nb:
+                served[b] += m.completed - base[0]
+                lat[b] += m.latency_sum_s - base[1]
+                cnt[b] += m.latency_count - base[2]
+                if m.bucket_le == les:
+                    hist[b] += np.asarray(m.bucket_cum) - base[3]
+        prev = x
+    arrivals = np.zeros(nb)
+    if so.load is not None:
+        for b_model, c in so.load.per_bin.items():  # the generator's bins are BIN_S bins of model time from 0
+            k = bin_of(b_model * BIN_S + 0.5 * BIN_S)
+            if 0 <= k < nb:
+                arrivals[k] += c
+        for t in so.load.undelivered_model_s:
+            k = bin_of(t)
+            if 0 <= k < nb:
+                down[k] = True
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_ms = np.where(cnt > 0, lat / np.maximum(cnt, 1e-12) * 1000.0, np.nan)
+    stalled = (cnt <= 0) & (arrivals > 0) & (waiting > 0)
+    ok = ~down & ~stalled & ~(mean_ms > svc.slo_ms)
+    p99 = np.array([histogram_quantile(0.99, les, hist[b]) * 1000.0 if hist is not None else math.nan
+                    for b in range(nb)])
+    total = hist.sum(axis=0) if hist is not None else np.zeros(0)
+    life = float(width.sum())
+    ok_s = float((width * ok).sum())
+    return {"name": svc.name, "t_s": edges[:-1], "arrivals_rps": arrivals / width, "served_rps": served / width,
+            "mean_ms": mean_ms, "p99_ms": p99, "share_pct": share, "capacity": capacity, "ok": ok, "lifetime_s": life, "ok_s": ok_s,
+            "slo_attainment": ok_s / life if life > 0 else math.nan, "slo_ms": svc.slo_ms,
+            "p99_run_ms": histogram_quantile(0.99, les, total) * 1000.0 if len(total) else math.nan,
+            "mean_run_ms": float(lat.sum() / cnt.sum() * 1000.0) if cnt.sum() > 0 else math.nan,
+            "requests": float(arrivals.sum()), "undelivered": 0 if so.load is None else so.load.undelivered,
+            "first_up_s": so.first_up * sc if math.isfinite(so.first_up) else math.nan}
 
 
 class InvariantViolation(AssertionError):
@@ -81,7 +372,7 @@ class InvariantViolation(AssertionError):
 
 @dataclass
 class Observed:
-    """What a replay saw (wall-clock times, seconds since the replay started)."""
+    """What a replay saw (wall-clock times, seconds since the replay's model time 0: the first training arrival)."""
 
     submitted: dict[int, float] = field(default_factory=dict)
     job_ids: dict[int, str] = field(default_factory=dict)
@@ -95,6 +386,22 @@ class Observed:
     max_share_seen: float = 0.0
     wall_s: float = 0.0
     duplicate_submits: int = 0
+    services: dict[int, ServiceObserved] = field(default_factory=dict)  # service index -> what was seen of it
+
+
+SERVING = (tpb.JOB_STATE_PLACED, tpb.JOB_STATE_RUNNING)
+RATE_WINDOW_S = 1.0  # wall seconds over which a workload's progress rate is read
+
+
+def _train_eff(j: TraceJob, n_run: int, frac: float) -> float:
+    """Effective utilisation one GPU of training job ``j`` adds, running on ``n_run`` GPUs at ``frac`` of its
+    isolated speed at its requested count -- the simulator's rule (``simulator.engine``): solo utilisation x
+    co-location factor (the speed over the count's own speed, at most 1) x per-GPU scaling efficiency at ``n_run``."""
+    if j.scale_curve is None:
+        return j.solo_util * min(frac, 1.0)
+    cs = float(count_speed(j.scale_curve, n_run, j.num_gpus)) if n_run != j.num_gpus else 1.0
+    peff = min(1.0, cs * float(relative_tput(j.scale_curve, j.num_gpus)) / n_run)
+    return j.solo_util * min(frac / cs, 1.0) * peff if cs > 0 else 0.0
 
 
 class Replay:
@@ -102,8 +409,13 @@ class Replay:
 
     def __init__(self, allocator: str | list[str], node_agents: list[str], jobs: list[TraceJob], time_scale: float,
                  run_id: str, sample_every_s: float = 0.25, progress_every_s: float = 3.0, out=print,
-                 on_tick=None, tls=None) -> None:
-        """``tls``: the caller's ``ClientTLS`` (certificate and token; ``cluster.client_tls()``); None = plaintext."""
+                 on_tick=None, tls=None, services: list[ServiceJob] | None = None, service_lead_s: float = 3.0,
+                 history_s: float = 0.0, gateway_reports: bool = False, seed: int = 0) -> None:
+        """``tls``: the caller's ``ClientTLS`` (certificate and token; ``cluster.client_tls()``); None = plaintext.
+        ``services``: inference services to run beside the jobs (module docstring), submitted ``service_lead_s``
+        wall seconds before their start, each with its demand over the ``history_s`` model seconds before that
+        reported (:meth:`_report_history`; 0 = none); ``gateway_reports``: report each minute's arrivals of a
+        running service as it ends, as its gateway would (:meth:`_report_bins`); ``seed`` seeds their arrivals."""
         from elastico.rpc.security import ClientTLS
 
         self.tls = tls or ClientTLS(None)
@@ -112,10 +424,25 @@ class Replay:
         self._current = 0
         self.allocator, self.agents, self.jobs, self.scale, self.run_id = allocator, node_agents, jobs, time_scale, run_id
         self.sample_every_s, self.progress_every_s, self.out = sample_every_s, progress_every_s, out
+        self.services = list(services or [])
+        if not (math.isfinite(service_lead_s) and service_lead_s >= 0):
+            raise ValueError(f"service_lead_s must be a finite number >= 0, got {service_lead_s!r}")
+        self.service_lead_s = float(service_lead_s) if self.services else 0.0
+        if not (math.isfinite(history_s) and history_s >= 0):
+            raise ValueError(f"history_s must be a finite number >= 0, got {history_s!r}")
+        self.history_s = float(history_s)
+        self.gateway_reports = bool(gateway_reports)
+        self._sources: dict[int, ProfileArrivals] = {}
+        self.seed = seed
         self.obs = Observed()
         self._by_id: dict[str, int] = {}
+        self._svc_by_id: dict[str, int] = {}
+        self._endpoints: dict[str, str] = {}  # service job id -> endpoint of a workload of its current placement
+        self._gens: dict[int, LoadGenerator] = {}
         self._stop = threading.Event()
-        self._last_progress: dict[tuple[str, str], tuple[float, float]] = {}  # (job, placement) -> (t, steps)
+        # (job, placement) -> recent (t, steps) samples: rates are read over a trailing window, as progress reaches
+        # the agents in steps of the workloads' progress-file writes
+        self._progress: dict[tuple[str, str], list[tuple[float, float]]] = {}
         self._lock = threading.Lock()
 
     # --- threads ------------------------------------------------------------------------------------
@@ -164,6 +491,7 @@ class Replay:
     def _sample(self, stub, agents, t0: float) -> None:
         window_end = max(j.arrival_s for j in self.jobs) / self.scale
         info = {j.index: j for j in self.jobs}
+        svc_info = {s.index: s for s in self.services}
         while not self._stop.wait(self.sample_every_s):
             t = time.time() - t0
             try:
@@ -182,6 +510,7 @@ class Replay:
             eff: dict[tuple[str, int], float] = {}
             share_run: dict[tuple[str, int], float] = {}
             running_where: dict[str, set] = {}
+            endpoints: dict[str, str] = {}
             done_gpu_s = 0.0
             seen_running: set[int] = set()
             for node_name, resp in zip(self.agents, lists, strict=True):
@@ -191,32 +520,46 @@ class Replay:
                     running_where.setdefault(w.job_id, set()).add(node_name)
                     with self._lock:
                         i = self._by_id.get(w.job_id)
+                        si = self._svc_by_id.get(w.job_id)
                     for gi in w.gpu_indices:
                         key = (node_name, gi)
                         share_run[key] = share_run.get(key, 0.0) + w.compute_share_pct
+                    key = (w.job_id, w.placement_id)
+                    prev = self._trailing(key, t, w.progress_steps)
+                    if si is not None:
+                        if w.endpoint:
+                            endpoints[w.job_id] = w.endpoint
+                        # served requests as a fraction of one whole GPU's rate: its effective utilisation
+                        sv = svc_info[si]
+                        if prev is not None and t > prev[0]:
+                            frac = max(0.0, (w.progress_steps - prev[1]) / ((t - prev[0]) * sv.mu_full * self.scale))
+                            for gi in w.gpu_indices:
+                                eff[(node_name, gi)] = eff.get((node_name, gi), 0.0) + frac
+                        continue
                     if i is None:
                         continue
                     j = info[i]
-                    # achieved fraction of isolated speed from the progress made since the previous sample
-                    key = (w.job_id, w.placement_id)
-                    prev = self._last_progress.get(key)
-                    self._last_progress[key] = (t, w.progress_steps)
+                    # achieved fraction of isolated speed (at its requested count) over the trailing window
                     if prev is None or t <= prev[0] or j.rate <= 0:
                         frac = 0.0
                     else:
-                        frac = min(1.0, (w.progress_steps - prev[1]) / ((t - prev[0]) * j.rate * self.scale))
+                        frac = max(0.0, (w.progress_steps - prev[1]) / ((t - prev[0]) * j.rate * self.scale))
                     for gi in w.gpu_indices:
-                        eff[(node_name, gi)] = eff.get((node_name, gi), 0.0) + j.solo_util * frac
+                        eff[(node_name, gi)] = eff.get((node_name, gi), 0.0) + _train_eff(j, len(w.gpu_indices), frac)
                     if i not in seen_running:
                         seen_running.add(i)
                         done_gpu_s += j.num_gpus * min(j.duration_s, w.progress_steps / j.rate if j.rate > 0 else 0.0)
+            with self._lock:
+                self._endpoints = endpoints
             for key, sh in share_run.items():
                 if sh > 100.0 + 1e-6:
                     self.obs.violations.append(f"GPU {key} runs workloads with {sh}% share in total")
             for job_id, where in running_where.items():
                 with self._lock:
                     i = self._by_id.get(job_id)
-                if i is not None and info[i].num_gpus == 1 and len(where) > 1:
+                    si = self._svc_by_id.get(job_id)
+                one_gpu = (i is not None and info[i].num_gpus == 1) or si is not None
+                if one_gpu and len(where) > 1:
                     self.obs.violations.append(f"job {job_id} runs on {sorted(where)} at once")
             G = max(len(gpus), 1)
             self.obs.samples.append((t, alloc / G, sum(min(1.0, v) for v in eff.values()) / G))
@@ -224,9 +567,117 @@ class Replay:
                 done_gpu_s += sum(info[i].num_gpus * info[i].duration_s for i in list(self.obs.completed))
                 self.obs.work_at = (t, done_gpu_s)
 
+    def _trailing(self, key: tuple[str, str], t: float, steps: float) -> tuple[float, float] | None:
+        """Record (t, steps) of a workload and return its oldest sample within ``RATE_WINDOW_S`` before t (None
+        for a first sample)."""
+        hist = self._progress.setdefault(key, [])
+        hist.append((t, steps))
+        while len(hist) > 2 and hist[1][0] <= t - RATE_WINDOW_S:
+            hist.pop(0)
+        return hist[0] if len(hist) > 1 else None
+
+    def _sample_services(self, t0: float) -> None:
+        """Every half bin of model time: each live service's committed share and a scrape of its /metrics."""
+        every = max(0.05, min(self.sample_every_s, BIN_S / self.scale / 2))
+        while not self._stop.wait(every):
+            for si, so in list(self.obs.services.items()):
+                if not so.job_id or math.isfinite(so.cancelled):
+                    continue
+                if self.gateway_reports:
+                    self._report_bins(si, so, t0)
+                t = time.time() - t0
+                try:
+                    job = self._call("GetJob", apb.GetJobRequest(job_id=so.job_id), timeout=2.0, attempts=2).job
+                except grpc.RpcError:
+                    continue
+                placed = job.state in SERVING and job.HasField("placement") and len(job.placement.slices) > 0
+                share = job.placement.slices[0].compute_share_pct if placed else 0.0
+                with self._lock:
+                    ep = self._endpoints.get(so.job_id, "")
+                m = None
+                if placed and ep:
+                    try:
+                        m = scrape_metrics(ep, so.job_id)
+                    except (OSError, ValueError):
+                        so.scrape_errors += 1
+                # a failed scrape is no outage (the next scrape's counters cover the interval); no replica is
+                if m is not None and not math.isfinite(so.first_up):
+                    so.first_up = t
+                so.samples.append(ServiceSample(t, share, bool(placed and ep), ep, m))
+
+    # --- services -----------------------------------------------------------------------------------
+    def _submit_service(self, svc: ServiceJob, t0: float) -> None:
+        rid = f"{self.run_id}-svc-{svc.index}"
+        resp = self._call("SubmitJob", apb.SubmitJobRequest(request_id=rid, spec=svc.spec), timeout=2.0)
+        so = ServiceObserved(job_id=resp.job.job_id, submitted=time.time() - t0)
+        with self._lock:
+            self._svc_by_id[so.job_id] = svc.index
+        self.obs.services[svc.index] = so
+
+        def resolve(job_id: str = so.job_id) -> str | None:
+            with self._lock:
+                return self._endpoints.get(job_id)
+
+        src = ProfileArrivals(svc.rates_rps, phase_bin=svc.phase_bin, bin_s=BIN_S, seed=self.seed * 1000 + svc.index)
+        self._sources[svc.index] = src
+        self._report_history(svc, so, src, t0)
+        self._gens[svc.index] = LoadGenerator(src, resolve, self.scale, t0_wall=t0,
+                                              model_start_s=so.submitted * self.scale, model_end_s=svc.end_s,
+                                              resolve_every_s=0.0, name=svc.name).start()
+
+    def _report_history(self, svc: ServiceJob, so: ServiceObserved, src: ProfileArrivals, t0: float) -> None:
+        """Report the service's demand in the ``history_s`` before its submission, bin by bin, through
+        ``Allocator.ReportDemand`` (as its gateway would): the request counts of the same arrival process the
+        generator replays, the looped profile's previous period, which is the history the simulator's forecast
+        reads at t = 0. Measured on the wall clock, like every demand report (the allocator divides by its time
+        scale)."""
+        if not self.history_s > 0:
+            return
+        now_bin = math.floor(so.submitted * self.scale / BIN_S)
+        for b in range(now_bin - window_bins(self.history_s, BIN_S), now_bin):
+            self._report_bin(so, src, b, t0)
+            so.history_reports += 1
+        so.reported_bin = now_bin - 1
+
+    def _report_bin(self, so: ServiceObserved, src: ProfileArrivals, b: int, t0: float) -> None:
+        """``ReportDemand`` of model-time bin ``b``: its arrivals per wall second over the bin's wall window."""
+        w_wall = BIN_S / self.scale
+        rate = len(src.bin_arrivals(b)) / w_wall
+        rep = tpb.DemandReport(job_id=so.job_id, window_s=w_wall, request_rate_rps=rate)
+        rep.window_end.FromMicroseconds(int(round((t0 + (b + 1) * w_wall) * 1e6)))
+        self._call("ReportDemand", apb.ReportDemandRequest(report=rep), timeout=2.0, attempts=3)
+
+    def _report_bins(self, si: int, so: ServiceObserved, t0: float) -> None:
+        """Report every bin of a running service that ended since the last report (the arrivals the generator
+        sent or tried to send in it, which a gateway counts), so that each minute reaches the forecaster."""
+        src = self._sources.get(si)
+        if src is None or so.reported_bin is None:
+            return
+        done = math.floor((time.time() - t0) * self.scale / BIN_S) - 1  # the last bin that has ended
+        for b in range(so.reported_bin + 1, done + 1):
+            try:
+                self._report_bin(so, src, b, t0)
+            except grpc.RpcError:
+                return  # the next pass retries from this bin
+            so.reported_bin = b
+            so.gateway_reports += 1
+
+    def _end_service(self, svc: ServiceJob, t0: float) -> None:
+        so = self.obs.services[svc.index]
+        so.cancelled = time.time() - t0
+        gen = self._gens.pop(svc.index, None)
+        if gen is not None:
+            so.load = gen.stop()
+        try:
+            self._call("CancelJob", apb.CancelJobRequest(job_id=so.job_id), timeout=2.0)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:  # already terminal
+                raise
+
     # --- run ----------------------------------------------------------------------------------------
     def run(self, timeout_s: float) -> Observed:
-        """Submit every job on schedule, wait until all are terminal (or ``timeout_s``), return what was seen.
+        """Submit every job (and service) on schedule, wait until all jobs are terminal and every service has
+        ended (or ``timeout_s``), return what was seen.
 
         Raises:
             InvalidViolation: an invariant failed (also listed in ``Observed.violations``).
@@ -237,16 +688,27 @@ class Replay:
         agent_tls = dataclasses.replace(self.tls, token="")  # agents take certificates only; the token stays with the allocator
         agent_chs = [agent_tls.channel(a) for a in self.agents]
         agents = [node_agent_pb2_grpc.NodeAgentStub(c) for c in agent_chs]
-        t0 = time.time()
+        t0 = time.time() + self.service_lead_s  # model time 0 (the services start serving before it)
         threads = [threading.Thread(target=self._watch, args=(stub, t0), daemon=True),
                    threading.Thread(target=self._sample, args=(stub, agents, t0), daemon=True)]
+        if self.services:
+            threads.append(threading.Thread(target=self._sample_services, args=(t0,), daemon=True))
         for th in threads:
             th.start()
-        last_print = 0.0
+        last_print = -math.inf
         pending = sorted(self.jobs, key=lambda j: (j.arrival_s, j.index))
+        svc_pending = sorted(self.services, key=lambda s: (s.start_s, s.index))
+        svc_live: list[ServiceJob] = []
         try:
             while True:
                 now = time.time() - t0
+                while svc_pending and svc_pending[0].start_s / self.scale - self.service_lead_s <= now:
+                    svc = svc_pending.pop(0)
+                    self._submit_service(svc, t0)
+                    svc_live.append(svc)
+                for svc in [s for s in svc_live if s.end_s / self.scale <= now]:
+                    svc_live.remove(svc)
+                    self._end_service(svc, t0)
                 while pending and pending[0].arrival_s / self.scale <= now:
                     j = pending.pop(0)
                     rid = f"{self.run_id}-{j.index}"
@@ -265,16 +727,15 @@ class Replay:
                 done = len(self.obs.terminal)
                 if now - last_print >= self.progress_every_s:
                     last_print = now
-                    s = self.obs.samples[-1] if self.obs.samples else (0, 0, 0)
-                    self.out(f"  t={now * self.scale / 3600:6.2f} h (wall {now:5.1f} s)  submitted {len(self.obs.submitted):3d}/"
-                             f"{len(self.jobs)}  started {len(self.obs.first_start):3d}  done {done:3d}  "
-                             f"GPU share allocated {s[1]:5.1%}  effective {s[2]:5.1%}")
-                if not pending and done >= len(self.jobs):
+                    self.out(self._progress_line(now, done))
+                if not pending and done >= len(self.jobs) and not svc_pending and not svc_live:
                     break
                 if now > timeout_s:
                     self.out(f"  timeout after {now:.0f} s: {len(self.jobs) - done} jobs not finished")
                     break
                 time.sleep(0.05)
+            for svc in svc_live:  # a timeout: end the services still running
+                self._end_service(svc, t0)
             for i, job_id in self.obs.job_ids.items():
                 job = self._call("GetJob", apb.GetJobRequest(job_id=job_id)).job
                 self.obs.restarts[i] = job.restarts
@@ -293,16 +754,32 @@ class Replay:
                                            f"{len(self.obs.job_ids)} submitted")
         finally:
             self._stop.set()
+            for gen in self._gens.values():
+                gen.stop()
             for th in threads:
                 th.join(timeout=6)
             for c in [*chs, *agent_chs]:
                 c.close()
-        self.obs.wall_s = time.time() - t0
+        self.obs.wall_s = time.time() - t0 + self.service_lead_s
         return self.obs
 
+    def _progress_line(self, now: float, done: int) -> str:
+        s = self.obs.samples[-1] if self.obs.samples else (0, 0, 0)
+        line = (f"  t={now * self.scale / 3600:6.2f} h (wall {now:5.1f} s)  submitted {len(self.obs.submitted):3d}/"
+                f"{len(self.jobs)}  started {len(self.obs.first_start):3d}  done {done:3d}  "
+                f"GPU share allocated {s[1]:5.1%}  effective {s[2]:5.1%}")
+        for si, so in sorted(self.obs.services.items()):
+            if so.samples and not math.isfinite(so.cancelled):
+                x = so.samples[-1]
+                svc = self.services[[v.index for v in self.services].index(si)]
+                line += f"  | {svc.name} {svc.rate_at(now * self.scale):5.2f} rps share {x.share_pct:3.0f}%"
+        return line
 
-def live_result(policy: str, jobs: list[TraceJob], obs: Observed, time_scale: float, gpus: int):
-    """What a replay observed as a ``simulator.engine.SimResult`` (virtual seconds), for ``summarise``."""
+
+def live_result(policy: str, jobs: list[TraceJob], obs: Observed, time_scale: float, gpus: int,
+                services: list[ServiceJob] | None = None):
+    """What a replay observed as a ``simulator.engine.SimResult`` (virtual seconds), for ``summarise``; the
+    services' SLO time comes from :func:`service_windows`."""
     from simulator.engine import SimResult
 
     n = len(jobs)
@@ -320,9 +797,17 @@ def live_result(policy: str, jobs: list[TraceJob], obs: Observed, time_scale: fl
             alloc += aa * gpus * (hi - lo)
             eff += ea * gpus * (hi - lo)
     work = obs.work_at[1] if obs.work_at else float("nan")
+    slo_ok = slo_total = 0.0
+    for svc in services or []:
+        so = obs.services.get(svc.index)
+        if so is None:
+            continue
+        sw = service_windows(svc, so, time_scale)
+        slo_ok += sw["ok_s"]
+        slo_total += sw["lifetime_s"]
+    timeline = np.array([((t - t_first) * sc, a, e) for t, a, e in obs.samples]) if obs.samples else np.zeros((0, 3))
     return SimResult(policy=policy, arrival_s=arrival, first_start_s=start, completion_s=done,
                      num_gpus=np.array([j.num_gpus for j in jobs]), duration_s=np.array([j.duration_s for j in jobs]),
                      restarts_training=int(sum(obs.restarts.values())), restarts_inference=0, alloc_gpu_s=alloc,
-                     eff_gpu_s=eff, window_end_s=window_end, work_in_window_gpu_s=work, slo_ok_s=0.0, slo_total_s=0.0,
-                     timeline=np.array(obs.samples) if obs.samples else np.zeros((0, 3)), wall_s=obs.wall_s, rounds=0,
-                     events=0, gpus=gpus)
+                     eff_gpu_s=eff, window_end_s=window_end, work_in_window_gpu_s=work, slo_ok_s=slo_ok,
+                     slo_total_s=slo_total, timeline=timeline, wall_s=obs.wall_s, rounds=0, events=0, gpus=gpus)

@@ -222,7 +222,9 @@ def static_inference_gpus(inf: InferenceServices | None, span_s: float) -> float
     return float(np.maximum(hi - lo, 0.0).sum() / span_s)
 
 
-def _azure_profile(path: Path) -> np.ndarray:
+def azure_profile(path: str | Path) -> np.ndarray:
+    """[P] per-``BIN_S`` request counts of an Azure LLM inference trace (``TIMESTAMP`` column), normalised to a
+    peak of 1; the last, partial bin is dropped. The shape services loop (module docstring)."""
     ts = []
     with open(path, newline="") as fh:
         for r in csv.DictReader(fh):
@@ -249,7 +251,7 @@ def load_inference(paths: list[str | Path], gpus: int, span_s: float, seed: int,
             with open(p, newline="") as fh:
                 inst = list(csv.DictReader(fh))
         elif "TIMESTAMP" in h:
-            profs.append(_azure_profile(p))
+            profs.append(azure_profile(p))
             names.append(p.stem)
         elif "gpu_milli" in h:
             with open(p, newline="") as fh:
