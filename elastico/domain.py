@@ -153,6 +153,7 @@ class Placement:
     slices: tuple[GpuSlice, ...]  # one per GPU of the shape
     epoch: int = 0  # leader epoch (fencing token) of the committing allocator
     committed_at_s: float = 0.0
+    resized_at_s: float = 0.0  # last in-place resize (Store.resize_in_place), 0 = none; not part of its identity
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,7 @@ def placement_to_pb(p: d.Placement) -> pb.Placement:
         job_id=p.job_id, shape_index=p.shape_index, shape=shape_to_pb(p.shape), epoch=p.epoch,
         slices=[pb.GpuSlice(node_id=s.node_id, gpu_index=s.gpu_index, compute_share_pct=s.compute_share_pct, mem_mib=s.mem_mib)
                 for s in p.slices],
-        committed_at=ts(p.committed_at_s),
+        committed_at=ts(p.committed_at_s), resized_at=ts(p.resized_at_s),
     )
 
 

@@ -549,7 +549,8 @@ class StoreBase:
                 raise WrongState(f"job {job.job_id} is {job.state.value}, only a placed job can be resized in place")
             if sorted((s.node_id, s.gpu_index) for s in old.slices) != sorted((s.node_id, s.gpu_index) for s in placement.slices):
                 raise WrongState(f"job {job.job_id}: an in-place resize keeps the job's GPUs")
-            placement = replace(placement, job_id=job.job_id, epoch=old.epoch, committed_at_s=old.committed_at_s)
+            placement = replace(placement, job_id=job.job_id, epoch=old.epoch, committed_at_s=old.committed_at_s,
+                                resized_at_s=now)
             new = replace(job, reason=StateReason.RESIZED, message=message, placement=placement,
                           version=job.version + 1, updated_at_s=now)
             tx = Transaction(epoch=epoch, jobs=[JobWrite(job.job_id, job.version, new.version, new.state.value,

@@ -248,7 +248,7 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
             queued_since[r] = (j.queued_at_s or j.updated_at_s or j.submitted_at_s) * ts  # a reason update is no requeue
             continue
         since = p.committed_at_s * ts
-        last_change[r] = since
+        last_change[r] = max(since, p.resized_at_s * ts)  # an in-place resize is a change, not a restart
         attained[r] += num_gpus[r] * max(0.0, now_s * ts - since)
         mine = []
         for s in p.slices:
