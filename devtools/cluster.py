@@ -475,7 +475,7 @@ def logs(lines: int) -> None:
 
 def status() -> None:
     """Each service's health and the GPUs every node agent reports (through its own gRPC API)."""
-    from elastico.v1 import node_agent_pb2, node_agent_pb2_grpc
+    from elastico.client import NodeAgentClient
 
     state = load_state()
     if not state:
@@ -487,10 +487,10 @@ def status() -> None:
     for p in state["procs"]:
         if not p["name"].startswith("node-"):
             continue
-        with client_tls(state, token=False).channel(p["address"]) as ch:
-            resp = node_agent_pb2_grpc.NodeAgentStub(ch).GetNodeStatus(node_agent_pb2.GetNodeStatusRequest(), timeout=5)
-        for g in resp.node.gpus:
-            print(f"{resp.node.node_id:<10} {g.index:>3}  {g.gpu_type:<6} {g.mem_total_mib:>6} MiB  {g.allocated_share_pct:>8.0f}%  {resp.node.gpu_backend}")
+        with NodeAgentClient(p["address"], tls=client_tls(state, token=False), deadline_s=5) as agent:
+            node, _ = agent.node_status()
+        for g in node.gpus:
+            print(f"{node.node_id:<10} {g.index:>3}  {g.gpu_type:<6} {g.mem_total_mib:>6} MiB  {g.allocated_share_pct:>8.0f}%  {node.gpu_backend}")
 
 
 def main(argv: list[str] | None = None) -> int:

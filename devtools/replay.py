@@ -31,7 +31,6 @@ or lost an arrival for want of one, is violated.
 
 from __future__ import annotations
 
-import dataclasses
 import http.client
 import math
 import threading
@@ -42,8 +41,9 @@ import grpc
 import numpy as np
 
 from devtools.loadgen import LoadGenerator, LoadStats, ProfileArrivals
-from elastico.v1 import allocator_pb2 as apb
-from elastico.v1 import allocator_pb2_grpc, node_agent_pb2, node_agent_pb2_grpc
+from elastico import domain as d
+from elastico.client import AllocatorClient, AllocatorError, NodeAgentClient
+from elastico.rpc.convert import state_to_pb
 from elastico.v1 import types_pb2 as tpb
 from services.allocator.estimate import split_type_name
 from services.allocator.policy import training_shapes
@@ -389,7 +389,7 @@ class Observed:
     services: dict[int, ServiceObserved] = field(default_factory=dict)  # service index -> what was seen of it
 
 
-SERVING = (tpb.JOB_STATE_PLACED, tpb.JOB_STATE_RUNNING)
+SERVING = (d.JobState.PLACED, d.JobState.RUNNING)
 RATE_WINDOW_S = 1.0  # wall seconds over which a workload's progress rate is read
 
 
@@ -421,7 +421,7 @@ class Replay:
         self.tls = tls or ClientTLS(None)
         self.allocators = [allocator] if isinstance(allocator, str) else list(allocator)
         self.on_tick = on_tick  # called with the wall seconds since start on every loop (fault injection in tests)
-        self._current = 0
+        self._watcher = None  # the current WatchJobs stream (cancelled at the end of the run)
         self.allocator, self.agents, self.jobs, self.scale, self.run_id = allocator, node_agents, jobs, time_scale, run_id
         self.sample_every_s, self.progress_every_s, self.out = sample_every_s, progress_every_s, out
         self.services = list(services or [])
@@ -446,58 +446,48 @@ class Replay:
         self._lock = threading.Lock()
 
     # --- threads ------------------------------------------------------------------------------------
-    def _stub(self):
-        """A stub of the current allocator replica (clients fail over between replicas)."""
-        return self._stubs[self._current % len(self._stubs)]
+    def _calls(self, timeout: float = 5.0, attempts: int = 40) -> AllocatorClient:
+        """The allocator client with this deadline per attempt and ``attempts`` tries in all: UNAVAILABLE and
+        deadline misses are retried against the next replica (clients fail over between replicas)."""
+        return self._client.options(deadline_s=timeout, retries=attempts - 1)
 
-    def _call(self, method: str, req, timeout: float = 5.0, attempts: int = 40):
-        """Unary call with a deadline, retried on UNAVAILABLE/DEADLINE_EXCEEDED against the next replica."""
-        for k in range(attempts):
-            try:
-                return getattr(self._stub(), method)(req, timeout=timeout)
-            except grpc.RpcError as exc:
-                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or k == attempts - 1:
-                    raise
-                self._current += 1
-                time.sleep(min(0.5, 0.05 * (k + 1)))
-        raise AssertionError("unreachable")
-
-    def _watch(self, stub, t0: float) -> None:
-        req = apb.WatchJobsRequest(after_event_id="0")
+    def _watch(self, t0: float) -> None:
+        after = "0"
         while not self._stop.is_set():
+            # each stream lives 5 s at most (then reopens after the last event seen: WatchJobs is resumable); an
+            # outage longer than the client's retries is waited out here, as long as the replay runs
+            self._watcher = self._client.watch(after=after, stream_deadline_s=5.0)
             try:
-                for ev in self._stub().WatchJobs(req, timeout=5.0):
-                    req.after_event_id = ev.event_id
+                for ev in self._watcher:
+                    after = ev.event_id
                     with self._lock:
                         i = self._by_id.get(ev.job_id)
                     if i is None:
                         continue
-                    t = ev.time_unix_s - t0
-                    if ev.state == tpb.JOB_STATE_PLACED:
+                    t = ev.time_s - t0
+                    if ev.state is d.JobState.PLACED:
                         self.obs.first_start.setdefault(i, t)
-                    elif ev.state in TERMINAL:
-                        self.obs.terminal[i] = ev.state
-                        if ev.state == tpb.JOB_STATE_SUCCEEDED:
+                    elif ev.state.terminal:
+                        self.obs.terminal[i] = state_to_pb(ev.state)
+                        if ev.state is d.JobState.SUCCEEDED:
                             self.obs.completed[i] = t
                     if self._stop.is_set():
                         return
-            except grpc.RpcError as exc:
-                if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+            except AllocatorError as exc:
+                if exc.code not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
                     raise
-                if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                    self._current += 1
-                    time.sleep(0.1)  # resumes after the last event seen (WatchJobs is resumable)
+                time.sleep(0.1)
 
-    def _sample(self, stub, agents, t0: float) -> None:
+    def _sample(self, agents: list[NodeAgentClient], t0: float) -> None:
         window_end = max(j.arrival_s for j in self.jobs) / self.scale
         info = {j.index: j for j in self.jobs}
         svc_info = {s.index: s for s in self.services}
         while not self._stop.wait(self.sample_every_s):
             t = time.time() - t0
             try:
-                cs = self._stub().GetClusterState(apb.GetClusterStateRequest(), timeout=2)
-                lists = [a.ListWorkloads(node_agent_pb2.ListWorkloadsRequest(), timeout=5) for a in agents]
-            except grpc.RpcError:
+                cs = self._calls(timeout=2, attempts=1).cluster_state()
+                lists = [a.workloads() for a in agents]
+            except AllocatorError:
                 continue
             gpus = [(n.node_id, g) for n in cs.nodes for g in n.gpus]
             alloc = 0.0
@@ -513,8 +503,8 @@ class Replay:
             endpoints: dict[str, str] = {}
             done_gpu_s = 0.0
             seen_running: set[int] = set()
-            for node_name, resp in zip(self.agents, lists, strict=True):
-                for w in resp.workloads:
+            for node_name, workloads in zip(self.agents, lists, strict=True):
+                for w in workloads:
                     if w.status not in ("starting", "running"):
                         continue
                     running_where.setdefault(w.job_id, set()).add(node_name)
@@ -587,10 +577,10 @@ class Replay:
                     self._report_bins(si, so, t0)
                 t = time.time() - t0
                 try:
-                    job = self._call("GetJob", apb.GetJobRequest(job_id=so.job_id), timeout=2.0, attempts=2).job
-                except grpc.RpcError:
+                    job = self._calls(timeout=2.0, attempts=2).get(so.job_id)
+                except AllocatorError:
                     continue
-                placed = job.state in SERVING and job.HasField("placement") and len(job.placement.slices) > 0
+                placed = job.state in SERVING and job.placement is not None and len(job.placement.slices) > 0
                 share = job.placement.slices[0].compute_share_pct if placed else 0.0
                 with self._lock:
                     ep = self._endpoints.get(so.job_id, "")
@@ -608,8 +598,8 @@ class Replay:
     # --- services -----------------------------------------------------------------------------------
     def _submit_service(self, svc: ServiceJob, t0: float) -> None:
         rid = f"{self.run_id}-svc-{svc.index}"
-        resp = self._call("SubmitJob", apb.SubmitJobRequest(request_id=rid, spec=svc.spec), timeout=2.0)
-        so = ServiceObserved(job_id=resp.job.job_id, submitted=time.time() - t0)
+        job = self._calls(timeout=2.0).submit(svc.spec, request_id=rid)
+        so = ServiceObserved(job_id=job.job_id, submitted=time.time() - t0)
         with self._lock:
             self._svc_by_id[so.job_id] = svc.index
         self.obs.services[svc.index] = so
@@ -643,9 +633,9 @@ class Replay:
         """``ReportDemand`` of model-time bin ``b``: its arrivals per wall second over the bin's wall window."""
         w_wall = BIN_S / self.scale
         rate = len(src.bin_arrivals(b)) / w_wall
-        rep = tpb.DemandReport(job_id=so.job_id, window_s=w_wall, request_rate_rps=rate)
-        rep.window_end.FromMicroseconds(int(round((t0 + (b + 1) * w_wall) * 1e6)))
-        self._call("ReportDemand", apb.ReportDemandRequest(report=rep), timeout=2.0, attempts=3)
+        end = round((t0 + (b + 1) * w_wall) * 1e6) / 1e6  # whole microseconds: a repeated bin has the same window end
+        self._calls(timeout=2.0, attempts=3).report_demand(
+            d.DemandReport(job_id=so.job_id, window_end_s=end, window_s=w_wall, request_rate_rps=rate))
 
     def _report_bins(self, si: int, so: ServiceObserved, t0: float) -> None:
         """Report every bin of a running service that ended since the last report (the arrivals the generator
@@ -657,7 +647,7 @@ class Replay:
         for b in range(so.reported_bin + 1, done + 1):
             try:
                 self._report_bin(so, src, b, t0)
-            except grpc.RpcError:
+            except AllocatorError:
                 return  # the next pass retries from this bin
             so.reported_bin = b
             so.gateway_reports += 1
@@ -669,9 +659,9 @@ class Replay:
         if gen is not None:
             so.load = gen.stop()
         try:
-            self._call("CancelJob", apb.CancelJobRequest(job_id=so.job_id), timeout=2.0)
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:  # already terminal
+            self._calls(timeout=2.0).cancel(so.job_id)
+        except AllocatorError as exc:
+            if exc.code is not grpc.StatusCode.FAILED_PRECONDITION:  # already terminal
                 raise
 
     # --- run ----------------------------------------------------------------------------------------
@@ -682,15 +672,12 @@ class Replay:
         Raises:
             InvalidViolation: an invariant failed (also listed in ``Observed.violations``).
         """
-        chs = [self.tls.channel(a) for a in self.allocators]
-        self._stubs = [allocator_pb2_grpc.AllocatorStub(c) for c in chs]
-        stub = self._stubs[0]
-        agent_tls = dataclasses.replace(self.tls, token="")  # agents take certificates only; the token stays with the allocator
-        agent_chs = [agent_tls.channel(a) for a in self.agents]
-        agents = [node_agent_pb2_grpc.NodeAgentStub(c) for c in agent_chs]
+        self._client = AllocatorClient(self.allocators, tls=self.tls, deadline_s=5.0, retries=39, backoff_s=0.05,
+                                       max_backoff_s=0.5)
+        agents = [NodeAgentClient(a, tls=self.tls, deadline_s=5.0) for a in self.agents]  # certificates only, no token
         t0 = time.time() + self.service_lead_s  # model time 0 (the services start serving before it)
-        threads = [threading.Thread(target=self._watch, args=(stub, t0), daemon=True),
-                   threading.Thread(target=self._sample, args=(stub, agents, t0), daemon=True)]
+        threads = [threading.Thread(target=self._watch, args=(t0,), daemon=True),
+                   threading.Thread(target=self._sample, args=(agents, t0), daemon=True)]
         if self.services:
             threads.append(threading.Thread(target=self._sample_services, args=(t0,), daemon=True))
         for th in threads:
@@ -712,9 +699,8 @@ class Replay:
                 while pending and pending[0].arrival_s / self.scale <= now:
                     j = pending.pop(0)
                     rid = f"{self.run_id}-{j.index}"
-                    req = apb.SubmitJobRequest(request_id=rid, spec=j.spec)
-                    resp = self._call("SubmitJob", req, timeout=2.0)
-                    again = self._call("SubmitJob", req, timeout=2.0)  # a client retry: must return the same job
+                    resp = self._calls(timeout=2.0).submit_job(j.spec, request_id=rid)
+                    again = self._calls(timeout=2.0).submit_job(j.spec, request_id=rid)  # a client retry: the same job
                     if again.created or again.job.job_id != resp.job.job_id:
                         self.obs.violations.append(f"retried submit {rid} created a second job")
                     self.obs.duplicate_submits += 1
@@ -737,17 +723,11 @@ class Replay:
             for svc in svc_live:  # a timeout: end the services still running
                 self._end_service(svc, t0)
             for i, job_id in self.obs.job_ids.items():
-                job = self._call("GetJob", apb.GetJobRequest(job_id=job_id)).job
+                job = self._calls().get(job_id)
                 self.obs.restarts[i] = job.restarts
-                if job.state in TERMINAL:
-                    self.obs.terminal[i] = job.state
-            listed, token = [], ""
-            while True:
-                resp = self._call("ListJobs", apb.ListJobsRequest(page_size=1000, page_token=token), timeout=10)
-                listed += [j.job_id for j in resp.jobs]
-                token = resp.next_page_token
-                if not token:
-                    break
+                if job.state.terminal:
+                    self.obs.terminal[i] = state_to_pb(job.state)
+            listed = [j.job_id for j in self._calls(timeout=10).list(page_size=1000)]
             mine = [x for x in listed if x in self._by_id]
             if len(mine) != len(set(mine)) or len(set(mine)) != len(self.obs.job_ids):
                 self.obs.violations.append(f"ListJobs holds {len(mine)} of our jobs, {len(set(mine))} distinct, "
@@ -756,10 +736,13 @@ class Replay:
             self._stop.set()
             for gen in self._gens.values():
                 gen.stop()
+            if self._watcher is not None:
+                self._watcher.cancel()
             for th in threads:
                 th.join(timeout=6)
-            for c in [*chs, *agent_chs]:
-                c.close()
+            self._client.close()
+            for a in agents:
+                a.close()
         self.obs.wall_s = time.time() - t0 + self.service_lead_s
         return self.obs
 

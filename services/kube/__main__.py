@@ -7,11 +7,12 @@ import sys
 
 from prometheus_client import start_http_server
 
+from elastico.client import AsyncAllocatorClient
 from elastico.config import ConfigError
 from elastico.logging import configure_logging
 from elastico.rpc.security import ClientTLS, ReloadingStub, read_token
 from elastico.rpc.server import wait_for_stop_signal
-from elastico.v1 import allocator_pb2_grpc, predictor_pb2_grpc
+from elastico.v1 import predictor_pb2_grpc
 from services.kube import app
 from services.kube.extender import Extender
 from services.kube.settings import KubeSettings
@@ -25,9 +26,11 @@ async def serve(settings: KubeSettings) -> None:
         from services.kube.kubeapi import KubeApi
 
         token = read_token(settings.client_token_file) if settings.client_token_file else ""
-        # stubs that pick up renewed certificates (cert-manager rotates the mounted Secret) without a restart
-        allocator = ReloadingStub(ClientTLS.from_settings(settings, token), settings.allocator_address,
-                                  allocator_pb2_grpc.AllocatorStub)
+        # clients that pick up renewed certificates (cert-manager rotates the mounted Secret) without a restart; the
+        # allocator's calls are retried once (UNAVAILABLE, or a deadline miss of an idempotent call), each within
+        # ELASTICO_ALLOCATOR_TIMEOUT_S, so that a filter still fails closed within about twice that
+        allocator = AsyncAllocatorClient(settings.allocator_address, tls=ClientTLS.from_settings(settings, token),
+                                         deadline_s=settings.allocator_timeout_s, retries=1)
         channels = [allocator]
         predictor = None
         if settings.predictor_address:

@@ -34,38 +34,29 @@ from typing import Any
 
 import grpc
 
-from elastico.domain import GpuCounters, GpuInfo, GpuSlice, NodeInfo, Placement, Shape
+from elastico.client import AllocatorError, AsyncAllocatorClient
+from elastico.domain import JobKind, JobState, Placement
 from elastico.errors import InvalidSpec
 from elastico.logging import get_logger
-from elastico.rpc.convert import job_spec_to_pb
-from elastico.v1 import allocator_pb2, predictor_pb2, types_pb2
+from elastico.v1 import predictor_pb2, types_pb2
 from services.kube import annotations as a
 from services.kube import slices
 from services.kube.settings import KubeSettings
 
 log = get_logger(component="extender")
 
-_ACTIVE = (types_pb2.JOB_STATE_PENDING, types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_RUNNING)
-_HOLDING = (types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_RUNNING)
-_TERMINAL = (types_pb2.JOB_STATE_SUCCEEDED, types_pb2.JOB_STATE_FAILED, types_pb2.JOB_STATE_CANCELLED)
+_ACTIVE = (JobState.PENDING, JobState.PLACED, JobState.RUNNING)
+_HOLDING = (JobState.PLACED, JobState.RUNNING)
+_KIND_PB = {JobKind.TRAINING: types_pb2.JOB_KIND_TRAINING, JobKind.INFERENCE: types_pb2.JOB_KIND_INFERENCE}
+
+
+def state_name(state: JobState) -> str:
+    """The proto name of a state ("JOB_STATE_CANCELLED"), as bind errors have always quoted it."""
+    return f"JOB_STATE_{state.name}"
 
 
 class BindFailed(Exception):
     """Bind could not obtain or record a slice; the message is the ``Error`` kube-scheduler logs."""
-
-
-def node_from_pb(m: types_pb2.NodeInfo) -> NodeInfo:
-    return NodeInfo(node_id=m.node_id, address=m.address, gpu_backend=m.gpu_backend, ready=m.ready,
-                    gpus=tuple(GpuInfo(index=g.index, uuid=g.uuid, gpu_type=g.gpu_type, mem_total_mib=g.mem_total_mib,
-                                       allocated_share_pct=g.allocated_share_pct, allocated_mem_mib=g.allocated_mem_mib,
-                                       counters=GpuCounters(), healthy=g.healthy) for g in m.gpus))
-
-
-def placement_from_pb(m: types_pb2.Placement) -> Placement:
-    return Placement(job_id=m.job_id, shape_index=m.shape_index,
-                     shape=Shape(m.shape.num_gpus, m.shape.compute_share_pct, m.shape.mem_mib),
-                     slices=tuple(GpuSlice(s.node_id, s.gpu_index, s.compute_share_pct, s.mem_mib) for s in m.slices),
-                     epoch=m.epoch)
 
 
 def candidate_names(args: Mapping[str, Any]) -> list[str]:
@@ -92,12 +83,15 @@ def filter_result(args: Mapping[str, Any], keep: list[str], failed: Mapping[str,
 
 
 class Extender:
-    """The three verbs and the reaper, over the allocator/predictor stubs and the Kubernetes API."""
+    """The three verbs and the reaper, over the allocator client, the predictor stub and the Kubernetes API."""
 
     def __init__(self, settings: KubeSettings, allocator, predictor=None, kube=None) -> None:
+        """``allocator``: an ``AsyncAllocatorClient`` (or an aio ``AllocatorStub``, wrapped in one that does not
+        retry, each call within ``allocator_timeout_s``); ``predictor``: a PredictorStub or None."""
         self.s = settings
-        self.allocator = allocator  # elastico.v1 AllocatorStub (grpc.aio)
-        self.predictor = predictor  # PredictorStub or None
+        self.allocator = allocator if isinstance(allocator, AsyncAllocatorClient) else \
+            AsyncAllocatorClient.over(allocator, deadline_s=settings.allocator_timeout_s, retries=0)
+        self.predictor = predictor
         self.kube = kube  # services.kube.kubeapi.KubeApi (or a test double with the same methods)
 
     # ------------------------------------------------------------------------------------------- filter
@@ -111,13 +105,12 @@ class Extender:
         except InvalidSpec as exc:
             return filter_result(args, [], unresolvable={n: f"elastico: {exc.message}" for n in names})
         try:
-            state = await self.allocator.GetClusterState(allocator_pb2.GetClusterStateRequest(),
-                                                         timeout=self.s.allocator_timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            log.warning("filter: allocator unavailable, failing closed", pod=req.spec.name, code=exc.code().name)
-            return filter_result(args, [], error=f"elastico: allocator unavailable ({exc.code().name}: {exc.details()}); "
+            state = await self.allocator.cluster_state()
+        except AllocatorError as exc:
+            log.warning("filter: allocator unavailable, failing closed", pod=req.spec.name, code=exc.code.name)
+            return filter_result(args, [], error=f"elastico: allocator unavailable ({exc.code.name}: {exc.message}); "
                                                  f"pods with {a.OPT_IN_LABEL}=true wait until it answers")
-        nodes = {n.node_id: node_from_pb(n) for n in state.nodes}
+        nodes = {n.node_id: n for n in state.nodes}
         ok, failed = slices.feasible(nodes, req.shape, names)
         return filter_result(args, [n for n in names if n in ok], failed)
 
@@ -130,13 +123,11 @@ class Extender:
             return zero
         try:
             req = a.pod_request(pod)
-            state, tenants = await asyncio.gather(
-                self.allocator.GetClusterState(allocator_pb2.GetClusterStateRequest(), timeout=self.s.allocator_timeout_s),
-                self._tenants())
-        except (InvalidSpec, grpc.aio.AioRpcError) as exc:
+            state, tenants = await asyncio.gather(self.allocator.cluster_state(), self._tenants())
+        except (InvalidSpec, AllocatorError) as exc:
             log.warning("prioritize: neutral scores", error=str(exc))
             return zero
-        nodes = {n.node_id: node_from_pb(n) for n in state.nodes}
+        nodes = {n.node_id: n for n in state.nodes}
         ok, _ = slices.feasible(nodes, req.shape, names)
         pairs: list[tuple[tuple[str, int], slices.Tenant, str]] = []
         for node, gpus in ok.items():
@@ -155,25 +146,18 @@ class Extender:
 
     async def _tenants(self) -> dict[tuple[str, int], list[slices.Tenant]]:
         out: dict[tuple[str, int], list[slices.Tenant]] = {}
-        token = ""
-        while True:
-            resp = await self.allocator.ListJobs(allocator_pb2.ListJobsRequest(states=list(_HOLDING), page_size=1000,
-                                                                               page_token=token),
-                                                 timeout=self.s.allocator_timeout_s)
-            for j in resp.jobs:
-                for s in j.placement.slices:
-                    out.setdefault((s.node_id, s.gpu_index), []).append(
-                        slices.Tenant(j.spec.model_family, j.spec.batch_size, j.spec.kind, s.compute_share_pct))
-            token = resp.next_page_token
-            if not token:
-                return out
+        async for j in self.allocator.list(states=_HOLDING, page_size=1000):
+            for s in j.placement.slices if j.placement is not None else ():
+                out.setdefault((s.node_id, s.gpu_index), []).append(
+                    slices.Tenant(j.spec.model_family, j.spec.batch_size, _KIND_PB[j.spec.kind], s.compute_share_pct))
+        return out
 
     async def _predict(self, req: a.PodRequest, pairs) -> dict[tuple[str, int], tuple[float, float]]:
         """Worst predicted normalised throughput of the pod and of the tenants per GPU; {} without the predictor."""
         if not pairs or self.predictor is None:
             return {}
         spec = req.spec
-        kind = types_pb2.JOB_KIND_TRAINING if spec.kind.value == "training" else types_pb2.JOB_KIND_INFERENCE
+        kind = _KIND_PB[spec.kind]
         queries = [predictor_pb2.PairQuery(
             a=predictor_pb2.TaskProfile(model_family=spec.model_family, batch_size=spec.batch_size, precision=spec.precision,
                                         kind=kind, gpu_type=gtype, mps_share_pct=req.shape.compute_share_pct),
@@ -219,8 +203,8 @@ class Extender:
         except BindFailed as exc:
             log.warning("bind failed", pod=f"{ns}/{name}", node=node, error=str(exc))
             return {"Error": str(exc)}
-        except grpc.aio.AioRpcError as exc:
-            return {"Error": f"elastico: allocator unavailable ({exc.code().name}: {exc.details()})"}
+        except AllocatorError as exc:
+            return {"Error": f"elastico: allocator unavailable ({exc.code.name}: {exc.message})"}
         except Exception as exc:  # the Kubernetes API (get/bind of a pass-through pod), network
             log.warning("bind failed", pod=f"{ns}/{name}", node=node, error=repr(exc))
             return {"Error": f"elastico: bind of {ns}/{name} to {node} failed: {exc}"}
@@ -229,40 +213,36 @@ class Extender:
         """Submit the pod's job pinned to ``node`` and wait for its committed slice; cancel it on timeout."""
         spec = replace(req.spec, allowed_nodes=(node,), command=self.s.pod_command)
         rid = f"{req.uid}.{node}"[:128]
-        resp = await self.allocator.SubmitJob(allocator_pb2.SubmitJobRequest(request_id=rid, spec=job_spec_to_pb(spec)),
-                                              timeout=self.s.allocator_timeout_s)
-        job = resp.job
-        if job.state in _TERMINAL:  # an earlier attempt on this node was cancelled: a new job, a new key
+        job = await self.allocator.submit(spec, request_id=rid)
+        if job.state.terminal:  # an earlier attempt on this node was cancelled: a new job, a new key
             rid = f"{req.uid}.{node}.{time.time_ns()}"[:128]
-            job = (await self.allocator.SubmitJob(allocator_pb2.SubmitJobRequest(request_id=rid, spec=job_spec_to_pb(spec)),
-                                                  timeout=self.s.allocator_timeout_s)).job
+            job = await self.allocator.submit(spec, request_id=rid)
         deadline = time.monotonic() + self.s.bind_timeout_s
         while True:
-            if job.state in _HOLDING:
-                p = placement_from_pb(job.placement)
+            if job.state in _HOLDING and job.placement is not None:
+                p = job.placement
                 if {s.node_id for s in p.slices} != {node}:  # cannot happen while the allocator honours allowed_nodes
                     await self._cancel(job.job_id, "placed off the bound node")
                     raise BindFailed(f"elastico: job {job.job_id} was placed off node {node}; cancelled")
                 return p
-            if job.state in _TERMINAL:
-                raise BindFailed(f"elastico: job {job.job_id} ended ({types_pb2.JobState.Name(job.state)}: {job.message})")
+            if job.state.terminal:
+                raise BindFailed(f"elastico: job {job.job_id} ended ({state_name(job.state)}: {job.message})")
             if time.monotonic() >= deadline:
                 await self._cancel(job.job_id, "bind timeout")
-                why = types_pb2.StateReason.Name(job.reason).removeprefix("STATE_REASON_").lower()
+                why = job.reason.value
                 raise BindFailed(f"elastico: no GPU slice on node {node} within {self.s.bind_timeout_s:g}s "
                                  f"(job {job.job_id} {why}{': ' + job.message if job.message else ''}); job cancelled, "
                                  f"kube-scheduler will retry")
             await asyncio.sleep(self.s.bind_poll_s)
-            job = (await self.allocator.GetJob(allocator_pb2.GetJobRequest(job_id=job.job_id),
-                                               timeout=self.s.allocator_timeout_s)).job
+            job = await self.allocator.get(job.job_id)
 
     async def _cancel(self, job_id: str, why: str) -> None:
         try:
-            await self.allocator.CancelJob(allocator_pb2.CancelJobRequest(job_id=job_id), timeout=self.s.allocator_timeout_s)
+            await self.allocator.cancel(job_id)
             log.info("pod job cancelled", job_id=job_id, why=why)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:  # already finished: nothing held
-                log.warning("cancel failed; the reaper retries", job_id=job_id, why=why, code=exc.code().name)
+        except AllocatorError as exc:
+            if exc.code is not grpc.StatusCode.FAILED_PRECONDITION:  # already finished: nothing held
+                log.warning("cancel failed; the reaper retries", job_id=job_id, why=why, code=exc.code.name)
 
     # ------------------------------------------------------------------------------------------- reaper
     async def reap_once(self) -> list[str]:
@@ -272,31 +252,25 @@ class Extender:
             the cancelled job ids.
         """
         cancelled: list[str] = []
-        token = ""
         now = time.time()
-        while True:
-            resp = await self.allocator.ListJobs(allocator_pb2.ListJobsRequest(states=list(_ACTIVE), page_size=1000,
-                                                                               page_token=token),
-                                                 timeout=self.s.allocator_timeout_s)
-            for j in resp.jobs:
-                uid, ref = j.spec.labels.get("elastico.io/pod-uid"), j.spec.labels.get("elastico.io/pod")
-                if not uid or not ref or "/" not in ref:
-                    continue
-                ns, name = ref.split("/", 1)
-                pod = await self.kube.get_pod(ns, name)
-                why = ""
-                if pod is None or (pod.get("metadata") or {}).get("uid") != uid:
-                    why = "pod deleted"
-                elif (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                    why = f"pod {pod['status']['phase'].lower()}"
-                elif not (pod.get("spec") or {}).get("nodeName") and now - j.submitted_at.ToSeconds() > 2 * self.s.bind_timeout_s:
-                    why = "pod never bound"
-                if why:
-                    await self._cancel(j.job_id, why)
-                    cancelled.append(j.job_id)
-            token = resp.next_page_token
-            if not token:
-                return cancelled
+        async for j in self.allocator.list(states=_ACTIVE, page_size=1000):
+            labels = dict(j.spec.labels)
+            uid, ref = labels.get("elastico.io/pod-uid"), labels.get("elastico.io/pod")
+            if not uid or not ref or "/" not in ref:
+                continue
+            ns, name = ref.split("/", 1)
+            pod = await self.kube.get_pod(ns, name)
+            why = ""
+            if pod is None or (pod.get("metadata") or {}).get("uid") != uid:
+                why = "pod deleted"
+            elif (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                why = f"pod {pod['status']['phase'].lower()}"
+            elif not (pod.get("spec") or {}).get("nodeName") and now - int(j.submitted_at_s) > 2 * self.s.bind_timeout_s:
+                why = "pod never bound"
+            if why:
+                await self._cancel(j.job_id, why)
+                cancelled.append(j.job_id)
+        return cancelled
 
     async def reap_forever(self) -> None:
         while True:
