@@ -71,11 +71,19 @@ TARGET_SLO = 0.99
 
 @dataclass(frozen=True)
 class ServiceDef:
-    """One inference service of the demo: an Azure profile, its peak load and phase."""
+    """One inference service of the demo: an Azure profile, its peak load and phase, and an optional demand step."""
 
     profile: str  # "code" or "conv": data/traces/azure2023_llm_inference_<profile>.csv
     peak_load: float  # fraction of one full GPU's rate at the profile's peak minute
     phase_bin: int  # profile minute at model time 0
+    # > 1: the profile's hour is followed by the same hour x step (a demand step up, then back down as it loops);
+    # the peak load is that of the stepped hour
+    step: float = 1.0
+
+    @property
+    def key(self) -> str:
+        """The demand profile it follows (its trace, stepped)."""
+        return self.profile if self.step == 1 else f"{self.profile}x{self.step:g}"
 
     def path(self, trace_dir: Path = TRACE_DIR) -> Path:
         return trace_dir / f"azure2023_llm_inference_{self.profile}.csv"
@@ -87,10 +95,15 @@ def parse_services(text: str, slo_factor: float = 10.0, trace_dir: Path = TRACE_
     margin = 1.0 / slo_factor
     for item in [x.strip() for x in text.split(",") if x.strip()]:
         parts = item.split(":")
-        if len(parts) != 3:
-            raise ValueError(f"--services: {item!r} is not profile:peak_load:phase_bin")
-        prof, peak, phase = parts
-        d = ServiceDef(prof, float(peak), int(phase))
+        if len(parts) not in (3, 4):
+            raise ValueError(f"--services: {item!r} is not profile:peak_load:phase_bin[:step]")
+        prof, peak, phase = parts[:3]
+        try:
+            d = ServiceDef(prof, float(peak), int(phase), float(parts[3]) if len(parts) == 4 else 1.0)
+        except ValueError:
+            raise ValueError(f"--services: {item!r}: peak load and step are numbers, the phase a whole minute") from None
+        if not (1.0 <= d.step <= 10.0):
+            raise ValueError(f"--services: step {d.step:g} of {prof!r} must be in [1, 10]")
         if not d.path(trace_dir).exists():
             raise ValueError(f"--services: profile {prof!r} has no trace {d.path(trace_dir)}")
         if not (0 < d.peak_load <= 1 - margin):
@@ -109,13 +122,20 @@ def build_services(defs: list[ServiceDef], end_s: float, trace_dir: Path = TRACE
     (``simulator.traces.azure_profile``, normalised to a peak of 1) x its peak load, looping from its phase."""
     from simulator.traces import InferenceServices, azure_profile
 
-    names = sorted({d.profile for d in defs})
-    profiles = [azure_profile(ServiceDef(n, 1.0, 0).path(trace_dir)) for n in names]
+    by_key = {d.key: d for d in defs}
+    names = sorted(by_key)
+    profiles = []
+    for n in names:
+        d = by_key[n]
+        p = azure_profile(d.path(trace_dir))
+        if d.step != 1:  # the hour, then the hour x step; normalised to the stepped hour's peak
+            p = np.concatenate([p, d.step * p]) / d.step
+        profiles.append(p)
     k = len(defs)
     return InferenceServices(
         start_s=np.zeros(k), end_s=np.full(k, float(end_s)), peak_load=np.array([d.peak_load for d in defs]),
-        profile=np.array([names.index(d.profile) for d in defs]),
-        phase_bin=np.array([d.phase_bin % len(profiles[names.index(d.profile)]) for d in defs]),
+        profile=np.array([names.index(d.key) for d in defs]),
+        phase_bin=np.array([d.phase_bin % len(profiles[names.index(d.key)]) for d in defs]),
         profiles=profiles, names=[f"azure2023_llm_inference_{n}" for n in names])
 
 
@@ -358,7 +378,7 @@ def print_report(policies, sims, lives, svc_defs, svc_sim, svc_live) -> list[tup
     for i, d in enumerate(svc_defs):
         for k, p in enumerate(policies):
             lv, sm = (svc_live[k][i] if svc_live is not None else nan), svc_sim[k][i]
-            print(f"{f'{i}:{d.profile} peak {d.peak_load:g}':<22} {p:<16} {sm['slo_ms']:>7.0f} "
+            print(f"{f'{i}:{d.key} peak {d.peak_load:g}':<22} {p:<16} {sm['slo_ms']:>7.0f} "
                   f"{lv['slo_attainment']:>9.4f} {sm['slo_attainment']:>8.4f} {_ms(lv['p99_run_ms']):>9} "
                   f"{_ms(sm['p99_run_ms']):>8} {_ms(lv['mean_run_ms']):>9} {_ms(sm['mean_run_ms']):>8} "
                   f"{np.nanmean(lv['share_pct']) if np.isfinite(lv['share_pct']).any() else math.nan:>9.0f}% "
@@ -395,7 +415,7 @@ def write_plots(out_dir: Path, policies, sim_results, live_timelines, window_end
     paths = [demo_plots.util_over_time(out_dir / "util_over_time.png", dict(zip(policies, live_timelines, strict=False)),
                                        {p: r.timeline for p, r in zip(policies, sim_results, strict=True)}, window_end_s)]
     for i, d in enumerate(svc_defs):
-        name = f"{i}_{d.profile}"
+        name = f"{i}_{d.key}"
         paths.append(demo_plots.service_plot(
             out_dir / f"service_{name}.png", f"{name} (peak load {d.peak_load:g}, phase {d.phase_bin} min)",
             svc_sim[0][i]["slo_ms"], {p: svc_live[k][i] for k, p in enumerate(policies)} if svc_live is not None else {},
@@ -419,7 +439,7 @@ def write_summary(path: Path, policies, sims, lives, svc_defs, svc_sim, svc_live
         return None if isinstance(x, float) and not math.isfinite(x) else x
 
     doc = {"policies": policies, "sim": sims, "live": lives,
-           "services": [{"profile": d.profile, "peak_load": d.peak_load, "phase_bin": d.phase_bin,
+           "services": [{"profile": d.profile, "peak_load": d.peak_load, "phase_bin": d.phase_bin, "step": d.step,
                          "sim": {p: svc_sim[k][i] for k, p in enumerate(policies)},
                          "live": {p: svc_live[k][i] for k, p in enumerate(policies)} if svc_live is not None else None}
                         for i, d in enumerate(svc_defs)],

@@ -167,39 +167,25 @@ class MetricsSample:
 
 
 def parse_vllm_metrics(text: str, model_name: str = "") -> MetricsSample:
-    """The vLLM series of a Prometheus text body, summed over series (only ``model_name``'s when given).
+    """The vLLM series of a Prometheus text body, summed over series (only ``model_name``'s when given), read with
+    the node agent's parser (``services.node_agent.scrape.parse_snapshot``).
 
     Raises:
         ValueError: the body is not Prometheus text, or holds no ``vllm:request_success_total``.
     """
-    from prometheus_client.parser import text_string_to_metric_families
+    from services.node_agent.scrape import ScrapeError, parse_snapshot
 
-    completed = waiting = lsum = lcount = 0.0
-    capacity = math.nan
-    buckets: dict[float, float] = {}
-    seen = False
-    for fam in text_string_to_metric_families(text):
-        for smp in fam.samples:
-            if model_name and smp.labels.get("model_name", model_name) != model_name:
-                continue
-            if smp.name == "vllm:request_success_total":
-                completed += smp.value
-                seen = True
-            elif smp.name == "vllm:num_requests_waiting":
-                waiting += smp.value
-            elif smp.name == "vllm:e2e_request_latency_seconds_sum":
-                lsum += smp.value
-            elif smp.name == "vllm:e2e_request_latency_seconds_count":
-                lcount += smp.value
-            elif smp.name == "elastico_serving_capacity_rps":
-                capacity = smp.value if math.isnan(capacity) else capacity + smp.value
-            elif smp.name == "vllm:e2e_request_latency_seconds_bucket":
-                le = float(smp.labels["le"])
-                buckets[le] = buckets.get(le, 0.0) + smp.value
-    if not seen:
+    try:
+        snap = parse_snapshot(text, 0.0, "vllm", model_name)
+    except ScrapeError as exc:
+        raise ValueError(str(exc)) from None
+    if "vllm:request_success" not in snap.values:
         raise ValueError("metrics hold no vllm:request_success_total series" + (f" for {model_name}" if model_name else ""))
-    les = tuple(sorted(buckets))
-    return MetricsSample(completed, waiting, lsum, lcount, les, tuple(buckets[b] for b in les), capacity)
+    b = snap.buckets.get("vllm:e2e_request_latency_seconds", ())
+    return MetricsSample(snap.value("vllm:request_success"), snap.value("vllm:num_requests_waiting"),
+                         snap.value("vllm:e2e_request_latency_seconds_sum"), snap.value("vllm:e2e_request_latency_seconds_count"),
+                         tuple(le for le, _ in b), tuple(c for _, c in b),
+                         snap.values.get("elastico_serving_capacity_rps", math.nan))
 
 
 def scrape_metrics(endpoint: str, model_name: str = "", timeout_s: float = 1.0) -> MetricsSample:
@@ -222,20 +208,14 @@ def scrape_metrics(endpoint: str, model_name: str = "", timeout_s: float = 1.0) 
 
 
 def histogram_quantile(q: float, le: np.ndarray, cum: np.ndarray) -> float:
-    """Quantile ``q`` of a cumulative histogram, interpolated linearly inside its bucket (Prometheus'
-    ``histogram_quantile``: the +Inf bucket answers the largest finite bound); NaN when it is empty."""
-    le, cum = np.asarray(le, float), np.asarray(cum, float)
+    """Quantile ``q`` of a cumulative histogram (``services.node_agent.scrape.histogram_quantile``, PromQL's rule);
+    NaN when it is empty."""
+    from services.node_agent.scrape import histogram_quantile as quantile
+
+    cum = np.asarray(cum, float)
     if len(cum) == 0 or not cum[-1] > 0:
         return math.nan
-    rank = q * cum[-1]
-    k = int(np.searchsorted(cum, rank, side="left"))
-    k = min(k, len(cum) - 1)
-    if math.isinf(le[k]):
-        return float(le[k - 1]) if k > 0 else math.nan
-    lo = 0.0 if k == 0 else float(le[k - 1])
-    below = 0.0 if k == 0 else float(cum[k - 1])
-    inside = float(cum[k] - below)
-    return lo + (float(le[k]) - lo) * ((rank - below) / inside if inside > 0 else 1.0)
+    return quantile(q, list(zip(np.asarray(le, float).tolist(), cum.tolist(), strict=True)))
 
 
 @dataclass

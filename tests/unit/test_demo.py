@@ -162,3 +162,16 @@ def test_demo_sim_only_prints_the_comparison_and_writes_the_plots(tmp_path, caps
     assert doc["live"] is None and [s["policy"] for s in doc["sim"]] == ["elastico (sim)", "exclusive-fifo (sim)"]
     assert len(doc["services"]) == 3 and len(doc["services"][0]["sim"]["elastico"]["ok"]) == 62
     assert {t["met"] for t in doc["targets"]} <= {True, False} and len(doc["targets"]) == 5
+
+
+def test_a_stepped_service_follows_its_hour_then_the_hour_times_the_step() -> None:
+    [d] = demo.parse_services("conv:0.4:30:1.5")
+    assert (d.key, d.step) == ("convx1.5", 1.5)
+    inf = demo.build_services([d], 7200.0)
+    p = inf.profiles[0]
+    half = len(p) // 2
+    np.testing.assert_allclose(p[half:], 1.5 * p[:half])  # the second hour is the first x 1.5
+    assert p.max() == pytest.approx(1.0) and inf.peak_load[0] == 0.4  # the peak load is the stepped hour's
+    for bad in ("conv:0.4:30:0.5", "conv:0.4:30:x"):
+        with pytest.raises(ValueError, match="--services"):
+            demo.parse_services(bad)
