@@ -18,10 +18,11 @@ is not part of a round's latency (no predictor call is made here).
 1. **Sustained submit + placement rate**: the client submits N one-GPU jobs through ``SubmitJob`` (64 in
    flight) while rounds run on events; rate = N / (time from the first submission until the last job is
    PLACED, i.e. committed by a round). Target >= 500 jobs/s.
-1b. **The same with demand reports flowing**: 256 inference services (pending: they name no existing node) call
-   ``ReportDemand`` once a second each (256 reports/s offered, from one more process) while 1. runs again;
-   printed: reports/s handled and the placement rate as a ratio of 1.'s. Rounds then also store the demand
-   history and forecast every service. Target: the placement rate unchanged (ratio >= 0.95).
+1b. **The same with demand reports flowing**: 256 inference services (placed first, then kept running by the
+   played agents) call ``ReportDemand`` every 5 s each (51 reports/s offered, the agents' default scrape
+   interval; from one more process) while 1. runs again; printed: reports/s handled and the placement rate
+   as a ratio of 1.'s. Rounds then also store the demand history, forecast every service and resize the
+   services whose forecast moved. Target: the placement rate unchanged (ratio >= 0.95).
 2. **Round latency at 512 GPUs / 1,000 pending**: the queue is topped up to 1,000 pending jobs and the
    cluster emptied before each measured round (read state, decide with the pricer call, one commit of
    every placement, UNSCHEDULABLE_NOW written on the jobs it newly leaves queued). Target median <= 200 ms.
@@ -77,7 +78,8 @@ from services.allocator.settings import AllocatorSettings
 
 NODES, GPUS_PER_NODE = 64, 8
 TARGET_RATE, TARGET_ROUND_S = 500.0, 0.200
-SERVICES, REPORT_RPS = 256, 256.0  # inference services reporting demand in phase 1b, one report a second each
+SERVICES, REPORT_RPS = 256, 51.2  # inference services reporting demand in phase 1b, one report every 5 s each (the agents' default scrape)
+SERVICE_MEM_MIB = 1536  # the phase-1b services' declared memory: how the played agents tell them from training jobs
 MAX_ATTEMPTS = 256  # placements per round at most (ElastiCo's default, 16, is tuned for the simulator's event-paced rounds)
 
 
@@ -121,6 +123,10 @@ async def _fake_agents(store: RedisStore, node_ids: list[str], stop: asyncio.Eve
                     p = placements.get(data) or placements.setdefault(data, codec.loads(Placement, data))
                     s0 = next((s for s in p.slices if s.node_id == n), None)
                     if s0 is not None:
+                        if s0.mem_mib == SERVICE_MEM_MIB:  # a phase-1b service: it runs until cancelled
+                            done.append(Workload(j, (s0.gpu_index,), s0.compute_share_pct, s0.mem_mib, status="running",
+                                                 placement_id=placement_id(p)))
+                            continue
                         done.append(Workload(j, (s0.gpu_index,), s0.compute_share_pct, s0.mem_mib, status="succeeded",
                                              reason=StateReason.COMPLETED, placement_id=placement_id(p), progress_steps=1000))
                 pipe.delete(k.workloads(n))
@@ -185,13 +191,15 @@ async def _client_main(address: str, jobs: int, inflight: int, prefix: str, cert
 
 
 async def _reporter_main(address: str, services: int, rps: float, prefix: str, cert_dir: str, token_file: str) -> None:
-    """``--reporter``: submit ``services`` inference services that never place (they name no existing node), then
-    after 'go' on stdin call ReportDemand ``rps`` times a second in total (each service a new window per call)
-    until stdin closes; print the reports answered and the seconds."""
+    """``--reporter``: submit ``services`` inference services (placed and kept running by the played agents: their
+    declared shapes carry SERVICE_MEM_MIB), then after 'go' on stdin call ReportDemand ``rps`` times a second in
+    total (each service a new window per call) until stdin closes; print the reports answered and the seconds."""
     ch = _client_tls(cert_dir, token_file).aio_channel(address)
     stub = allocator_pb2_grpc.AllocatorStub(ch)
     await ch.channel_ready()
-    spec = tpb.JobSpec(tenant="bench", kind=tpb.JOB_KIND_INFERENCE, model_family="inference", allowed_nodes=["unplaceable"],
+    shapes = [tpb.Shape(num_gpus=1, compute_share_pct=float(x), mem_mib=SERVICE_MEM_MIB, throughput=100.0 * x / 100)
+              for x in range(5, 101, 5)]
+    spec = tpb.JobSpec(tenant="bench", kind=tpb.JOB_KIND_INFERENCE, model_family="inference", shapes=shapes,
                        inference=tpb.InferenceWork(demand_rps=5.0, latency_slo_ms=200.0))
     ids = [(await stub.SubmitJob(apb.SubmitJobRequest(request_id=f"{prefix}-svc-{i}", spec=spec), timeout=30)).job.job_id
            for i in range(services)]
@@ -204,7 +212,8 @@ async def _reporter_main(address: str, services: int, rps: float, prefix: str, c
 
     async def report(job_id: str, end_s: float) -> None:
         nonlocal answered
-        r = tpb.DemandReport(job_id=job_id, window_s=1.0, request_rate_rps=5.0, p50_latency_ms=20.0, p99_latency_ms=90.0)
+        r = tpb.DemandReport(job_id=job_id, window_s=1.0, request_rate_rps=5.0 + sent % 7, p50_latency_ms=20.0,
+                             p99_latency_ms=90.0)
         r.window_end.FromNanoseconds(int(end_s * 1e9))
         await stub.ReportDemand(apb.ReportDemandRequest(report=r), timeout=30)
         answered += 1
@@ -318,6 +327,12 @@ async def bench(jobs: int, rounds: int, pending: int, nodes: int, secure: bool, 
         reporter = subprocess.Popen([*me, "--reporter", f"127.0.0.1:{port}", str(services), repr(report_rps), "bench",
                                      *client_args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert (await asyncio.get_running_loop().run_in_executor(None, reporter.stdout.readline)).strip() == "ready"
+        t_wait = time.perf_counter()
+        while time.perf_counter() - t_wait < 60:  # measure once the services run (their placements are not 1b's)
+            running = [j for j in await store.list_active_jobs() if j.spec.kind is JobKind.INFERENCE and j.state is JobState.RUNNING]
+            if len(running) >= services:
+                break
+            await asyncio.sleep(0.1)
         out["with_reports"] = await _phase1(port, jobs, "bench-d", client_args, reporter)
         agents.stdin.close()
         agents.wait(10)
@@ -327,7 +342,7 @@ async def bench(jobs: int, rounds: int, pending: int, nodes: int, secure: bool, 
 
         # ---- 2. round latency at 512 GPUs / `pending` pending ------------------------------------------
         svc = [j for j in await store.list_active_jobs() if j.spec.kind is JobKind.INFERENCE]  # phase 2 as before 1b
-        await store.update_jobs([(j, replace(j, state=JobState.CANCELLED, reason=StateReason.CANCELLED_BY_CLIENT)) for j in svc])
+        await store.release_jobs(None, [(j, JobState.CANCELLED, StateReason.CANCELLED_BY_CLIENT, "") for j in svc])
         lease2 = LeaderLease(store, "bench-2", ttl_s=60)
         epoch = await lease2.try_acquire()
         sch2 = Scheduler(store, settings, lease2, solver=solver)

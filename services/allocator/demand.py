@@ -27,7 +27,7 @@ def forecast(reports: Sequence[DemandReport], now_s: float, window_s: float, tim
     declared throughput); NaN without a report in the window. Reports measure wall time (window ends, rates per
     wall second): on an accelerated clock a rate is ``time_scale`` times the policy's."""
     return forecast_rps([r.window_end_s * time_scale for r in reports], [r.request_rate_rps / time_scale for r in reports],
-                        now_s * time_scale, window_s)
+                        now_s * time_scale, window_s, weights=[r.window_s for r in reports])
 
 
 def forecasts(jobs: Sequence[Job], history: Mapping[str, Sequence[DemandReport]], now_s: float, window_s: float,

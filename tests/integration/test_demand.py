@@ -127,9 +127,10 @@ async def test_report_demand_is_idempotent_and_answers_the_forecast(api):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await stub.ReportDemand(apb.ReportDemandRequest(report=future))
     assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "report.window_end" in e.value.details()
-    first = await stub.ReportDemand(apb.ReportDemandRequest(report=convert.demand_to_pb(DemandReport(svc.job_id, now - 20, 10.0, 3.0))))
+    # two windows a minute apart (two forecast bins): the forecast is the peak of the bins
+    first = await stub.ReportDemand(apb.ReportDemandRequest(report=convert.demand_to_pb(DemandReport(svc.job_id, now - 80, 10.0, 3.0))))
     assert first.accepted and first.forecast_rps == pytest.approx(3.0) and first.reports_in_window == 1
-    again = await stub.ReportDemand(apb.ReportDemandRequest(report=convert.demand_to_pb(DemandReport(svc.job_id, now - 20, 10.0, 7.0))))
+    again = await stub.ReportDemand(apb.ReportDemandRequest(report=convert.demand_to_pb(DemandReport(svc.job_id, now - 80, 10.0, 7.0))))
     assert not again.accepted and again.forecast_rps == pytest.approx(3.0)  # the retried window counts once
     peak = await stub.ReportDemand(apb.ReportDemandRequest(report=convert.demand_to_pb(DemandReport(svc.job_id, now - 10, 10.0, 4.5))))
     assert peak.accepted and peak.forecast_rps == pytest.approx(4.5) and peak.reports_in_window == 2
@@ -271,7 +272,8 @@ async def test_every_scraped_window_reaches_the_history_however_seldom_rounds_ru
     await sch.round(epoch)
     gen, ws = await store.get_workloads("n1")
     now = time.time()
-    windows = tuple(DemandReport(svc.job_id, now - 5 + i, 1.0, rate) for i, rate in enumerate((1.0, 9.0, 2.0, 1.5, 1.0)))
+    # five one-minute windows (five forecast bins), the burst in the second
+    windows = tuple(DemandReport(svc.job_id, now - 60.0 * (4 - i), 60.0, rate) for i, rate in enumerate((1.0, 9.0, 2.0, 1.5, 1.0)))
     w = ws[svc.job_id]
     ws[svc.job_id] = Workload(**{**w.__dict__, "demand": windows[-1], "recent_demand": windows})
     await store.report_workloads("n1", gen, list(ws.values()))
@@ -282,3 +284,7 @@ async def test_every_scraped_window_reaches_the_history_however_seldom_rounds_ru
     from prometheus_client import REGISTRY
 
     assert REGISTRY.get_sample_value("elastico_allocator_service_forecast_rps", {"job_id": svc.job_id}) == 9.0
+    # within one bin, reports are averaged by window length: a short noisy window is no peak
+    b0 = (now // 60) * 60  # the current bin's start
+    one_bin = [DemandReport("s", b0 + 10, 1.0, 30.0), DemandReport("s", b0 + 20, 9.0, 10.0)]
+    assert demand.forecast(one_bin, b0 + 30, 3600.0, 1.0) == pytest.approx((30.0 * 1 + 10.0 * 9) / 10)

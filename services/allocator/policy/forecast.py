@@ -3,7 +3,8 @@
 Forecast = the peak per-bin demand over the last ``window_s`` (default one hour, about one period of the Azure
 profiles): a service is sized for the burst it just saw, so a rising demand is followed within one bin and a
 falling one released only after the window has passed it (the policy also waits ``shrink_after_s`` before a
-shrink). Demand is binned at ``BIN_S``; a bin's value is the highest rate reported for it.
+shrink). Demand is binned at ``BIN_S``; a bin's value is the mean rate of the reports ending in it, weighted by
+their window lengths (the bin's rate, as the simulator's profile gives it: a short, noisy window is not a peak).
 
 Two front ends, one rule: the simulator knows each service's per-bin demand profile and calls
 :func:`rolling_peak` on it; the live allocator has measured reports (window end, request rate) and calls
@@ -44,13 +45,15 @@ def looped_forecast(profile: np.ndarray, n_bins: int) -> np.ndarray:
 
 
 def forecast_rps(times_s: Sequence[float] | np.ndarray, rates_rps: Sequence[float] | np.ndarray, now_s: float,
-                 window_s: float = DEFAULT_WINDOW_S, bin_s: float = BIN_S) -> float:
-    """Forecast request rate at ``now_s`` from reports (window end ``times_s``, rate ``rates_rps``), in the same
-    clock as ``now_s``: each report counts for the bin its window ends in; the forecast is the peak over the
-    ``window_bins`` bins ending with ``now_s``'s bin (:func:`rolling_peak` at the last bin). NaN when no
-    report falls in that span."""
+                 window_s: float = DEFAULT_WINDOW_S, bin_s: float = BIN_S,
+                 weights: Sequence[float] | np.ndarray | None = None) -> float:
+    """Forecast request rate at ``now_s`` from reports (window end ``times_s``, rate ``rates_rps``, window length
+    ``weights``; None = equal), in the same clock as ``now_s``: each report counts for the bin its window ends
+    in, a bin's rate is its reports' weighted mean, and the forecast is the peak over the ``window_bins`` bins
+    ending with ``now_s``'s bin (:func:`rolling_peak` at the last bin). NaN when no report falls in that span."""
     t = np.asarray(times_s, float)
     r = np.asarray(rates_rps, float)
+    wt = np.ones(len(t)) if weights is None else np.maximum(np.asarray(weights, float), 1e-12)
     if len(t) == 0:
         return math.nan
     now_bin = math.floor(now_s / bin_s)
@@ -59,6 +62,8 @@ def forecast_rps(times_s: Sequence[float] | np.ndarray, rates_rps: Sequence[floa
     keep = (b > now_bin - w) & (b <= now_bin)
     if not keep.any():
         return math.nan
-    per_bin = np.full(w, -np.inf)
-    np.maximum.at(per_bin, (b[keep] - (now_bin - w + 1)).astype(np.int64), r[keep])
+    idx = (b[keep] - (now_bin - w + 1)).astype(np.int64)
+    num = np.bincount(idx, r[keep] * wt[keep], minlength=w)
+    den = np.bincount(idx, wt[keep], minlength=w)
+    per_bin = np.where(den > 0, num / np.where(den > 0, den, 1.0), -np.inf)
     return float(rolling_peak(per_bin, w)[-1])
