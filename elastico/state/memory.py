@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 from elastico.domain import DemandReport, NodeInfo, Placement, Workload
@@ -138,6 +138,14 @@ class MemoryStore(StoreBase):
         out = {}
         for j in job_ids:
             rows = [codec.loads(DemandReport, d) for t, d in sorted(self._demand.get(j, {}).items()) if t >= since_s]
+            if rows:
+                out[j] = rows
+        return out
+
+    async def demand_after(self, after: Mapping[str, float]) -> dict[str, list[DemandReport]]:
+        out = {}
+        for j, t0 in after.items():
+            rows = [codec.loads(DemandReport, d) for t, d in sorted(self._demand.get(j, {}).items()) if t > t0]
             if rows:
                 out[j] = rows
         return out

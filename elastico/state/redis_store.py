@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
 
 import redis.asyncio as aioredis
@@ -198,6 +198,17 @@ class RedisStore(StoreBase):
             pipe.zrangebyscore(self._k.demand(j), repr(float(since_s)), "+inf")
         rows = await pipe.execute()
         return {j: [codec.loads(DemandReport, x) for x in r] for j, r in zip(job_ids, rows, strict=True) if r}
+
+    @_unavailable_on_connection_error
+    async def demand_after(self, after: Mapping[str, float]) -> dict[str, list[DemandReport]]:
+        if not after:
+            return {}
+        ids = list(after)
+        pipe = self._r.pipeline(transaction=False)
+        for j in ids:
+            pipe.zrangebyscore(self._k.demand(j), f"({after[j]!r}", "+inf")
+        rows = await pipe.execute()
+        return {j: [codec.loads(DemandReport, x) for x in r] for j, r in zip(ids, rows, strict=True) if r}
 
     @_unavailable_on_connection_error
     async def put_status(self, name: str, data: str) -> None:

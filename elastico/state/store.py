@@ -20,7 +20,7 @@ active set, not the history. Finished jobs are deleted by ``sweep_finished_jobs`
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, cast, runtime_checkable
 
@@ -202,6 +202,9 @@ class Store(Protocol):
         ...
     async def demand_history(self, job_ids: Sequence[str], since_s: float) -> dict[str, list[DemandReport]]:
         """Each job's reports whose window ended at or after ``since_s``, oldest first (jobs without any: absent)."""
+        ...
+    async def demand_after(self, after: Mapping[str, float]) -> dict[str, list[DemandReport]]:
+        """Each job's reports whose window ended strictly after ``after[job]``, oldest first (none: absent)."""
         ...
     async def put_node(self, node: NodeInfo) -> None: ...
     async def get_node(self, node_id: str) -> NodeInfo: ...

@@ -195,7 +195,7 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
             vs its isolated speed in its shape; the co-tenant job ids at that measurement). It becomes
             ``JobTable.observed_norm`` of the placed job when those co-tenants are the ones it has now (a
             reading taken before a tenant came or went describes another situation); else NaN.
-        demand_rps: inference job id -> its demand forecast from measured reports, req/s (``demand.forecasts``);
+        demand_rps: inference job id -> its demand forecast from measured reports, req/s (``demand.History``);
             a service without one is sized to the rate its spec declares.
     """
     ts = time_scale

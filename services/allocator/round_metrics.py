@@ -96,6 +96,7 @@ class RoundMetrics:
 
     def __init__(self) -> None:
         self._services: set[str] = set()  # job ids with per-service series
+        self._last: dict[str, tuple[float, float, float, float]] = {}  # what those series were last set to
         self._reasons: set[str] = set()  # reasons with a pending-jobs series
         self._errors: deque[tuple[float, float]] = deque(maxlen=ERROR_WINDOW)  # (view time s, observed - predicted)
 
@@ -183,10 +184,15 @@ class RoundMetrics:
             for g in (m.SERVICE_SHARE, m.SERVICE_FORECAST, m.SERVICE_P99, m.SERVICE_SLO):
                 with contextlib.suppress(KeyError):
                     g.remove(job_id)
-        for job_id, (share, forecast, p99, slo) in services.items():
+        for job_id, values in services.items():
+            if self._last.get(job_id) == values:
+                continue  # unchanged since the last round (most rounds): no label lookups
+            self._last[job_id] = values
+            share, forecast, p99, slo = values
             m.SERVICE_SHARE.labels(job_id).set(share)
             m.SERVICE_SLO.labels(job_id).set(slo)
             for g, v in ((m.SERVICE_FORECAST, forecast), (m.SERVICE_P99, p99)):
                 if np.isfinite(v):
                     g.labels(job_id).set(v)
         self._services = set(services)
+        self._last = {j: v for j, v in self._last.items() if j in self._services}

@@ -175,6 +175,7 @@ class Scheduler:
         self._report_sig: frozenset = frozenset()
         self._demand_seen: dict[str, float] = {}  # inference job id -> newest window end taken from its agents
         self._p99: dict[str, float] = {}  # inference job id -> p99 latency of its newest report, ms
+        self._history = demand.History()  # active services' recent demand reports (read incrementally)
         self._node_ids: list[str] = []
         self.last: RoundReport | None = None
         self.rounds = 0
@@ -439,7 +440,7 @@ class Scheduler:
 
     async def _demand(self, jobs: list[Job], workloads: dict[str, dict[str, Workload]], now: float) -> dict[str, float]:
         """Store the demand windows the agents scraped since the last round, then forecast every active service
-        from its history (``demand.forecasts``): two round trips, none without services."""
+        from its history (``demand.History``): two round trips, none without services."""
         services = [j for j in jobs if j.spec.kind is JobKind.INFERENCE]
         if not services:
             self._demand_seen.clear()
@@ -458,11 +459,17 @@ class Scheduler:
             for r in fresh:
                 self._demand_seen[r.job_id] = max(self._demand_seen.get(r.job_id, 0.0), r.window_end_s)
             m.DEMAND_REPORTS.labels("node").inc(len(fresh))
-        history = await self.store.demand_history([j.job_id for j in services], now - keep)
-        live = {j.job_id for j in services}
+        ids = [j.job_id for j in services]
+        hist = self._history
+        if hist.due_full(now):
+            hist.replace_all(await self.store.demand_history(ids, now - keep), now)
+        else:
+            hist.extend(await self.store.demand_after(hist.after(ids)))
+        live = set(ids)
+        hist.keep_only(live, now - keep)
         self._demand_seen = {k: v for k, v in self._demand_seen.items() if k in live}
-        self._p99 = {j: h[-1].p99_latency_ms for j, h in history.items() if h and h[-1].p99_latency_ms > 0}
-        return demand.forecasts(services, history, now, self.s.forecast_window_s, self.s.time_scale)
+        self._p99 = {j: h[-1].p99_latency_ms for j, h in hist.reports.items() if h and h[-1].p99_latency_ms > 0}
+        return hist.forecasts(services, now, self.s.forecast_window_s, self.s.time_scale)
 
     def _service_series(self, jobs: list[Job], forecasts: dict[str, float]) -> dict[str, tuple[float, float, float, float]]:
         """What the per-service metrics show (:meth:`RoundMetrics._record_services`)."""
