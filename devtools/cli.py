@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -365,13 +366,29 @@ def event_line(ev: d.JobEvent) -> str:
 
 def cmd_watch(ctx: Context, args) -> int:
     after = "0" if args.from_start else args.after
+    failed: list[BaseException] = []
     with ctx.client() as c:
         w = c.watch(args.jobs, after)
+        done = threading.Event()
+
+        def pump() -> None:  # the stream is read in a thread: the main one waits interruptibly, so Ctrl-C always ends it
+            try:
+                for ev in w:
+                    print(event_line(ev), flush=True)
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+                failed.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=pump, name="watch", daemon=True).start()
         try:
-            for ev in w:
-                print(event_line(ev), flush=True)
+            while not done.wait(0.2):
+                pass
         except KeyboardInterrupt:
             w.cancel()
+            return EXIT_OK
+    if failed:
+        raise failed[0]
     return EXIT_OK
 
 
