@@ -23,6 +23,7 @@ import enum
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -380,6 +381,9 @@ def cmd_watch(ctx: Context, args) -> int:
             finally:
                 done.set()
 
+        # Ctrl-C (and SIGTERM) end the watch even where the shell started us with SIGINT ignored (a background job)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.default_int_handler)
         threading.Thread(target=pump, name="watch", daemon=True).start()
         try:
             while not done.wait(0.2):

@@ -142,8 +142,10 @@ async def pass_all(c: dict, job_id: str) -> dict[str, tuple[str, Workload]]:
 async def until_running(c: dict, job_id: str) -> dict[str, tuple[str, Workload]]:
     """Passes until the service's current replica reports "running" (its endpoint answered a scrape)."""
     for _ in range(100):
-        reps = await pass_all(c, job_id)
-        if reps[job_id][1].status == "running":
+        for r in c["agents"].values():
+            await r.reconcile()
+        reps = await replicas(c, job_id)
+        if job_id in reps and reps[job_id][1].status == "running" and await healthy(c["http"], reps[job_id][1].endpoint):
             return reps
         await asyncio.sleep(0.05)
     raise AssertionError(f"{job_id} never reported running: {reps}")
@@ -257,7 +259,7 @@ async def test_a_second_move_seen_in_the_same_pass_as_the_first_ones_end(cluster
     assert by_key[job.job_id].placement_id == placement_id(moving.placement) and by_key[job.job_id].compute_share_pct == 60.0
     await wait_healthy(c["http"], by_key[job.job_id].endpoint)
     await store.finish_moves(c["epoch"], [moving])
-    reps = await pass_all(c, job.job_id)
+    reps = await until_running(c, job.job_id)  # "running" once its endpoint answered a scrape
     assert {k: w.pid for k, (_, w) in reps.items()} == {job.job_id: by_key[job.job_id].pid} and not alive(second)
 
 
