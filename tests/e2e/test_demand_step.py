@@ -1,5 +1,5 @@
 """A demand step on real processes (the suite as `make up` runs it, simulated GPUs): a service's request rate
-doubles; its node agent's scrape carries the new rate, and the allocator grows the service's share within two
+quadruples; its node agent's scrape carries the new rate, and the allocator grows the service's share within two
 rounds, the training co-tenant relaunched smaller first, the service's process never restarted; after the
 resize every measured window keeps the latency SLO."""
 
@@ -53,7 +53,7 @@ def _until(what, timeout_s: float, every_s: float = 0.05):
     raise AssertionError(f"timed out after {timeout_s} s")
 
 
-def test_a_doubled_demand_grows_the_share_within_two_rounds_without_restarting_the_service(suite):
+def test_a_demand_step_grows_the_share_within_two_rounds_without_restarting_the_service(suite):
     tls = cluster.client_tls(suite)
     addr = next(p["address"] for p in suite["procs"] if p["name"] == "allocator")
     agent = NodeAgentClient(next(p["address"] for p in suite["procs"] if p["name"].startswith("node-")), tls=tls)
@@ -78,20 +78,32 @@ def test_a_doubled_demand_grows_the_share_within_two_rounds_without_restarting_t
         share0, pid0 = before.placement.slices[0].compute_share_pct, placement_id(before.placement)
         proc0 = next(w.pid for w in agent.workloads([svc.job_id]))
         train0 = _until(lambda: (j := api.get(train.job_id)).placement is not None and j, 10).placement.slices[0].compute_share_pct
-        assert share0 + train0 <= 100.0 and share0 < 50.0
+        assert share0 + train0 <= 100.0 and share0 < 70.0
 
-        rate[0] = 8.0  # the step: 3 -> 8 requests per policy second (load 0.15 -> 0.4 of a GPU)
+        rate[0] = 12.0  # the step: 3 -> 12 requests per policy second (load 0.15 -> 0.6 of a GPU)
         t_step = time.monotonic()
-        # the first scraped window that holds only the new rate ends within two scrape periods (plus a reconcile
-        # pass); two rounds after that the share must have grown
-        grown = _until(lambda: (j := api.get(svc.job_id)).placement.slices[0].compute_share_pct > share0 and j, 10)
+        # a forecast bin (60 policy s = 1 wall s) holds only the new rate at most one bin plus two scrape periods
+        # after the step (a bin's rate is the mean of its windows); two rounds after that the share must have grown
+        # to the new load + SLO margin (0.6 + 0.1 of a GPU)
+        seen = []
+
+        def grew():
+            j = api.get(svc.job_id)
+            seen.append((round(time.monotonic() - t_step, 2), j.placement.slices[0].compute_share_pct, j.message[:60]))
+            return j.placement.slices[0].compute_share_pct >= 70.0 and j
+
+        try:
+            grown = _until(grew, 10)
+        except AssertionError:
+            raise AssertionError(f"share never reached 70 %: {sorted(set(seen[::5]))}") from None
         took = time.monotonic() - t_step
-        assert took <= 2 * SCRAPE_S + 0.2 + 2 * ROUND_S + 0.5, took  # 0.5 s: the agents' reconcile and report poll
+        assert took <= 60.0 / SCALE + 2 * SCRAPE_S + 2 * ROUND_S + 0.5, took  # 0.5 s: reconcile and report poll
         share1 = grown.placement.slices[0].compute_share_pct
-        assert share1 >= 50.0 and placement_id(grown.placement) == pid0  # load 0.4 + SLO margin 0.1, in place
+        assert placement_id(grown.placement) == pid0  # in place
         assert next(w.pid for w in agent.workloads([svc.job_id])) == proc0  # the same serving process
-        t = _until(lambda: (j := api.get(train.job_id)).placement is not None and j, 10)
-        assert share1 + t.placement.slices[0].compute_share_pct <= 100.0  # the co-tenant relaunched smaller (or waits)
+        t = api.get(train.job_id)  # the co-tenant gave way first: relaunched smaller, or preempted and waiting
+        assert t.state is JobState.PENDING or share1 + t.placement.slices[0].compute_share_pct <= 100.0
+        assert t.restarts >= 1 or t.state is JobState.PENDING
 
         # after the resize, every window keeps the SLO (mean latency, model time; the policy's criterion)
         time.sleep(1.0)
