@@ -531,14 +531,7 @@ class Scheduler:
             basis = f"forecast {f:.3g} req/s" if f is not None else f"declared {job.spec.inference.demand_rps:.3g} req/s"
             return f"share {old:g}% -> {new:g}% in place ({basis} + SLO margin)"
 
-        results = await self.store.resize_in_place(epoch, [(j, p, why(j, p)) for j, p in changes])
-        for (job, p), new in zip(changes, results, strict=True):
-            if isinstance(new, Conflict):
-                log.warning("in-place resize not applied; re-reading next round", job_id=job.job_id, error=str(new))
-                continue
-            rep.resized += 1
-            cluster.touched.update(s.node_id for s in p.slices)
-            log.info("service resized in place", job_id=job.job_id, detail=new.message, epoch=epoch)
+        await self._service_changes(self.store.resize_in_place, epoch, changes, why, "service resized in place", cluster, rep)
 
     async def _move_services(self, epoch: int, moves: list[tuple[Job, Placement]], cluster: _Cluster, rep: RoundReport) -> None:
         """Services moving make-before-break (``Store.move_services``), each on its own."""
@@ -546,14 +539,20 @@ class Scheduler:
             to = ", ".join(f"{s.node_id}:{s.gpu_index}" for s in p.slices)
             return f"moving to {to} at {p.slices[0].compute_share_pct:g}%; the current replica serves until the new one runs"
 
-        results = await self.store.move_services(epoch, [(j, p, why(j, p)) for j, p in moves])
-        for (job, p), new in zip(moves, results, strict=True):
+        await self._service_changes(self.store.move_services, epoch, moves, why, "service moving", cluster, rep)
+
+    async def _service_changes(self, write: Callable, epoch: int, changes: list[tuple[Job, Placement]],
+                               why: Callable[[Job, Placement], str], what: str, cluster: _Cluster, rep: RoundReport) -> None:
+        """Write services' changes with ``write`` (a Store method taking (job, placement, message) triples, each
+        atomic on its own), counting the written ones as resized and nudging their old and new nodes."""
+        results = await write(epoch, [(j, p, why(j, p)) for j, p in changes])
+        for (job, p), new in zip(changes, results, strict=True):
             if isinstance(new, Conflict):
-                log.warning("service move not applied; re-reading next round", job_id=job.job_id, error=str(new))
+                log.warning(f"{what}: not applied; re-reading next round", job_id=job.job_id, error=str(new))
                 continue
             rep.resized += 1
             cluster.touched.update(s.node_id for s in (*p.slices, *job.placement.slices))
-            log.info("service moving", job_id=job.job_id, detail=new.message, epoch=epoch)
+            log.info(what, job_id=job.job_id, detail=new.message, epoch=epoch)
 
     def _nudge(self, cluster: _Cluster) -> None:
         """Ask the agents of the touched nodes to sync now (best effort, in the background)."""

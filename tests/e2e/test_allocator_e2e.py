@@ -22,6 +22,7 @@ from elastico.redis_embedded import free_port
 from elastico.v1 import allocator_pb2, allocator_pb2_grpc
 from elastico.v1 import types_pb2 as tpb
 from services.allocator.settings import AllocatorSettings
+from tests.e2e._suite import fast_suite
 
 SCALE = 2000.0  # trace seconds per wall second: the slice drains in ~10 s
 WINDOW = (2653756.0, 2657677.0)  # the demo's slice (60 jobs over ~1.1 h), first 50 here
@@ -38,20 +39,9 @@ def slice_jobs():
 @pytest.fixture
 def suite(open_tmp: Path, monkeypatch: pytest.MonkeyPatch):
     """A running cluster (as `make up` starts it) with fast timers; stopped afterwards whatever happens."""
-    for k in [k for k in os.environ if k.startswith("ELASTICO_")]:
-        monkeypatch.delenv(k)
-    env = {"ELASTICO_RUN_DIR": str(open_tmp / "run"), "ELASTICO_BASE_PORT": str(free_port()), "ELASTICO_ESTIMATOR": "rule",
-           "ELASTICO_TIME_SCALE": repr(SCALE), "ELASTICO_SIM_TIME_SCALE": repr(SCALE), "ELASTICO_ROUND_INTERVAL_S": "0.2",
-           "ELASTICO_REPORT_POLL_S": "0.1", "ELASTICO_RECONCILE_INTERVAL_S": "0.2", "ELASTICO_HEARTBEAT_INTERVAL_S": "0.5",
-           "ELASTICO_LEASE_TTL_S": "2", "ELASTICO_SIM_GPU_COUNT": "4", "ELASTICO_STOP_GRACE_S": "2",
-           "ELASTICO_OBSERVATION_INTERVAL_S": "1000000", "ELASTICO_LOG_FORMAT": "json"}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    state = cluster.up(2)
-    try:
+    with fast_suite(open_tmp / "run", monkeypatch, 2, SCALE,
+                    {"ELASTICO_LEASE_TTL_S": "2", "ELASTICO_SIM_GPU_COUNT": "4"}) as state:
         yield state
-    finally:
-        cluster.down(quiet=True)
 
 
 def _addr(state: dict, name: str) -> str:

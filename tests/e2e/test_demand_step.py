@@ -5,7 +5,6 @@ resize every measured window keeps the latency SLO."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from devtools.loadgen import LoadGenerator, ProfileArrivals
 from devtools.replay import scrape_metrics
 from elastico.client import AllocatorClient, NodeAgentClient
 from elastico.domain import InferenceWork, JobKind, JobSpec, JobState, Shape, TrainingWork, placement_id
-from elastico.redis_embedded import free_port
+from tests.e2e._suite import fast_suite
 
 SCALE = 60.0  # policy seconds per wall second: a 60-s demand bin is one wall second
 ROUND_S, SCRAPE_S = 0.5, 0.25  # wall seconds
@@ -27,20 +26,9 @@ SLO_MS = 10 * 1000 / MU_FULL
 
 @pytest.fixture
 def suite(open_tmp: Path, monkeypatch: pytest.MonkeyPatch):
-    for k in [k for k in os.environ if k.startswith("ELASTICO_")]:
-        monkeypatch.delenv(k)
-    env = {"ELASTICO_RUN_DIR": str(open_tmp / "run"), "ELASTICO_BASE_PORT": str(free_port()), "ELASTICO_ESTIMATOR": "rule",
-           "ELASTICO_TIME_SCALE": repr(SCALE), "ELASTICO_SIM_TIME_SCALE": repr(SCALE), "ELASTICO_ROUND_INTERVAL_S": repr(ROUND_S),
-           "ELASTICO_REPORT_POLL_S": "0.1", "ELASTICO_RECONCILE_INTERVAL_S": "0.2", "ELASTICO_HEARTBEAT_INTERVAL_S": "0.5",
-           "ELASTICO_SIM_GPU_COUNT": "1", "ELASTICO_STOP_GRACE_S": "2", "ELASTICO_SCRAPE_INTERVAL_S": repr(SCRAPE_S),
-           "ELASTICO_OBSERVATION_INTERVAL_S": "1000000", "ELASTICO_LOG_FORMAT": "json"}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    state = cluster.up(1)
-    try:
+    with fast_suite(open_tmp / "run", monkeypatch, 1, SCALE, {
+            "ELASTICO_ROUND_INTERVAL_S": repr(ROUND_S), "ELASTICO_SIM_GPU_COUNT": "1", "ELASTICO_SCRAPE_INTERVAL_S": repr(SCRAPE_S)}) as state:
         yield state
-    finally:
-        cluster.down(quiet=True)
 
 
 def _until(what, timeout_s: float, every_s: float = 0.05):

@@ -29,8 +29,15 @@ def service_spec(rps: float, **kw):
     return make_spec(kind=JobKind.INFERENCE, model_family="inference", shapes=shapes, **kw)
 
 
-async def share_of(store, job_id: str) -> float:
-    return (await store.get_job(job_id)).placement.slices[0].compute_share_pct
+async def placed_service(store):
+    """A scheduler leading a one-GPU node ``n1`` with a service placed there and reported running by its agent."""
+    await heartbeat(store, "n1", gpus=1)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(), lease)
+    svc, _ = await store.create_job(make_job(spec=service_spec(1.0)))
+    await sch.round(epoch)
+    await agent_reports(store, "n1", "running")
+    return sch, epoch, svc
 
 
 async def test_a_demand_step_grows_the_service_in_place_after_its_cotenant_is_relaunched(store):
@@ -194,12 +201,7 @@ class _MoveOnce:
 async def test_a_service_moves_make_before_break(store):
     from elastico.domain import drain_key
 
-    await heartbeat(store, "n1", gpus=1)
-    lease, epoch = await leader(store, "a")
-    sch = Scheduler(store, settings(), lease)
-    svc, _ = await store.create_job(make_job(spec=service_spec(1.0)))
-    await sch.round(epoch)
-    await agent_reports(store, "n1", "running")
+    sch, epoch, svc = await placed_service(store)
     await heartbeat(store, "n2", gpus=1)
     await sch.round(epoch)
     svc = await store.get_job(svc.job_id)
@@ -263,12 +265,7 @@ async def test_committed_usage_stays_the_sum_of_placements_under_random_demand(s
 
 
 async def test_every_scraped_window_reaches_the_history_however_seldom_rounds_run(store):
-    await heartbeat(store, "n1", gpus=1)
-    lease, epoch = await leader(store, "a")
-    sch = Scheduler(store, settings(), lease)
-    svc, _ = await store.create_job(make_job(spec=service_spec(1.0)))
-    await sch.round(epoch)
-    await agent_reports(store, "n1", "running")
+    sch, epoch, svc = await placed_service(store)
     await sch.round(epoch)
     gen, ws = await store.get_workloads("n1")
     now = time.time()

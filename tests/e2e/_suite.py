@@ -1,0 +1,33 @@
+"""The local suite as `make up` starts it, with fast timers, for the end-to-end tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from devtools import cluster
+from elastico.redis_embedded import free_port
+
+
+@contextlib.contextmanager
+def fast_suite(run_dir: Path, monkeypatch: pytest.MonkeyPatch, nodes: int, scale: float,
+               env: Mapping[str, str]) -> Iterator[dict]:
+    """``nodes`` node agents on simulated GPUs at ``scale`` policy seconds per wall second, the environment cleared
+    of ``ELASTICO_*`` and set to fast timers plus ``env``; stopped afterwards whatever happens."""
+    for k in [k for k in os.environ if k.startswith("ELASTICO_")]:
+        monkeypatch.delenv(k)
+    base = {"ELASTICO_RUN_DIR": str(run_dir), "ELASTICO_BASE_PORT": str(free_port()), "ELASTICO_ESTIMATOR": "rule",
+            "ELASTICO_TIME_SCALE": repr(scale), "ELASTICO_SIM_TIME_SCALE": repr(scale), "ELASTICO_ROUND_INTERVAL_S": "0.2",
+            "ELASTICO_REPORT_POLL_S": "0.1", "ELASTICO_RECONCILE_INTERVAL_S": "0.2", "ELASTICO_HEARTBEAT_INTERVAL_S": "0.5",
+            "ELASTICO_STOP_GRACE_S": "2", "ELASTICO_OBSERVATION_INTERVAL_S": "1000000", "ELASTICO_LOG_FORMAT": "json"}
+    for k, v in {**base, **env}.items():
+        monkeypatch.setenv(k, v)
+    state = cluster.up(nodes)
+    try:
+        yield state
+    finally:
+        cluster.down(quiet=True)
