@@ -55,6 +55,9 @@ class StateReason(enum.Enum):
     RESIZED = "resized"
     NODE_LOST = "node_lost"
     CANCELLED_BY_CLIENT = "cancelled_by_client"
+    # a Kubernetes pod's job the policy preempted or resized: still PLACED/RUNNING with its slices booked until
+    # its pod is gone (the kube controller evicts it; its owner recreates it as a new job)
+    EVICTION_REQUESTED = "eviction_requested"
 
 
 @dataclass(frozen=True)
@@ -248,6 +251,30 @@ class Workload:
     endpoint: str = ""  # inference: host:port the service listens on (requests and /metrics); "" = none
     demand: DemandReport | None = None  # inference: the last window its metrics scrape measured
     recent_demand: tuple[DemandReport, ...] = ()  # inference: its last scraped windows, newest last (bounded)
+
+
+# Labels of a Kubernetes pod's job (JobSpec.labels; set by services/kube). A pod job's workload is the pod's own
+# containers: its slices are released only once the pod is gone, and only a pod with an owner is ever preempted.
+POD_LABEL = "elastico.io/pod"  # "<namespace>/<name>"
+POD_UID_LABEL = "elastico.io/pod-uid"
+POD_OWNER_LABEL = "elastico.io/pod-owner"  # "<kind>/<name>" of its controller (ownerReferences); absent = bare pod
+GANG_LABEL = "elastico.io/gang"  # "<namespace>/<gang name>": the pods of one all-or-nothing gang
+GANG_SIZE_LABEL = "elastico.io/gang-size"  # members of the gang
+
+
+def label(spec: JobSpec, key: str) -> str:
+    """The value of label ``key`` of a job ("" when absent)."""
+    return next((v for k, v in spec.labels if k == key), "")
+
+
+def is_pod_job(spec: JobSpec) -> bool:
+    """The job is a Kubernetes pod's: its workload is the pod's containers."""
+    return bool(label(spec, POD_UID_LABEL))
+
+
+def pod_evictable(spec: JobSpec) -> bool:
+    """A pod job whose pod has an owner that recreates it: preemption evicts it. A bare pod is never preempted."""
+    return is_pod_job(spec) and bool(label(spec, POD_OWNER_LABEL))
 
 
 DRAIN_SUFFIX = "~drain"  # desired-state key of a moving service's previous replica: "<job id>~drain"
