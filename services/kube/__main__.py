@@ -21,7 +21,7 @@ from services.kube.settings import KubeSettings
 async def serve(settings: KubeSettings) -> None:
     log = configure_logging(settings.service_name, settings.log_level, settings.log_format)
     extender = channels = None
-    reaper = None
+    loops: list[asyncio.Task] = []
     if settings.role in ("extender", "both"):
         from services.kube.kubeapi import KubeApi
 
@@ -39,7 +39,11 @@ async def serve(settings: KubeSettings) -> None:
             channels.append(predictor)
         extender = Extender(settings, allocator, predictor, KubeApi(settings))
         if settings.reap_interval_s > 0:
-            reaper = asyncio.create_task(extender.reap_forever())
+            loops.append(asyncio.create_task(extender.reap_forever()))
+        if settings.evict_interval_s > 0:
+            from services.kube.evictions import EvictionController
+
+            loops.append(asyncio.create_task(EvictionController(extender).run_forever()))
     if settings.metrics_port >= 0:
         start_http_server(settings.metrics_port, addr=settings.host)
     runner, port = await app.start(settings, extender)
@@ -49,8 +53,8 @@ async def serve(settings: KubeSettings) -> None:
     log.info("serving", role=settings.role, port=port, tls=bool(settings.tls_cert_file))
     await wait_for_stop_signal()
     log.info("stopping", grace_s=settings.shutdown_grace_s)
-    if reaper is not None:
-        reaper.cancel()
+    for task in loops:
+        task.cancel()
     await runner.shutdown()
     await runner.cleanup()
     for stub in channels or ():

@@ -12,16 +12,19 @@ Design (docs/kubernetes.md): kube-scheduler picks the node, the allocator picks 
 * **prioritize** scores them with the predictor (``Predictor.PredictInterference`` of the pod against each GPU's
   tenants, from ``Allocator.ListJobs``) and packing;
 * **bind** submits the pod as an allocator job pinned to the chosen node (``JobSpec.allowed_nodes``, request id
-  from the pod UID and the node: a retried bind finds the same job), waits up to ``ELASTICO_BIND_TIMEOUT_S`` for
-  a scheduling round to commit its slice through the allocator's atomic Redis path, records the slice on the pod
-  (annotations, *before* the Binding so the kubelet sees them at container start), then creates the Binding.
+  from the pod UID and the node: a retried bind finds the same job; no command: the pod's containers are the
+  workload) with the pod's shape family (the policy picks the share), waits up to ``ELASTICO_BIND_TIMEOUT_S`` for
+  a scheduling round to commit its slice through the allocator's atomic Redis path, records the slice and its MPS
+  limits on the pod (annotations, *before* the Binding so the kubelet resolves them at container start), then
+  creates the Binding. A gang member's bind goes through the gang barrier (:mod:`services.kube.gangs`).
 
 Safe answers: a pod that did not opt in is passed through (filter keeps every node, prioritize scores 0, bind
 only binds). For an opted-in pod, an unreachable or slow allocator makes filter answer ``Error`` (fail closed:
 kube-scheduler retries the pod later; it is never placed without a slice); malformed annotations make every node
 "failed and unresolvable" with the annotation named; prioritize without the predictor scores by packing only;
 a bind whose slice is not committed in time cancels the job (no slice leaks) and answers ``Error``, so
-kube-scheduler retries. A reaper cancels the jobs of pods that were deleted, finished, or never bound.
+kube-scheduler retries. A reaper cancels the jobs of pods that were deleted, finished, never bound, or bound with
+another job's slice; the eviction controller (:mod:`services.kube.evictions`) evicts the pods the policy preempted.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any
 import grpc
 
 from elastico.client import AllocatorError, AsyncAllocatorClient
-from elastico.domain import JobKind, JobState, Placement
+from elastico.domain import POD_LABEL, POD_UID_LABEL, Job, JobKind, JobState, Placement, label
 from elastico.errors import InvalidSpec
 from elastico.logging import get_logger
 from elastico.v1 import predictor_pb2, types_pb2
@@ -187,16 +190,21 @@ class Extender:
             if not a.opted_in(pod):
                 await self.kube.bind(ns, name, uid, node)
                 return {"Error": ""}
+            bound = (pod.get("spec") or {}).get("nodeName")
+            if bound:  # a retried bind, or a gang coordinator bound it
+                return {"Error": "" if bound == node else f"elastico: pod {ns}/{name} is already bound to node {bound}"}
             req = a.pod_request(pod)
+            if req.gang is not None:
+                from services.kube.gangs import bind_member  # the barrier uses this class's placement helpers
+
+                await bind_member(self, req, node)
+                return {"Error": ""}
             placement = await self._place(req, node)
             try:
-                await self.kube.annotate(ns, name, a.slice_annotations(placement))
-                await self.kube.bind(ns, name, uid, node)
+                await self.record_and_bind(req, placement)
             except Exception as exc:
                 await self._cancel(placement.job_id, f"binding {ns}/{name} to {node} failed")
                 raise BindFailed(f"elastico: binding {ns}/{name} to {node} failed ({exc}); its slice was released") from exc
-            log.info("pod bound", pod=f"{ns}/{name}", node=node, job_id=placement.job_id,
-                     gpus=[s.gpu_index for s in placement.slices], share_pct=placement.slices[0].compute_share_pct)
             return {"Error": ""}
         except InvalidSpec as exc:
             return {"Error": f"elastico: {exc.message}"}
@@ -209,9 +217,30 @@ class Extender:
             log.warning("bind failed", pod=f"{ns}/{name}", node=node, error=repr(exc))
             return {"Error": f"elastico: bind of {ns}/{name} to {node} failed: {exc}"}
 
+    async def record_and_bind(self, req: a.PodRequest, placement: Placement) -> None:
+        """Write the slice annotations (MPS limits included), then POST the Binding; a 409 is success only when the
+        pod is bound to the slice's node.
+
+        Raises:
+            BindFailed: the pod is bound elsewhere. Kubernetes API errors propagate.
+        """
+        node = placement.slices[0].node_id
+        await self.kube.annotate(req.namespace, req.name, a.slice_annotations(placement))
+        if not await self.kube.bind(req.namespace, req.name, req.uid, node):
+            pod = await self.kube.get_pod(req.namespace, req.name)
+            bound = (pod or {}).get("spec", {}).get("nodeName")
+            if bound != node:
+                raise BindFailed(f"elastico: pod {req.namespace}/{req.name} is bound to node {bound!r}, not {node}")
+        log.info("pod bound", pod=f"{req.namespace}/{req.name}", node=node, job_id=placement.job_id,
+                 gpus=[s.gpu_index for s in placement.slices], share_pct=placement.slices[0].compute_share_pct)
+
+    def pinned_spec(self, req: a.PodRequest, node: str):
+        """The pod's job pinned to ``node``, without a command (the pod's containers are the workload)."""
+        return replace(req.spec, allowed_nodes=(node,), command="")
+
     async def _place(self, req: a.PodRequest, node: str) -> Placement:
         """Submit the pod's job pinned to ``node`` and wait for its committed slice; cancel it on timeout."""
-        spec = replace(req.spec, allowed_nodes=(node,), command=self.s.pod_command)
+        spec = self.pinned_spec(req, node)
         rid = f"{req.uid}.{node}"[:128]
         job = await self.allocator.submit(spec, request_id=rid)
         if job.state.terminal:  # an earlier attempt on this node was cancelled: a new job, a new key
@@ -219,14 +248,9 @@ class Extender:
             job = await self.allocator.submit(spec, request_id=rid)
         deadline = time.monotonic() + self.s.bind_timeout_s
         while True:
-            if job.state in _HOLDING and job.placement is not None:
-                p = job.placement
-                if {s.node_id for s in p.slices} != {node}:  # cannot happen while the allocator honours allowed_nodes
-                    await self._cancel(job.job_id, "placed off the bound node")
-                    raise BindFailed(f"elastico: job {job.job_id} was placed off node {node}; cancelled")
+            p = await self.holding(job, node)
+            if p is not None:
                 return p
-            if job.state.terminal:
-                raise BindFailed(f"elastico: job {job.job_id} ended ({state_name(job.state)}: {job.message})")
             if time.monotonic() >= deadline:
                 await self._cancel(job.job_id, "bind timeout")
                 why = job.reason.value
@@ -235,6 +259,22 @@ class Extender:
                                  f"kube-scheduler will retry")
             await asyncio.sleep(self.s.bind_poll_s)
             job = await self.allocator.get(job.job_id)
+
+    async def holding(self, job: Job, node: str) -> Placement | None:
+        """The job's committed placement on ``node``; None while it waits.
+
+        Raises:
+            BindFailed: it ended, or was placed off ``node`` (then it is cancelled).
+        """
+        if job.state in _HOLDING and job.placement is not None:
+            p = job.placement
+            if {s.node_id for s in p.slices} != {node}:  # cannot happen while the allocator honours allowed_nodes
+                await self._cancel(job.job_id, "placed off the bound node")
+                raise BindFailed(f"elastico: job {job.job_id} was placed off node {node}; cancelled")
+            return p
+        if job.state.terminal:
+            raise BindFailed(f"elastico: job {job.job_id} ended ({state_name(job.state)}: {job.message})")
+        return None
 
     async def _cancel(self, job_id: str, why: str) -> None:
         try:
@@ -246,16 +286,17 @@ class Extender:
 
     # ------------------------------------------------------------------------------------------- reaper
     async def reap_once(self) -> list[str]:
-        """Cancel active pod jobs whose pod is gone, finished, or (placed but) still unbound after twice the bind timeout.
+        """Cancel active pod jobs whose pod is gone, finished, (placed but) still unbound after twice the bind or gang
+        timeout, or bound with another job's slice (a superseded gang coordination).
 
         Returns:
             the cancelled job ids.
         """
         cancelled: list[str] = []
         now = time.time()
+        unbound_grace_s = 2 * max(self.s.bind_timeout_s, self.s.gang_timeout_s)
         async for j in self.allocator.list(states=_ACTIVE, page_size=1000):
-            labels = dict(j.spec.labels)
-            uid, ref = labels.get("elastico.io/pod-uid"), labels.get("elastico.io/pod")
+            uid, ref = label(j.spec, POD_UID_LABEL), label(j.spec, POD_LABEL)
             if not uid or not ref or "/" not in ref:
                 continue
             ns, name = ref.split("/", 1)
@@ -263,10 +304,13 @@ class Extender:
             why = ""
             if pod is None or (pod.get("metadata") or {}).get("uid") != uid:
                 why = "pod deleted"
-            elif (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            elif a.finished(pod):
                 why = f"pod {pod['status']['phase'].lower()}"
-            elif not (pod.get("spec") or {}).get("nodeName") and now - int(j.submitted_at_s) > 2 * self.s.bind_timeout_s:
-                why = "pod never bound"
+            elif not (pod.get("spec") or {}).get("nodeName"):
+                if now - int(j.submitted_at_s) > unbound_grace_s:
+                    why = "pod never bound"
+            elif ((pod.get("metadata") or {}).get("annotations") or {}).get(a.JOB_ID, j.job_id) != j.job_id:
+                why = "pod bound with the slice of job " + pod["metadata"]["annotations"][a.JOB_ID]
             if why:
                 await self._cancel(j.job_id, why)
                 cancelled.append(j.job_id)

@@ -38,8 +38,11 @@ class KubeSettings(Settings):
     scheduler_name: str = "elastico-scheduler"  # injected as spec.schedulerName; "" = leave it (extender in the default scheduler)
     runtime_class: str = "nvidia"  # injected as spec.runtimeClassName when unset; "" = leave it
     mps_pipe_dir: str = "/tmp/nvidia-mps"  # the node's MPS pipe directory (hostPath), mounted at the same path
-    pod_command: str = "sleep infinity"  # what the node agent runs for a pod's job (the pod's containers do the work)
+    # how long a gang member's bind waits for every member to arrive and get its slice (< the scheduler's httpTimeout)
+    gang_timeout_s: float = 20.0
     reap_interval_s: float = 30.0  # how often jobs of deleted or finished pods are cancelled; 0 = never
+    # how often pod jobs the policy preempted or resized are evicted, and gangs with a failed member freed; 0 = never
+    evict_interval_s: float = 5.0
 
     def validate(self) -> None:
         super().validate()
@@ -60,11 +63,12 @@ class KubeSettings(Settings):
         for var, v in (("ELASTICO_ALLOCATOR_TIMEOUT_S", self.allocator_timeout_s),
                        ("ELASTICO_PREDICTOR_TIMEOUT_S", self.predictor_timeout_s),
                        ("ELASTICO_BIND_TIMEOUT_S", self.bind_timeout_s), ("ELASTICO_BIND_POLL_S", self.bind_poll_s),
-                       ("ELASTICO_KUBE_TIMEOUT_S", self.kube_timeout_s)):
+                       ("ELASTICO_KUBE_TIMEOUT_S", self.kube_timeout_s), ("ELASTICO_GANG_TIMEOUT_S", self.gang_timeout_s)):
             if not v > 0:
                 raise ConfigError(f"{var}={v}: must be > 0")
-        if self.reap_interval_s < 0:
-            raise ConfigError(f"ELASTICO_REAP_INTERVAL_S={self.reap_interval_s}: must be >= 0 (0 = never)")
+        for var, v in (("ELASTICO_REAP_INTERVAL_S", self.reap_interval_s), ("ELASTICO_EVICT_INTERVAL_S", self.evict_interval_s)):
+            if v < 0:
+                raise ConfigError(f"{var}={v}: must be >= 0 (0 = never)")
         if not self.mps_pipe_dir.startswith("/"):
             raise ConfigError(f"ELASTICO_MPS_PIPE_DIR={self.mps_pipe_dir!r}: must be an absolute path")
 

@@ -4,10 +4,10 @@ For an opted-in pod the answer is a base64 JSONPatch that:
 
 * sets ``spec.schedulerName`` (``ELASTICO_SCHEDULER_NAME``; "" leaves it, for a cluster whose default scheduler
   has the extender registered) and ``spec.runtimeClassName`` when unset (``ELASTICO_RUNTIME_CLASS``);
-* gives every container the MPS client environment — ``CUDA_MPS_PIPE_DIRECTORY``,
-  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` — and ``NVIDIA_VISIBLE_DEVICES`` from
-  the ``elastico.io/gpu-indices`` annotation through the downward API (the extender's bind writes it before the
-  Binding, so the kubelet resolves it when it starts the containers);
+* gives every container ``CUDA_MPS_PIPE_DIRECTORY`` and, through the downward API, ``NVIDIA_VISIBLE_DEVICES``,
+  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` from the annotations
+  ``elastico.io/gpu-indices``, ``-mps-active-thread-pct``, ``-mps-pinned-mem-limit``: the slice the policy chose,
+  which the extender's bind writes before the Binding, so the kubelet resolves them when it starts the containers;
 * mounts the node's MPS pipe directory (hostPath) at the same path in every container.
 
 A malformed opt-in annotation is rejected (``allowed: false``, HTTP-style code 400) with a message that starts
@@ -27,7 +27,6 @@ from services.kube import annotations as a
 from services.kube.settings import KubeSettings
 
 MPS_VOLUME = "elastico-mps-pipe"
-DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 
 
 def _env_patch(path: str, current: list[dict] | None, wanted: list[dict]) -> list[dict]:
@@ -44,7 +43,15 @@ def _env_patch(path: str, current: list[dict] | None, wanted: list[dict]) -> lis
     return ops
 
 
-def pod_patch(pod: Mapping[str, Any], req: a.PodRequest, settings: KubeSettings) -> list[dict]:
+def container_env(pipe_dir: str) -> list[dict]:
+    """The env entries every container of an opted-in pod gets (the MPS pipe, and the slice via the downward API)."""
+    env: list[dict] = [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": pipe_dir}]
+    env += [{"name": var, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{key}']"}}}
+            for var, key in a.DOWNWARD_ENV.items()]
+    return env
+
+
+def pod_patch(pod: Mapping[str, Any], settings: KubeSettings) -> list[dict]:
     """The JSONPatch (RFC 6902 ops) that prepares an opted-in pod for ElastiCo."""
     spec = pod.get("spec") or {}
     ops: list[dict] = []
@@ -58,8 +65,7 @@ def pod_patch(pod: Mapping[str, Any], req: a.PodRequest, settings: KubeSettings)
         ops.append({"op": "add", "path": "/spec/volumes", "value": [volume]})
     elif not any(v.get("name") == MPS_VOLUME for v in volumes):
         ops.append({"op": "add", "path": "/spec/volumes/-", "value": volume})
-    env = [{"name": k, "value": v} for k, v in a.mps_env(req, settings.mps_pipe_dir).items()]
-    env.append({"name": DEVICES_ENV, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{a.GPU_INDICES}']"}}})
+    env = container_env(settings.mps_pipe_dir)
     mount = {"name": MPS_VOLUME, "mountPath": settings.mps_pipe_dir}
     for i, c in enumerate(spec.get("containers") or []):
         ops += _env_patch(f"/spec/containers/{i}/env", c.get("env"), env)
@@ -92,12 +98,12 @@ def review(body: Mapping[str, Any], settings: KubeSettings) -> dict:
     meta.setdefault("name", request.get("name") or meta.get("generateName") or "")
     pod["metadata"] = meta
     try:
-        req = a.pod_request(pod)
+        a.pod_request(pod)  # validation only: the shape is the policy's choice, made at bind
     except InvalidSpec as exc:
         response["allowed"] = False
         response["status"] = {"code": 400, "reason": "BadRequest",
                               "message": f"ElastiCo rejected the pod: {exc.message}"}
         return out
     response["patchType"] = "JSONPatch"
-    response["patch"] = base64.b64encode(json.dumps(pod_patch(pod, req, settings)).encode()).decode()
+    response["patch"] = base64.b64encode(json.dumps(pod_patch(pod, settings)).encode()).decode()
     return out

@@ -280,9 +280,10 @@ async def test_webhook_injects_scheduler_mps_env_and_pipe_mount_over_tls(webhook
     for c in spec["containers"]:
         env = {e["name"]: e for e in c["env"]}
         assert env["CUDA_MPS_PIPE_DIRECTORY"]["value"] == "/tmp/nvidia-mps"
-        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]["value"] == "30"
-        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]["value"] == "0=4096M,1=4096M"
-        assert env["NVIDIA_VISIBLE_DEVICES"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.annotations['elastico.io/gpu-indices']"
+        # the slice is the policy's choice at bind: the containers read it through the downward API at start
+        for var, key in (("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "mps-active-thread-pct"),
+                         ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "mps-pinned-mem-limit"), ("NVIDIA_VISIBLE_DEVICES", "gpu-indices")):
+            assert env[var] == {"name": var, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['elastico.io/{key}']"}}}
         assert {"name": "elastico-mps-pipe", "mountPath": "/tmp/nvidia-mps"} in c["volumeMounts"]
     assert {e["name"] for e in spec["containers"][0]["env"]} >= {"EPOCHS"}  # the user's env stays
 
@@ -293,7 +294,8 @@ async def test_webhook_replaces_user_set_mps_variables_instead_of_duplicating_th
     out = await review_over_https(webhook, admission_review(p))
     mutated = apply_json_patch(p, json.loads(base64.b64decode(out["response"]["patch"])))
     env = [e for e in mutated["spec"]["containers"][0]["env"] if e["name"] == "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]
-    assert env == [{"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "50"}]
+    assert env == [{"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['elastico.io/mps-active-thread-pct']"}}}]
 
 
 @pytest.mark.parametrize(("obj", "operation"), [
@@ -328,7 +330,7 @@ async def test_webhook_rejects_missing_memory_annotation():
     del p["metadata"]["annotations"][a.MEM]
     from services.kube.webhook import review
     resp = review(admission_review(p), KubeSettings.from_env({}, insecure=True, role="both", allocator_address="x:1"))["response"]
-    assert resp["allowed"] is False and resp["status"]["message"].endswith(f"{a.MEM}: is required (the pinned GPU memory limit of each GPU, MiB)")
+    assert resp["allowed"] is False and resp["status"]["message"].endswith(f"{a.MEM}: is required (the model's memory need on each GPU, MiB: its pinned limit)")
 
 
 async def test_webhook_answers_400_to_a_body_that_is_not_an_admission_review(webhook):
@@ -406,6 +408,7 @@ async def test_bind_commits_a_slice_on_the_chosen_node_records_it_then_creates_t
     assert [("gpu-node-2", g, recorded["compute_share_pct"], recorded["mem_mib"]) for g in recorded["gpus"]] == committed
     assert committed[0][2:] == (50.0, 8192) and ann[a.NODE] == "gpu-node-2"
     assert ann[a.GPU_INDICES] == ",".join(str(c[1]) for c in committed)
+    assert (ann[a.MPS_THREAD_PCT], ann[a.MPS_MEM_LIMIT]) == ("50", "0=8192M") and job.spec.command == ""
     # the allocator's own view counts the slice: capacity of that GPU is committed
     state = await cluster["alloc"].GetClusterState(allocator_pb2.GetClusterStateRequest())
     gpu = next(g for n in state.nodes if n.node_id == "gpu-node-2" for g in n.gpus if g.index == committed[0][1])
