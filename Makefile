@@ -40,7 +40,7 @@ model: $(MODEL)
 
 # The pure cores the type checker covers.
 TYPED := elastico/coloc elastico/state services/pricer/core services/allocator/policy services/predictor/model \
-         services/predictor/features.py services/predictor/datasets.py
+         services/predictor/features.py services/predictor/datasets.py services/node_agent/pods.py
 
 test: protos model
 	$(BIN)/lint-imports --no-cache

@@ -14,8 +14,6 @@ set -euo pipefail
 NS=${NS:-elastico}
 PY=${PYTHON:-python3}
 OPERATOR_TOKEN_FILE=${OPERATOR_TOKEN_FILE:-./elastico-operator.token}
-# The extender submits each pod's job with this command (KubeSettings.pod_command): its token must allow it.
-POD_COMMAND=${POD_COMMAND:-sleep infinity}
 DIR=$(mktemp -d)
 trap 'rm -rf "$DIR"' EXIT
 umask 077
@@ -43,8 +41,8 @@ fi
 if exists elastico-auth-tokens && exists elastico-extender-token; then
   echo "secrets $NS/elastico-auth-tokens and $NS/elastico-extender-token kept"
 else
-  "$PY" -m elastico.auth --file "$DIR/tokens.json" issue --name kube-extender --role scheduler \
-    --allow-command "$POD_COMMAND" > "$DIR/extender.token"
+  # the extender submits pods' jobs without a command (a pod's containers are its workload): no allow-list
+  "$PY" -m elastico.auth --file "$DIR/tokens.json" issue --name kube-extender --role scheduler > "$DIR/extender.token"
   "$PY" -m elastico.auth --file "$DIR/tokens.json" issue --name operator --role operator --allow-command '*' \
     > "$DIR/operator.token"
   apply_secret elastico-auth-tokens "--from-file=tokens.json=$DIR/tokens.json"

@@ -153,7 +153,7 @@ class FakeKube:
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request
         self.changed = asyncio.Condition()
         self._runner: web.AppRunner | None = None
-        self._streams: set[web.StreamResponse] = set()
+        self._closing = False
         self.url = ""
 
     # ------------------------------------------------------------------ Python-side API (tests, kubelet)
@@ -186,9 +186,9 @@ class FakeKube:
         return self.url
 
     async def stop(self) -> None:
-        for s in list(self._streams):
-            with contextlib.suppress(Exception):
-                await s.write_eof()
+        self._closing = True  # open watches end at once (the server waits for their handlers)
+        async with self.changed:
+            self.changed.notify_all()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -328,7 +328,6 @@ class FakeKube:
                      ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
         await resp.prepare(request)
-        self._streams.add(resp)
         try:
             oldest = self.history[0][0] if self.history else self.rv + 1
             if since and since < oldest - 1:
@@ -344,7 +343,7 @@ class FakeKube:
                         if wanted(obj):
                             await resp.write((json.dumps({"type": kind, "object": obj}) + "\n").encode())
                 left = deadline - asyncio.get_running_loop().time()
-                if left <= 0:
+                if left <= 0 or self._closing:
                     return resp
                 async with self.changed:
                     if not any(rv > sent for rv, _, _ in self.history):
@@ -352,8 +351,6 @@ class FakeKube:
                             await asyncio.wait_for(self.changed.wait(), left)
         except (ConnectionResetError, asyncio.CancelledError):
             return resp
-        finally:
-            self._streams.discard(resp)
 
     async def _create_pod(self, request: web.Request) -> web.Response:
         body = await request.json()

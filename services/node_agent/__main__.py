@@ -2,7 +2,8 @@
 
 Start-up order matters: re-adopt the ledger's workloads and start MPS *before* serving or polling, so
 the first reconcile pass already knows what runs (no duplicate starts after a restart); register the
-node (first heartbeat) so the allocator sees its GPUs at once; then serve Sync and poll.
+node (first heartbeat) so the allocator sees its GPUs at once; then serve Sync and poll. In Kubernetes mode
+(``ELASTICO_KUBE_PODS``) the re-adoption also starts the watch of the pods bound to this node.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import sys
+from pathlib import Path
 
 from elastico.errors import ConfigError
 from elastico.logging import get_logger
@@ -21,6 +23,7 @@ from elastico.v1 import node_agent_pb2, node_agent_pb2_grpc
 from services.node_agent.gpu import make_backend
 from services.node_agent.mps import make_mps
 from services.node_agent.observations import PredictorReporter
+from services.node_agent.pods import PodSource
 from services.node_agent.reconcile import Reconciler
 from services.node_agent.runner import REPO_ROOT
 from services.node_agent.servicer import NodeAgent, NodeAgentServicer
@@ -65,10 +68,18 @@ def build(settings: NodeAgentSettings):
         address = settings.advertise_address or f"{settings.host}:{settings.port}"
         gpu_type = next((g.gpu_type for g in backend.gpus()), "")
         reporter = PredictorReporter(settings.predictor_address, gpu_type, settings.predictor_timeout_s, tls) if settings.predictor_address else None
+        pods: PodSource | None = None
+        if settings.kube_pods:
+            from services.node_agent.podwatch import KubePods, PodWatcher, core_api  # the kubernetes client only here
+
+            pods = KubePods(PodWatcher(core_api(settings.kube_api_url), node_id, request_timeout_s=settings.kube_timeout_s),
+                            Path(settings.proc_root))
+            log.info("following the pods bound to this node (Kubernetes mode)", node=node_id, proc_root=settings.proc_root,
+                     api=settings.kube_api_url or "in-cluster")
         reconciler = Reconciler(store, backend, mps, node_id, settings.effective_state_dir,
                                 stop_grace_s=settings.stop_grace_s, fault_holddown_s=settings.mps_fault_holddown_s,
                                 observation_interval_s=settings.observation_interval_s, observation_sink=reporter,
-                                policy=settings.workload_policy, scrape_interval_s=settings.scrape_interval_s)
+                                policy=settings.workload_policy, scrape_interval_s=settings.scrape_interval_s, pods=pods)
         await reconciler.recover()
         agent = NodeAgent(store, backend, node_id, address, reconciler)
         await agent.heartbeat()  # register before serving, so the allocator sees the GPUs at once

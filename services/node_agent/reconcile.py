@@ -37,6 +37,15 @@ lost nudge, a restart or a Redis blip can delay but never lose or duplicate work
 
 The ledger (``<state_dir>/ledger.json``) makes a restarted agent re-adopt its running processes (matched
 by pid *and* start time) instead of starting them twice or leaving them orphaned.
+
+**Kubernetes pods** (``ELASTICO_KUBE_PODS``, a ``PodSource``): a pod job's workload is its pod's containers,
+which kubelet runs. Step 5 starts nothing for it: the entry is bound to the pod UID and "starting" until the
+pod is Running with its processes found (``/proc/<pid>/cgroup``), then "running" (pid = a container's main
+process; counters summed over every pid of the pod). Step 2 reads its end from the pod (``pods.pod_outcome``)
+once its processes are gone: Succeeded, Failed (exit code, OOMKilled), evicted or deleted; an MPS fault on its
+GPU while it ran makes a failure COTENANT_FAULT. Step 4 never signals a pod (kubelet owns its containers; the
+extender evicts): an entry no longer desired is forgotten, but while its pod's processes still run its GPUs
+take no new process workload. A pod job on an agent not following pods is reported failed.
 """
 
 from __future__ import annotations
@@ -54,14 +63,18 @@ from pathlib import Path
 from elastico.domain import (
     DRAIN_SUFFIX,
     MAX_DEMAND_WINDOW_S,
+    POD_UID_LABEL,
     DemandReport,
     GpuCounters,
     JobKind,
+    JobSpec,
     MetricsEndpoint,
     NodeInfo,
     Placement,
     StateReason,
     Workload,
+    is_pod_job,
+    label,
     placement_id,
 )
 from elastico.errors import NotFound, Unavailable
@@ -71,6 +84,16 @@ from elastico.state.store import Store
 from services.node_agent.coloc import DEFAULT_ISOLATED_STEPS_PER_S, ColocationTruth
 from services.node_agent.gpu import GpuBackend, Tenant
 from services.node_agent.mps import MpsController, MpsFault
+from services.node_agent.pods import (
+    PodProcess,
+    PodSource,
+    ending,
+    main_process,
+    pod_ip,
+    pod_name,
+    pod_outcome,
+    sum_counters,
+)
 from services.node_agent.runner import (
     LedgerEntry,
     LedgerFile,
@@ -136,7 +159,8 @@ class Reconciler:
     def __init__(self, store: Store, backend: GpuBackend, mps: MpsController, node_id: str, state_dir: Path, *,
                  stop_grace_s: float = 10.0, fault_holddown_s: float = 5.0, observation_interval_s: float = 30.0,
                  observation_sink: ObservationSink | None = None, truth: ColocationTruth | None = None,
-                 policy: WorkloadPolicy | None = None, scrape_interval_s: float = 5.0) -> None:
+                 policy: WorkloadPolicy | None = None, scrape_interval_s: float = 5.0,
+                 pods: PodSource | None = None) -> None:
         self.store = store
         self.backend = backend
         self.mps = mps
@@ -159,6 +183,9 @@ class Reconciler:
         self.scrape_interval_s = scrape_interval_s  # services whose endpoint names no interval
         self._scraper = Scraper()
         self._scrapes: dict[str, _Scrape] = {}  # job_id -> scrape state of its running service
+        self.pods = pods  # None = pod jobs are not followed (not Kubernetes mode)
+        self._pod_procs: dict[str, list[PodProcess]] = {}  # pod uid -> its live processes, this pass's scan
+        self._blocked_logged: set[str] = set()  # jobs whose wait for a lingering pod's GPUs was logged
 
     # --- start-up -------------------------------------------------------------------------------------
     async def recover(self) -> None:
@@ -186,10 +213,13 @@ class Reconciler:
                     continue
             self.ledger.entries[job_id] = replace(entry, status="running", pid=pid, pid_start_ticks=_ticks(pid))
             log.info("re-adopted unrecorded workload", job_id=job_id, pid=pid)
-        adopted = [e.job_id for e in self.ledger.entries.values() if e.running and self.runner.alive(e)]
+        adopted = [e.job_id for e in self.ledger.entries.values() if e.running and (e.is_pod or self.runner.alive(e))]
         if adopted:
             log.info("re-adopted running workloads from the ledger", jobs=sorted(adopted))
         await asyncio.to_thread(self.ledger.save)
+        if self.pods is not None:
+            loop = asyncio.get_running_loop()
+            self.pods.start(lambda: loop.call_soon_threadsafe(self._wake.set))  # a pod changed: reconcile now
 
     # --- loop -----------------------------------------------------------------------------------------
     def nudge(self) -> None:
@@ -235,6 +265,7 @@ class Reconciler:
         now = time.time()
         await self._check_mps(now)
         self._observe_ends(now)
+        await self._observe_pods(now)
         self._update_drains(now)
         stopped = await self._keep_moving(desired)
         resized = self._resize_in_place(desired, grow=False)
@@ -274,8 +305,8 @@ class Reconciler:
         for e in self.ledger.entries.values():
             if not e.running:
                 continue
-            child = self._child_pid(e)
-            if gpus & set(e.gpu_indices) or (not fault.gpu_indices and child in fault.client_pids):
+            pids = {p.pid for p in self._pod_procs.get(e.pod_uid, [])} if e.is_pod else {self._child_pid(e)}
+            if gpus & set(e.gpu_indices) or (not fault.gpu_indices and pids & fault.client_pids):
                 gpus.update(e.gpu_indices)
         for e in list(self.ledger.entries.values()):
             if e.running and gpus & set(e.gpu_indices):
@@ -289,7 +320,8 @@ class Reconciler:
     def _update_drains(self, now: float) -> None:
         """A drained GPU returns once no workload of ours runs on it and the hold-down has passed."""
         for g in list(self.ledger.drained):
-            busy = any(e.running and g in e.gpu_indices for e in self.ledger.entries.values())
+            busy = any(e.running and g in e.gpu_indices for e in self.ledger.entries.values()) or any(
+                g in e.gpu_indices for e in self.ledger.lingering.values())
             if busy:
                 self._drain_clear_at.pop(g, None)
                 continue
@@ -302,8 +334,47 @@ class Reconciler:
     # --- 2. ends --------------------------------------------------------------------------------------
     def _observe_ends(self, now: float) -> None:
         for e in list(self.ledger.entries.values()):
-            if e.running and not self.runner.alive(e):
+            if e.running and not e.is_pod and not self.runner.alive(e):
                 self.ledger.entries[e.job_id] = self._classify(e, now)
+
+    async def _observe_pods(self, now: float) -> None:
+        """Pod entries follow their pods: status, main pid, pod IP, and their end once their processes are gone."""
+        if self.pods is None:
+            return
+        synced, pods = self.pods.snapshot()
+        self._pod_procs = await asyncio.to_thread(self.pods.processes)
+        for e in list(self.ledger.entries.values()):
+            if not (e.is_pod and e.running):
+                continue
+            pod = pods.get(e.pod_uid)
+            if pod is None and not synced:
+                continue  # the watch has not listed yet: "gone" would be a guess
+            procs = self._pod_procs.get(e.pod_uid, [])
+            out = pod_outcome(pod, bool(procs), e.pod_seen, e.pod_ending)
+            main = main_process(procs)
+            e = replace(e, pod_seen=e.pod_seen or pod is not None, pod_ip=pod_ip(pod) or e.pod_ip, message=out.message,
+                        pid=main.pid if main else 0, pid_start_ticks=main.start_ticks if main else 0,
+                        pod_ending=(ending(pod) if pod is not None else "") or e.pod_ending)
+            if out.ended:
+                reason, message = out.reason, out.message
+                if e.cotenant_fault and out.status == "failed":
+                    reason = StateReason.COTENANT_FAULT
+                    message = f"MPS server fault on GPU {','.join(map(str, e.gpu_indices))} ({message}); requeue without penalty"
+                e = replace(e, status=out.status, reason=reason, exit_code=out.exit_code, message=message, ended_at_s=now,
+                            throughput=0.0, pid=0, pid_start_ticks=0)
+                log.info("pod workload ended", job_id=e.job_id, pod=pod_name(pod) if pod else e.pod_uid, status=e.status,
+                         reason=reason.value if reason else "", detail=message)
+                self._samples.pop(e.job_id, None)
+                self._scrapes.pop(e.job_id, None)
+            elif out.status == "running" and e.status != "running":
+                e = replace(e, status="running", started_at_s=now)
+                log.info("pod workload running", job_id=e.job_id, pod=pod_name(pod) if pod else e.pod_uid, pid=e.pid,
+                         pids=sorted(p.pid for p in procs))
+            self.ledger.entries[e.job_id] = e  # a running pod between container restarts stays running
+        for uid in [u for u in self.ledger.lingering if not self._pod_procs.get(u)]:
+            gone = self.ledger.lingering.pop(uid)
+            log.info("processes of a pod no longer desired are gone; its GPUs take new workloads", job_id=gone.job_id,
+                     pod_uid=uid, gpus=list(gone.gpu_indices))
 
     def _classify(self, e: LedgerEntry, now: float) -> LedgerEntry:
         code, message = self.runner.exit_status(e)
@@ -347,7 +418,7 @@ class Reconciler:
                 continue  # kept already
             e = self.ledger.entries.get(job_id)
             current = desired.get(job_id)
-            if e is None or e.placement_id != pid_ or (current is not None and placement_id(current) == pid_):
+            if e is None or e.is_pod or e.placement_id != pid_ or (current is not None and placement_id(current) == pid_):
                 log.debug("drain entry names no workload of this node; nothing to keep", job_id=job_id, placement_id=pid_)
                 continue
             if kept is not None and kept.running:  # an older move's replica still holds the key: not desired now
@@ -379,7 +450,8 @@ class Reconciler:
         resized = 0
         for e in list(self.ledger.entries.values()):
             want = desired.get(e.job_id)
-            if not e.running or e.kind != JobKind.INFERENCE.value or want is None or placement_id(want) != e.placement_id:
+            if (not e.running or e.is_pod or e.kind != JobKind.INFERENCE.value or want is None
+                    or placement_id(want) != e.placement_id):
                 continue
             slices = [s for s in want.slices if s.node_id == self.node_id]
             if not slices or want == e.placement:
@@ -400,11 +472,25 @@ class Reconciler:
             want = desired.get(e.job_id)
             if want is not None and placement_id(want) == e.placement_id:
                 continue
+            if e.is_pod:
+                self._forget_pod(e)
+                continue
             if e.running:
                 victims.append(e)
             else:
                 del self.ledger.entries[e.job_id]  # outcome acknowledged by the allocator: forget it
         return await self._stop(victims) if victims else 0
+
+    def _forget_pod(self, e: LedgerEntry) -> None:
+        """A pod entry no longer desired is forgotten, never signalled: kubelet owns its containers, and the extender
+        evicts pods. While its processes still run it lingers (unreported): its GPUs take no new process workload."""
+        del self.ledger.entries[e.job_id]
+        self._samples.pop(e.job_id, None)
+        self._scrapes.pop(e.job_id, None)
+        if self._pod_procs.get(e.pod_uid):
+            self.ledger.lingering[e.pod_uid] = e
+            log.info("pod job no longer desired but its pod's processes still run; keeping its GPUs from new process "
+                     "workloads until they exit", job_id=e.job_id, pod_uid=e.pod_uid, gpus=list(e.gpu_indices))
 
     async def _stop(self, victims: list[LedgerEntry]) -> int:
         """Stop ``victims`` (running ledger entries) and forget them; returns once every one has exited."""
@@ -431,8 +517,8 @@ class Reconciler:
 
     # --- 5. start -------------------------------------------------------------------------------------
     async def _start_missing(self, desired: dict[str, Placement]) -> int:
-        if self.mps_state != "ok":
-            return 0
+        if self.mps_state != "ok" and self.pods is None:
+            return 0  # following a pod starts nothing: pod jobs get their entries whatever the state of MPS
         started = 0
         for job_id, p in sorted(desired.items()):
             if job_id in self.ledger.entries or job_id.endswith(DRAIN_SUFFIX):
@@ -441,7 +527,7 @@ class Reconciler:
             if not slices:
                 continue
             gpus = tuple(s.gpu_index for s in slices)
-            if any(g in self.ledger.drained for g in gpus):
+            if any(g in self.ledger.drained for g in gpus) and self.pods is None:
                 continue  # wait for the GPU to come back (or for the allocator to move the job)
             try:
                 job = await self.store.get_job(job_id)
@@ -458,6 +544,24 @@ class Reconciler:
                 progress_steps=job.progress_steps, isolated_throughput=self._isolated(p, spec.model_family,
                                                                                        p.shape.batch_size or spec.batch_size, len(gpus)),
             )
+            if is_pod_job(spec):
+                self.ledger.entries[job_id] = entry = self._pod_entry(entry, spec)
+                await asyncio.to_thread(self.ledger.save)
+                started += 1
+                log.info("following pod" if entry.running else "pod job refused", job_id=job_id, pod_uid=entry.pod_uid,
+                         gpus=list(gpus), share_pct=share, mem_mib=mem, placement_id=pid_,
+                         **({"detail": entry.message} if not entry.running else {}))
+                continue
+            if self.mps_state != "ok" or any(g in self.ledger.drained for g in gpus):
+                continue  # (Kubernetes mode) MPS not ready, or wait for the GPU to come back
+            lingering = sorted(u for u, o in self.ledger.lingering.items() if set(o.gpu_indices) & set(gpus))
+            if lingering:
+                if job_id not in self._blocked_logged:
+                    self._blocked_logged.add(job_id)
+                    log.info("waiting for the processes of pods no longer desired to exit before starting", job_id=job_id,
+                             gpus=list(gpus), pod_uids=lingering)
+                continue
+            self._blocked_logged.discard(job_id)
             inference = spec.kind is JobKind.INFERENCE
             # a service is resized in place (_resize_in_place): it runs unlimited and its co-tenants' limits protect it
             env = self.mps.client_env(gpus, 100.0 if inference else share, mem)
@@ -502,6 +606,20 @@ class Reconciler:
                      placement_id=pid_, **({"endpoint": entry.endpoint} if entry.endpoint else {}))
         return started
 
+    def _pod_entry(self, entry: LedgerEntry, spec: JobSpec) -> LedgerEntry:
+        """The entry of a pod job: bound to its pod, "starting" until the pod runs; failed on an agent not following pods."""
+        entry = replace(entry, workdir="", pod_uid=label(spec, POD_UID_LABEL))
+        if self.pods is None:
+            return replace(entry, status="failed", reason=StateReason.OWN_FAILURE, ended_at_s=time.time(),
+                           message="cannot start: a Kubernetes pod's job (its pod's containers are the workload) on a node "
+                                   "agent not following pods (set ELASTICO_KUBE_PODS=true on Kubernetes nodes)")
+        declared = spec.inference.metrics if spec.kind is JobKind.INFERENCE and spec.inference else None
+        if declared is not None and declared.port:  # scraped at the pod's IP (elastico.io/metrics-port)
+            entry = replace(entry, metrics=MetricsEndpoint(declared.port, declared.path or "/metrics",
+                                                           declared.format or "vllm", declared.scrape_interval_s,
+                                                           declared.model))
+        return replace(entry, message="pod not seen on this node yet")
+
     def _isolated(self, p: Placement, model: str, batch_size: int, num_gpus: int) -> float:
         # per wall second: a simulated backend running accelerated time scales the reference speed too,
         # so normalised throughput stays a fraction of isolated speed
@@ -526,6 +644,8 @@ class Reconciler:
 
     # --- 6. measure -----------------------------------------------------------------------------------
     def _child_pid(self, e: LedgerEntry) -> int | None:
+        if e.is_pod:
+            return e.pid or None  # a container's main process
         if e.job_id not in self._child_pids:
             child = self.runner.child_pid(e)
             if child is None:
@@ -555,9 +675,9 @@ class Reconciler:
                 # capacity of a service = full-GPU speed x its speed next to its co-tenants x its share
                 rates[e.job_id] = (self._full_gpu_rps(e) * rates[e.job_id][1] * e.compute_share_pct / 100.0,
                                    rates[e.job_id][1])
-            if e.job_id in rates:
+            if e.job_id in rates and not e.is_pod:  # a pod's real program sets its own pace
                 await asyncio.to_thread(self.runner.write_rate, e, rates[e.job_id][0])
-            progress = self.runner.read_progress(e.progress_file)
+            progress = self.runner.read_progress(e.progress_file) if e.progress_file else None
             s = self._samples.setdefault(e.job_id, _Samples())
             key = (self._cotenants(e), rates.get(e.job_id, (None,))[0])
             if key != s.key:  # co-tenants (hence speed) changed: measure afresh from here
@@ -578,7 +698,7 @@ class Reconciler:
         """Scrape every running service whose scrape is due, concurrently; forget the state of ended ones."""
         # a previous replica still serving during a move is not scraped: the job's demand is its current replica's
         live = {e.job_id: e for e in self.ledger.entries.values()
-                if e.running and not e.draining and e.metrics is not None and e.metrics.port}
+                if e.running and not e.draining and e.endpoint}  # a pod's endpoint needs its IP from the watch
         for job_id in [j for j, st in self._scrapes.items() if j not in live or st.placement_id != live[j].placement_id]:
             del self._scrapes[job_id]
         mono = time.monotonic()
@@ -598,7 +718,7 @@ class Reconciler:
         interval = m.scrape_interval_s or self.scrape_interval_s
         st.due_at = time.monotonic() + (interval if st.prev is not None else min(interval, SCRAPE_FIRST_RETRY_S))
         try:
-            text = await self._scraper.fetch(m.port, m.path)
+            text = await self._scraper.fetch(m.port, m.path, e.pod_ip if e.is_pod else "127.0.0.1")
             t = time.time()
             snap = await asyncio.to_thread(parse_snapshot, text, t, m.format, m.model)
         except ScrapeError as exc:
@@ -626,17 +746,23 @@ class Reconciler:
         counters = self.backend.process_counters()
         out = []
         for e in sorted(self.ledger.entries.values(), key=lambda x: x.job_id):
-            child = self._child_pid(e) if e.running else None
             out.append(Workload(
                 job_id=e.job_id, gpu_indices=e.gpu_indices, compute_share_pct=e.compute_share_pct, mem_mib=e.mem_mib,
                 status=self._status(e), pid=e.pid if e.running else 0, progress_steps=e.progress_steps,
                 throughput=e.throughput if e.running else 0.0, started_at_s=e.started_at_s,
                 placement_id=e.placement_id, reason=e.reason, exit_code=e.exit_code, message=e.message,
                 cotenants=self._cotenants(e) if e.running else (), norm_throughput=e.norm_throughput if e.running else None,
-                counters=counters.get(child, GpuCounters()) if child else GpuCounters(), log_path=e.log_path,
+                counters=self._counters(e, counters) if e.running else GpuCounters(), log_path=e.log_path,
                 ended_at_s=e.ended_at_s, endpoint=e.endpoint if e.running else "", demand=self._demand(e),
                 recent_demand=self._recent_demand(e)))
         return out
+
+    def _counters(self, e: LedgerEntry, counters: dict[int, GpuCounters]) -> GpuCounters:
+        """Per-process counters of a workload: its command's process, or summed over every process of its pod."""
+        if e.is_pod:
+            return sum_counters(counters[p.pid] for p in self._pod_procs.get(e.pod_uid, []) if p.pid in counters)
+        child = self._child_pid(e)
+        return counters.get(child, GpuCounters()) if child else GpuCounters()
 
     def _status(self, e: LedgerEntry) -> str:
         """A service with a metrics endpoint is "starting" until its endpoint first answers: the allocator marks it
@@ -700,7 +826,9 @@ class Reconciler:
 
     # --- shutdown -------------------------------------------------------------------------------------
     async def aclose(self) -> None:
-        """Release the scraper's HTTP session (workloads keep running)."""
+        """Stop following pods and release the scraper's HTTP session (workloads keep running)."""
+        if self.pods is not None:
+            await asyncio.to_thread(self.pods.stop)
         await self._scraper.close()
 
     async def stop_all(self) -> int:

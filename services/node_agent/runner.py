@@ -83,11 +83,26 @@ class LedgerEntry:
     cotenant_fault: bool = False  # an MPS fault hit its GPU while it ran
     serve_port: int = 0  # inference: the loopback port the agent picked and passed as ELASTICO_SERVE_PORT; 0 = none
     metrics: MetricsEndpoint | None = None  # inference: the endpoint the agent scrapes (port, path, format resolved)
+    # Kubernetes pod job (ELASTICO_KUBE_PODS): the pod's containers are the workload, the agent starts nothing;
+    # ``pid`` is then a container's main process, and workdir/log/progress/rate files are unused
+    pod_uid: str = ""
+    pod_seen: bool = False  # the pod was seen bound to this node: gone after that = deleted
+    pod_ip: str = ""  # from the watch: where a pod's metrics endpoint is scraped
+    pod_ending: str = ""  # why the pod was going away when last seen (evicted, deleted): the end's message once it is gone
+
+    @property
+    def is_pod(self) -> bool:
+        return bool(self.pod_uid)
 
     @property
     def endpoint(self) -> str:
-        """host:port of an inference service's requests and metrics; "" = none."""
-        return f"127.0.0.1:{self.metrics.port}" if self.metrics is not None and self.metrics.port else ""
+        """host:port of an inference service's requests and metrics; "" = none (a pod's: until it has an IP)."""
+        if self.metrics is None or not self.metrics.port:
+            return ""
+        if self.is_pod:
+            host = f"[{self.pod_ip}]" if ":" in self.pod_ip else self.pod_ip
+            return f"{host}:{self.metrics.port}" if self.pod_ip else ""
+        return f"127.0.0.1:{self.metrics.port}"
 
     @property
     def running(self) -> bool:
@@ -105,10 +120,12 @@ class LedgerEntry:
 
     @property
     def log_path(self) -> str:
-        return str(Path(self.workdir) / "workload.log")
+        return "" if self.is_pod else str(Path(self.workdir) / "workload.log")
 
     @property
     def progress_file(self) -> str:
+        if self.is_pod:
+            return ""
         work = Path(self.workdir) / WORK_DIR
         # workloads launched before work/ existed (re-adopted after an agent upgrade) write it in the workdir
         return str(work / "progress") if work.is_dir() else str(Path(self.workdir) / "progress")
@@ -144,6 +161,9 @@ class LedgerFile:
     entries: dict[str, LedgerEntry] = field(default_factory=dict)  # entry.job_id (job id or drain key) -> entry
     drained: dict[int, float] = field(default_factory=dict)  # gpu index -> drained since (s)
     applied_generation: int = 0
+    # pod uid -> the entry of a pod job no longer desired whose pod's processes still run: not reported, but its
+    # GPUs take no new process workload until they are gone
+    lingering: dict[str, LedgerEntry] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> LedgerFile:
@@ -152,13 +172,15 @@ class LedgerFile:
         data = json.loads(path.read_text())
         entries = {e["job_id"]: codec.from_jsonable(LedgerEntry, e) for e in data.get("entries", [])}
         drained = {int(k): float(v) for k, v in data.get("drained", {}).items()}
-        return cls(path, entries, drained, int(data.get("applied_generation", 0)))
+        lingering = {e["pod_uid"]: codec.from_jsonable(LedgerEntry, e) for e in data.get("lingering", [])}
+        return cls(path, entries, drained, int(data.get("applied_generation", 0)), lingering)
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = {"version": 1, "applied_generation": self.applied_generation,
                 "drained": {str(k): v for k, v in sorted(self.drained.items())},
-                "entries": [codec.to_jsonable(e) for _, e in sorted(self.entries.items())]}
+                "entries": [codec.to_jsonable(e) for _, e in sorted(self.entries.items())],
+                "lingering": [codec.to_jsonable(e) for _, e in sorted(self.lingering.items())]}
         atomic_write(self.path, json.dumps(data, indent=1, sort_keys=True))
 
 

@@ -6,9 +6,10 @@ workload's own) and turns two consecutive scrapes into one window of demand:
 * **Pure part** -- :func:`parse_snapshot` reads Prometheus text into a :class:`Snapshot` (sample values and
   histogram buckets, summed over series, optionally only one model's series) and :func:`demand_between`
   computes the window's arrival rate, latency quantiles and queue from two snapshots. No I/O.
-* **I/O part** -- :class:`Scraper`: an aiohttp GET of ``http://127.0.0.1:<port><path>`` (loopback only: a
-  workload's endpoint is on its own node, and the agent never fetches from another host), with a short
-  timeout and a body cap.
+* **I/O part** -- :class:`Scraper`: an aiohttp GET of ``http://127.0.0.1:<port><path>`` (loopback: a process
+  workload's endpoint is on its own node), with a short timeout and a body cap. A Kubernetes pod's endpoint is
+  at its pod IP (from the API server's watch of the pods bound to this node): the reconciler passes that IP,
+  for pod jobs only; the host must be an IP literal, never a name to resolve.
 
 Metric names read, per ``MetricsEndpoint.format``:
 
@@ -22,6 +23,7 @@ Metric names read, per ``MetricsEndpoint.format``:
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -168,28 +170,32 @@ def demand_between(prev: Snapshot, cur: Snapshot, job_id: str, fmt: str = "vllm"
 
 
 class Scraper:
-    """GETs metrics pages from loopback ports over one shared aiohttp session (created on first use)."""
+    """GETs metrics pages (loopback, or a pod's IP) over one shared aiohttp session (created on first use)."""
 
     def __init__(self, timeout_s: float = SCRAPE_TIMEOUT_S, max_bytes: int = MAX_BODY_BYTES) -> None:
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
         self._session: aiohttp.ClientSession | None = None
 
-    async def fetch(self, port: int, path: str = "/metrics") -> str:
-        """The body of ``http://127.0.0.1:<port><path>``.
+    async def fetch(self, port: int, path: str = "/metrics", host: str = "127.0.0.1") -> str:
+        """The body of ``http://<host>:<port><path>``; ``host`` an IP address (a pod's; default loopback).
 
         Raises:
-            ScrapeError: bad port or path, connection failure, timeout, non-200 status or a body over ``max_bytes``.
+            ScrapeError: bad host, port or path, connection failure, timeout, non-200 status or a body over ``max_bytes``.
         """
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            raise ScrapeError(f"host must be an IP address, got {host[:64]!r}") from None
         if not 1 <= port <= 65535:
             raise ScrapeError(f"port must be 1-65535, got {port}")
         path = path or "/metrics"
         if not path.startswith("/") or any(c.isspace() or c in "?#" for c in path):
             raise ScrapeError(f"path must be an HTTP path starting with '/', got {path[:64]!r}")
         if self._session is None or self._session.closed:
-            # trust_env=False: never route a loopback scrape through a configured HTTP proxy
+            # trust_env=False: never route a scrape through a configured HTTP proxy
             self._session = aiohttp.ClientSession(trust_env=False)
-        url = f"http://127.0.0.1:{port}{path}"
+        url = f"http://{f'[{ip}]' if ip.version == 6 else ip}:{port}{path}"
         try:
             async with self._session.get(url, allow_redirects=False,
                                          timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:

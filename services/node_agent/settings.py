@@ -154,6 +154,11 @@ class NodeAgentSettings(Settings):
     workload_rlimit_nproc: int = 0  # processes of the workload user; 0 = the agent's
     workload_rlimit_core_mib: int = 0  # core dump size, MiB; 0 = no core dumps
     workload_rlimit_as_mib: int = 0  # address space per workload process, MiB; 0 = unlimited
+    # --- Kubernetes (docs/kubernetes.md): the pods bound to this node are the workloads of pod jobs -------------
+    kube_pods: bool = False  # follow pods (API server watch, /proc) instead of starting processes for pod jobs
+    proc_root: str = "/proc"  # where the pods' container processes are found (the DaemonSet has hostPID)
+    kube_api_url: str = ""  # Kubernetes API base URL; "" = in-cluster service account (else ~/.kube/config)
+    kube_timeout_s: float = 5.0  # deadline of each Kubernetes API call (list; a watch's connect)
 
     def validate(self) -> None:
         super().validate()
@@ -186,6 +191,11 @@ class NodeAgentSettings(Settings):
             raise ConfigError(f"ELASTICO_SCRAPE_INTERVAL_S={self.scrape_interval_s}: must be in [0.1, 3600]")
         if self.predictor_address and ":" not in self.predictor_address:
             raise ConfigError(f"ELASTICO_PREDICTOR_ADDRESS={self.predictor_address!r}: must be host:port")
+        if self.kube_timeout_s <= 0:
+            raise ConfigError(f"ELASTICO_KUBE_TIMEOUT_S={self.kube_timeout_s}: must be > 0")
+        if self.kube_pods and not (self.proc_root.startswith("/") and os.path.isdir(self.proc_root)):
+            raise ConfigError(f"ELASTICO_PROC_ROOT={self.proc_root!r}: must be an existing absolute directory (a /proc "
+                              "showing the pods' processes) when ELASTICO_KUBE_PODS is on")
         for name in ("nofile", "nproc", "core_mib", "as_mib"):
             if getattr(self, f"workload_rlimit_{name}") < 0:
                 raise ConfigError(f"ELASTICO_WORKLOAD_RLIMIT_{name.upper()}={getattr(self, f'workload_rlimit_{name}')}: must be >= 0")

@@ -150,14 +150,24 @@ def test_redis_allocator_and_node_agent_shapes(rendered):
 def test_rbac_is_least_privilege(rendered):
     _, docs = rendered
     roles = objs(docs, "ClusterRole")
-    assert list(roles) == ["elastico-extender"] and not objs(docs, "Role")
-    rules = sorted((tuple(r["resources"]), tuple(sorted(r["verbs"]))) for r in roles["elastico-extender"]["rules"])
-    assert rules == [(("pods",), ("get", "patch")), (("pods/binding",), ("create",))]
-    (binding,) = objs(docs, "ClusterRoleBinding").values()
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "elastico-extender", "namespace": "elastico"}]
+    assert sorted(roles) == ["elastico-extender", "elastico-node-agent"] and not objs(docs, "Role")
+
+    def rules(role: str) -> list:
+        return sorted((tuple(r["resources"]), tuple(sorted(r["verbs"]))) for r in roles[role]["rules"])
+    assert rules("elastico-extender") == [(("events",), ("create",)), (("pods",), ("get", "list", "patch", "watch")),
+                                          (("pods/binding", "pods/eviction"), ("create",))]
+    assert rules("elastico-node-agent") == [(("pods",), ("get", "list", "watch"))]  # read only
+    assert all(r["apiGroups"] == [""] for role in roles.values() for r in role["rules"])
+    bound = {b["roleRef"]["name"]: b["subjects"] for b in objs(docs, "ClusterRoleBinding").values()}
+    assert bound == {name: [{"kind": "ServiceAccount", "name": name, "namespace": "elastico"}] for name in roles}
+    with_token = {"elastico-extender": "elastico-extender", "node-agent": "elastico-node-agent"}
     for d in docs:
-        if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet") and d["metadata"]["name"] != "elastico-extender":
-            assert d["spec"]["template"]["spec"]["automountServiceAccountToken"] is False, d["metadata"]["name"]
+        if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet"):
+            spec = d["spec"]["template"]["spec"]
+            if d["metadata"]["name"] in with_token:
+                assert spec["serviceAccountName"] == with_token[d["metadata"]["name"]], d["metadata"]["name"]
+            else:
+                assert spec["automountServiceAccountToken"] is False, d["metadata"]["name"]
 
 
 def test_network_policies_deny_by_default_and_open_each_service_port(rendered):
@@ -503,7 +513,8 @@ def test_node_agent_daemonset_is_kubernetes_mode_and_advertises_what_its_certifi
     ds = objs(docs, "DaemonSet")["node-agent"]["spec"]["template"]["spec"]
     (c,) = ds["containers"]
     env = env_of(c)
-    assert env["ELASTICO_ALLOW_COMMANDS"]["value"] == "true"  # the pods' placeholder command; tokens restrict who submits one
+    assert env["ELASTICO_ALLOW_COMMANDS"]["value"] == "false"  # a pod's containers are its workload: no commands run
+    assert env["ELASTICO_KUBE_PODS"]["value"] == "true" and env["ELASTICO_PROC_ROOT"]["value"] == "/proc"
     assert ds["hostPID"] is True and ds["hostIPC"] is True and c["securityContext"]["runAsUser"] == 0
     assert env["ELASTICO_NODE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     # the per-node certificate names the node's IP, so the agent is reached there (hostPort)
