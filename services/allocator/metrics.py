@@ -17,6 +17,9 @@ DECIDE_SECONDS = Histogram("elastico_allocator_decide_seconds", "Wall time of th
 ROUNDS = Counter("elastico_allocator_rounds_total", "Scheduling rounds by outcome", ["outcome"])
 PLACEMENTS = Counter("elastico_allocator_placements_total", "Jobs placed (rate() = placements/s)")
 RELEASES = Counter("elastico_allocator_releases_total", "Jobs taken off their GPUs, by reason", ["reason"])
+EVICTIONS = Counter("elastico_allocator_evictions_requested_total",
+                    "Kubernetes pod jobs given EVICTION_REQUESTED instead of a release, by what the policy meant "
+                    "(preempted, resized)", ["reason"])
 GPU_ALLOCATED = Gauge("elastico_allocator_gpu_allocated_ratio", "MPS share committed / GPUs of usable nodes")
 GPU_UTILISATION = Gauge("elastico_allocator_gpu_utilisation_ratio", "Mean SM utilisation the node agents report, 0-1")
 GPU_EFFECTIVE = Gauge("elastico_allocator_gpu_effective_ratio",

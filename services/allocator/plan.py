@@ -35,7 +35,9 @@ from elastico.domain import (
     Shape,
     StateReason,
     Workload,
+    is_pod_job,
     placement_id,
+    pod_evictable,
 )
 from elastico.state.store import FULL_GPU_SHARE_UNITS, share_units
 from services.allocator.policy import INFERENCE, TRAINING, ClusterView, Decision, JobTable
@@ -69,6 +71,16 @@ _END_TO_STATE = {
     StateReason.OWN_FAILURE: JobState.FAILED,
     StateReason.COTENANT_FAULT: JobState.PENDING,  # requeue without penalty
 }
+# A pod job's every end is terminal: its pod is bound to its node for life and its owner (never ElastiCo) makes a
+# new pod, which is a new job. A co-tenant's fault fails it (the reason says whose fault); a pod evicted or deleted
+# is cancelled.
+_POD_END_TO_STATE = {
+    StateReason.COMPLETED: JobState.SUCCEEDED,
+    StateReason.OWN_FAILURE: JobState.FAILED,
+    StateReason.COTENANT_FAULT: JobState.FAILED,
+}
+POD_GONE_MESSAGE = "pod evicted or deleted; its owner recreates it"
+BARE_POD_GONE_MESSAGE = "pod evicted or deleted; a bare pod: nothing recreates it"
 
 
 def node_fresh(node: NodeInfo, now_s: float, stale_s: float) -> bool:
@@ -92,6 +104,13 @@ def transitions(jobs: Sequence[Job], nodes: Mapping[str, NodeInfo], workloads: M
     * ended -> COMPLETED: SUCCEEDED; OWN_FAILURE: FAILED; COTENANT_FAULT or stopped: back to PENDING;
     * a node of the placement missing, or silent for more than ``stale_s + grace_s`` -> PENDING (NODE_LOST).
 
+    A Kubernetes pod's job (``domain.is_pod_job``) never goes back to PENDING: its pod is bound to its node and
+    only its owner makes a new one (a new job). Its ends are terminal: COMPLETED -> SUCCEEDED, OWN_FAILURE and
+    COTENANT_FAULT -> FAILED (reason kept), stopped (the pod evicted or deleted) -> CANCELLED with PREEMPTED. A
+    lost node does not release it: kubelet may still run the pod there, and its slices stay booked until the
+    pod is gone (its agent reports the end once it is back, or the pod object disappears and the kube
+    extender's reaper cancels the job) -- releasing earlier could put a second tenant on a GPU it still uses.
+
     Reports of an older placement of the same job are ignored (the agent reports an ended workload until
     the job leaves its desired state; a requeued job gets a new placement id).
     """
@@ -106,20 +125,36 @@ def transitions(jobs: Sequence[Job], nodes: Mapping[str, NodeInfo], workloads: M
         ended = [w for w in reports if w.status in ("succeeded", "failed", "killed")]
         progress = max((w.progress_steps for w in reports), default=job.progress_steps)
         seen = replace(job, progress_steps=max(job.progress_steps, progress))
+        pod = is_pod_job(job.spec)
         if ended:
             # a gang ends with its first ended member; a failure outranks a success of another member
             w = next((e for e in ended if e.reason is not StateReason.COMPLETED), ended[0])
             reason = w.reason or StateReason.OWN_FAILURE
+            if pod:
+                out.append(_pod_end(seen, w, reason))
+                continue
             state = _END_TO_STATE.get(reason, JobState.PENDING)
             if state is JobState.PENDING and reason is not StateReason.COTENANT_FAULT:
                 reason = StateReason.PREEMPTED
             out.append(Transition(seen, state, reason, w.message))
+        elif lost and pod:
+            continue  # kept placed until its pod is gone (see above)
         elif lost:
             out.append(Transition(seen, JobState.PENDING, StateReason.NODE_LOST,
                                   f"node {', '.join(lost)} silent for more than {stale_s + grace_s:.0f}s"))
         elif job.state is JobState.PLACED and len(reports) == len(node_ids) and all(w.status == "running" for w in reports):
             out.append(Transition(seen, JobState.RUNNING, StateReason.STARTED))
     return out
+
+
+def _pod_end(job: Job, w: Workload, reason: StateReason) -> Transition:
+    """A pod job's end ``w`` (its ``reason``, OWN_FAILURE when unsaid): terminal (see :func:`transitions`); a
+    stopped pod (status "killed": evicted or deleted) is CANCELLED."""
+    state = None if w.status == "killed" else _POD_END_TO_STATE.get(reason)
+    if state is None:
+        return Transition(job, JobState.CANCELLED, StateReason.PREEMPTED,
+                          POD_GONE_MESSAGE if pod_evictable(job.spec) else BARE_POD_GONE_MESSAGE)
+    return Transition(job, state, reason, w.message)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -331,6 +366,13 @@ class Plan:
     move: list[tuple[Job, Placement]] = field(default_factory=list)
     place: list[tuple[Job, Placement]] = field(default_factory=list)  # one commit_placements
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (job id, why) decisions not applied
+    # Kubernetes pod jobs the decision preempts, resizes or moves, with an owner that recreates the pod:
+    # (job, PREEMPTED or RESIZED: what the policy meant, why). Each gets reason EVICTION_REQUESTED (one fenced
+    # Store.update_jobs batch) and keeps its placement and slices until its pod is gone
+    evict: list[tuple[Job, StateReason, str]] = field(default_factory=list)
+
+
+BARE_POD_WHY = "bare pod: never preempted"  # why a decision to preempt, resize or move a pod without owner is dropped
 
 
 def make_placement(job: Job, slices_on: Sequence[tuple[str, int, int, str]], share_pct: float, iso_rate: float,
@@ -394,6 +436,13 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
     so that it cannot veto the rest of the round). A placement of a job the decision also preempts is a
     resize (a relaunch on other GPUs).
 
+    A Kubernetes pod's job is never released by a decision (its slices are freed only once its pod is gone,
+    :func:`transitions`): preempting, resizing or moving one requests its eviction instead (``Plan.evict``, once:
+    a job already EVICTION_REQUESTED is left alone) when its pod has an owner that recreates it, and is dropped
+    (:data:`BARE_POD_WHY`) for a bare pod. Either way its slices stay booked here, so what the decision planned
+    on them fails the fit re-check and is dropped, and its own placement in the decision is not applied (its
+    owner's new pod is a new job).
+
     A job that declares shapes gets exactly one of them (:func:`make_placement`). The policies plan compute
     share and tenant slots, not memory: a declared shape whose memory does not fit the GPUs the policy chose
     goes to GPUs that are empty (nothing committed there, no placement of this decision aimed at them), among
@@ -425,12 +474,32 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
             free[(s.node_id, s.gpu_index)][0] -= share_units(s.compute_share_pct)
             free[(s.node_id, s.gpu_index)][1] -= s.mem_mib
 
+    held: set[int] = set()  # pod jobs' rows: their slices stay booked and no placement of theirs is applied
+
+    def hold(r: int, meant: StateReason, why: str) -> None:
+        """Pod job row ``r`` preempted/resized/moved: an eviction request (or a drop for a bare pod); slices kept."""
+        job = index.jobs[r]
+        held.add(r)
+        if not pod_evictable(job.spec):
+            plan.dropped.append((job.job_id, BARE_POD_WHY))
+        elif job.reason is not StateReason.EVICTION_REQUESTED:
+            plan.evict.append((job, meant, why))
+
     gone: set[int] = set()
-    replaced = {int(r) for r, _, _ in decision.place}
+    replaced = {int(r): float(sh) for r, _, sh in decision.place}
     moving: set[int] = set()  # services preempted and placed again: they move, keeping their slices meanwhile
     for r in decision.preempt:
-        gone.add(r)
         job = index.jobs[r]
+        if is_pod_job(job.spec):
+            sh = replaced.get(r)
+            if sh is None:
+                hold(r, StateReason.PREEMPTED, "preempted by the policy")
+            elif job.placement is not None and abs(sh - job.placement.slices[0].compute_share_pct) > 1e-9:
+                hold(r, StateReason.RESIZED, f"resized to {sh:g}%")
+            else:
+                hold(r, StateReason.PREEMPTED, "moved by the policy to other GPUs")
+            continue
+        gone.add(r)
         if job.spec.kind is JobKind.INFERENCE and job.state is JobState.RUNNING and job.draining is None and r in replaced:
             moving.add(r)
             continue
@@ -439,6 +508,9 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
     # shrinks before growths: what a shrinking job frees, a growing one on the same GPU may take
     for r, sh in sorted(decision.resize, key=lambda rs: rs[1] - index.jobs[rs[0]].placement.slices[0].compute_share_pct):
         job = index.jobs[r]
+        if is_pod_job(job.spec):
+            hold(r, StateReason.RESIZED, f"resized to {sh:g}%")
+            continue
         options = _candidates(job, [(s.node_id, s.gpu_index, _mem_of(index, s.node_id, s.gpu_index, s.mem_mib, s.compute_share_pct), _type_of(index, s.node_id, s.gpu_index))
                                     for s in job.placement.slices], sh, float(index.iso_rate[r]), float(view.jobs.solo_util[r]))
         if not options:
@@ -460,6 +532,8 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
     planned = {int(g) for _, g_rows, _ in decision.place for g in np.atleast_1d(g_rows)}  # GPUs the decision aims at
     for r, g_rows, sh in decision.place:
         r = int(r)
+        if r in held:  # a pod job is placed again only as its owner's new pod, a new job
+            continue
         job = index.jobs[r]
         g_rows = [int(g) for g in np.atleast_1d(g_rows)]
         n_gpus = len(g_rows)

@@ -119,9 +119,12 @@ class RoundMetrics:
 
     @staticmethod
     def writes(rep: RoundReport) -> None:
-        """The round's writes the store accepted: releases by reason, placements, a rejected commit."""
+        """The round's writes the store accepted: releases by reason, pod eviction requests, placements, a
+        rejected commit."""
         for reason, n in rep.released.items():
             m.RELEASES.labels(reason).inc(n)
+        for reason, n in rep.evictions.items():
+            m.EVICTIONS.labels(reason).inc(n)
         if rep.preempted:
             m.RELEASES.labels(StateReason.PREEMPTED.value).inc(rep.preempted)
         if rep.resized:

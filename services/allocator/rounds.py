@@ -7,7 +7,9 @@ One round (:meth:`Scheduler.round`), run by the leader only, every write fenced 
    restarted or new leader continues where the last one stopped.
 2. **Consume reports** (:func:`plan.transitions`): PLACED -> RUNNING when the agent runs the placement;
    COMPLETED -> SUCCEEDED, OWN_FAILURE -> FAILED, COTENANT_FAULT -> PENDING (requeued without penalty,
-   progress kept); a node silent past ``node_stale_s + node_grace_s`` -> its jobs PENDING (NODE_LOST).
+   progress kept); a node silent past ``node_stale_s + node_grace_s`` -> its jobs PENDING (NODE_LOST). A
+   Kubernetes pod's job ends terminally (COTENANT_FAULT -> FAILED, an evicted or deleted pod -> CANCELLED) and
+   stays placed on a lost node until its pod is gone (:func:`plan.transitions`).
 3. **Decide**: inference demand first (:meth:`Scheduler._demand`: the windows the agents scraped are stored, and
    every service is forecast from its history, ``demand.py``); the view (:func:`plan.build_view`: GPU rows of
    fresh, ready nodes' healthy GPUs only, services sized to their forecast); the
@@ -22,6 +24,9 @@ One round (:meth:`Scheduler.round`), run by the leader only, every write fenced 
    keeps serving; training first, so a growing service takes only what a relaunched co-tenant gave up); all
    placements of the round -> ONE ``commit_placements`` (all or nothing; Conflict -> nothing written,
    the next round re-reads). A round decides when jobs are pending or services run (their demand moves).
+   A Kubernetes pod's job is never released by a decision: preempted, resized or moved, it gets reason
+   EVICTION_REQUESTED (one fenced batch, its placement and slices unchanged; the kube extender evicts the pod)
+   and its slices are freed only once the pod is gone (its agent's report, or the extender's reaper).
 5. **Nudge** the touched node agents (``Sync``, deadline, best effort), **record** the round's metrics
    (:class:`round_metrics.RoundMetrics`) and **publish** its status (prices, gap, degradations) to Redis
    for ``GetClusterState`` on any replica.
@@ -106,6 +111,7 @@ class RoundReport:
     released: dict[str, int] = field(default_factory=dict)
     preempted: int = 0
     resized: int = 0
+    evictions: dict[str, int] = field(default_factory=dict)  # pod evictions requested, by what the policy meant
     dropped: int = 0
     unschedulable: int = 0  # pending jobs newly marked UNSCHEDULABLE_NOW by this round
     conflict: str = ""
@@ -379,9 +385,10 @@ class Scheduler:
         await self._publish(rep, now)
         self.last = rep
         self.rounds += 1
-        if rep.placed_jobs or rep.released or rep.preempted or rep.started:
+        if rep.placed_jobs or rep.released or rep.preempted or rep.started or rep.evictions:
             log.info("round", epoch=epoch, pending=rep.pending, placed=rep.placed_jobs, started=rep.started,
-                     released=rep.released, preempted=rep.preempted, resized=rep.resized, round_ms=round(rep.seconds * 1e3, 1),
+                     released=rep.released, preempted=rep.preempted, resized=rep.resized, evictions=rep.evictions or None,
+                     round_ms=round(rep.seconds * 1e3, 1),
                      decide_ms=round(rep.decide_seconds * 1e3, 1), degraded=rep.degraded or None)
         return rep
 
@@ -504,6 +511,8 @@ class Scheduler:
             else:
                 rep.resized += 1
                 batch.append((new, plan.resize[i - len(plan.preempt)][1]))
+        if plan.evict:
+            await self._request_evictions(epoch, plan.evict, rep)
         if plan.in_place:  # after the releases (a relaunched co-tenant frees the share), before the commit
             await self._resize_in_place(epoch, plan.in_place, decided.demand, cluster, rep)
         if plan.move:
@@ -521,6 +530,19 @@ class Scheduler:
         info = decision.info.get("pricing")
         if info is not None and info.get("gap") is not None and np.isfinite(info["gap"]):
             rep.gap = float(info["gap"])
+
+    async def _request_evictions(self, epoch: int, evict: list[tuple[Job, StateReason, str]], rep: RoundReport) -> None:
+        """Pod jobs the policy preempted, resized or moved -> reason EVICTION_REQUESTED with why, in one fenced
+        batch (each its own compare-and-set; state, placement and slices unchanged: they stay booked until the
+        pod is gone). A Conflict (the job changed, e.g. its pod ended) is left to the next round."""
+        results = await self.store.update_jobs(
+            [(job, replace(job, reason=StateReason.EVICTION_REQUESTED, message=why)) for job, _, why in evict], epoch=epoch)
+        for (job, meant, why), new in zip(evict, results, strict=True):
+            if isinstance(new, Conflict):
+                log.warning("pod eviction request not written; re-reading next round", job_id=job.job_id, error=str(new))
+                continue
+            rep.evictions[meant.value] = rep.evictions.get(meant.value, 0) + 1
+            log.info("pod eviction requested", job_id=job.job_id, detail=why, epoch=epoch)
 
     async def _resize_in_place(self, epoch: int, changes: list[tuple[Job, Placement]], forecasts: dict[str, float],
                                cluster: _Cluster, rep: RoundReport) -> None:
@@ -571,8 +593,7 @@ class Scheduler:
         moved = [t for t in ts if not t.release and t.job.draining is not None]  # new replica runs: stop the old one
         ends = [t for t in ts if t.release]
         started, ended, done_moving = await asyncio.gather(
-            self.store.update_jobs([(t.job, replace(t.job, state=JobState.RUNNING, reason=StateReason.STARTED, message=""))
-                                    for t in starts], epoch=epoch) if starts else _none(),
+            self.store.update_jobs([(t.job, _started(t.job)) for t in starts], epoch=epoch) if starts else _none(),
             self.store.release_jobs(epoch, [(t.job, t.state, t.reason, t.message) for t in ends]) if ends else _none(),
             self.store.finish_moves(epoch, [t.job for t in moved]) if moved else _none())
         starts += moved
@@ -749,6 +770,14 @@ def _relaunch_reason(job: Job, p: Placement, growing: dict[tuple[str, int], str]
     why = f"restart at {p.slices[0].compute_share_pct:g}%"
     svc = sorted({growing[k] for k in ((s.node_id, s.gpu_index) for s in job.placement.slices) if k in growing})
     return f"{why}: co-located service {', '.join(svc)} needs a larger share" if svc else why
+
+
+def _started(job: Job) -> Job:
+    """``job`` RUNNING: reason STARTED, except that a pod job's pending eviction request stays its reason (the
+    kube extender evicts the pods whose jobs carry it)."""
+    if job.reason is StateReason.EVICTION_REQUESTED:
+        return replace(job, state=JobState.RUNNING)
+    return replace(job, state=JobState.RUNNING, reason=StateReason.STARTED, message="")
 
 
 async def _none() -> list:

@@ -143,6 +143,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         identity = current_caller().identity
         for _ in range(CAS_RETRIES):
             job = access.check_job(identity, await self._store.get_job(job_id))
+            access.check_cancel(identity, job)
             if job.state.terminal:
                 raise WrongState(f"job {job_id} is already {job.state.value}")
             try:

@@ -9,10 +9,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastico.domain import GpuSlice, Job, JobKind, JobState, Placement, Shape, StateReason, Workload, placement_id
+from elastico.domain import (
+    POD_LABEL,
+    POD_OWNER_LABEL,
+    POD_UID_LABEL,
+    GpuSlice,
+    Job,
+    JobKind,
+    JobState,
+    Placement,
+    Shape,
+    StateReason,
+    Workload,
+    placement_id,
+)
 from services.allocator.clients import GrpcSolver
 from services.allocator.estimate import TypeResolver, default_types, split_type_name
-from services.allocator.plan import build_view, transitions, translate
+from services.allocator.plan import BARE_POD_GONE_MESSAGE, BARE_POD_WHY, POD_GONE_MESSAGE, build_view, transitions, translate
 from services.allocator.policy import POLICY_NAMES, Decision, make_policy, options_for
 from services.pricer.core import PricingProblem, SolverOptions
 from tests.conftest import make_job, make_node, make_spec
@@ -377,3 +390,89 @@ def test_make_placement_indexes_the_declared_list():
     assert make_placement(job, on, 50.0, 10.0) is None  # not declared: no placement (never the policy's own)
     assert make_placement(job, on, 10.0, 10.0, shape_index=0) is None  # index of another shape
     assert make_placement(job, [*on, ("n1", 1, 16384, "v100")], 100.0, 10.0) is None  # 2 GPUs: not declared
+
+
+# --- Kubernetes pod jobs: terminal ends, eviction requests instead of releases --------------------------------
+
+POD_SHAPES = tuple(Shape(1, float(s), 4096) for s in (25, 50, 75, 100))  # the extender's family: the share grid
+
+
+def pod_job(owner: bool = True, **kw) -> Job:
+    labels = [(POD_LABEL, "team-a/p-1"), (POD_UID_LABEL, "uid-1")] + ([(POD_OWNER_LABEL, "ReplicaSet/r")] if owner else [])
+    return make_job(spec=make_spec(shapes=POD_SHAPES, labels=tuple(sorted(labels)), allowed_nodes=("n1",)), **kw)
+
+
+@pytest.mark.parametrize(("owner", "status", "reason", "state", "want_reason", "message"), [
+    (True, "succeeded", StateReason.COMPLETED, JobState.SUCCEEDED, StateReason.COMPLETED, "agent says"),
+    (True, "failed", StateReason.OWN_FAILURE, JobState.FAILED, StateReason.OWN_FAILURE, "agent says"),
+    (True, "failed", StateReason.COTENANT_FAULT, JobState.FAILED, StateReason.COTENANT_FAULT, "agent says"),
+    (True, "killed", StateReason.PREEMPTED, JobState.CANCELLED, StateReason.PREEMPTED, POD_GONE_MESSAGE),
+    (True, "killed", None, JobState.CANCELLED, StateReason.PREEMPTED, POD_GONE_MESSAGE),
+    (False, "killed", StateReason.PREEMPTED, JobState.CANCELLED, StateReason.PREEMPTED, BARE_POD_GONE_MESSAGE),
+], ids=["completed", "own-failure", "cotenant-fault-fails", "evicted-cancelled", "killed-cancelled", "bare-pod-deleted"])
+def test_every_end_of_a_pod_job_is_terminal(owner, status, reason, state, want_reason, message):
+    job = placed(pod_job(owner))
+    [t] = transitions([job], {"n1": node()}, {"n1": {job.job_id: replace(wl(job, status, reason, progress=70),
+                                                                         message="agent says")}}, NOW, 15, 30)
+    assert (t.state, t.reason, t.message, t.release) == (state, want_reason, message, True)
+    assert state.terminal
+
+
+def test_a_pod_job_on_a_lost_node_stays_placed_until_its_pod_is_gone():
+    job = placed(pod_job())
+    assert transitions([job], {"n1": node(age_s=1000)}, {}, NOW, 15, 30) == []
+    assert transitions([job], {}, {}, NOW, 15, 30) == []  # node deregistered: still kept (the reaper cancels it)
+    [t] = transitions([placed(make_job())], {"n1": node(age_s=1000)}, {}, NOW, 15, 30)  # a process job is requeued
+    assert t.reason is StateReason.NODE_LOST
+
+
+def _pod_next_to_waiting(owner: bool = True, reason: StateReason = StateReason.PLACED):
+    """A pod job running alone at 100 % of n1's only GPU, and a pending job."""
+    pod = placed(pod_job(owner), share=100.0)
+    pod = replace(pod, reason=reason, placement=replace(pod.placement, slices=(GpuSlice("n1", 0, 100.0, 4096),),
+                                                        shape=POD_SHAPES[3], shape_index=3))
+    waiting = make_job()
+    n1 = node(gpus=1)
+    n1 = replace(n1, gpus=(replace(n1.gpus[0], allocated_share_pct=100.0, allocated_mem_mib=4096),))
+    view, idx = build_view([pod, waiting], [n1], TYPES, RESOLVE, NOW, 15)
+    rows = {j.job_id: r for r, j in enumerate(idx.jobs)}
+    return view, idx, rows[pod.job_id], rows[waiting.job_id]
+
+
+def test_preempting_an_evictable_pod_job_requests_its_eviction_and_keeps_its_slices():
+    view, idx, p, w = _pod_next_to_waiting()
+    pod = idx.jobs[p]
+    plan = translate(Decision(preempt=[p], place=[(w, np.array([0]), 100.0)]), view, idx)
+    assert plan.evict == [(pod, StateReason.PREEMPTED, "preempted by the policy")]
+    assert (plan.preempt, plan.resize, plan.place) == ([], [], [])  # its capacity is still booked: nothing fits there
+    assert plan.dropped == [(idx.jobs[w].job_id, "1 x 100.0% does not fit committed capacity")]
+    # a resize (training: release + re-place) or a relaunch at another share: an eviction "resized to N%"
+    plan = translate(Decision(resize=[(p, 50.0)], place=[(w, np.array([0]), 50.0)]), view, idx)
+    assert plan.evict == [(pod, StateReason.RESIZED, "resized to 50%")] and plan.resize == plan.place == []
+    plan = translate(Decision(preempt=[p], place=[(p, np.array([0]), 25.0)]), view, idx)
+    assert plan.evict == [(pod, StateReason.RESIZED, "resized to 25%")] and plan.resize == plan.place == []
+
+
+def test_a_bare_pod_job_is_never_preempted_and_an_eviction_is_requested_once():
+    view, idx, p, w = _pod_next_to_waiting(owner=False)
+    plan = translate(Decision(preempt=[p], place=[(w, np.array([0]), 100.0)]), view, idx)
+    assert plan.evict == plan.preempt == plan.place == []
+    assert plan.dropped == [(idx.jobs[p].job_id, BARE_POD_WHY), (idx.jobs[w].job_id, "1 x 100.0% does not fit committed capacity")]
+    view, idx, p, w = _pod_next_to_waiting(reason=StateReason.EVICTION_REQUESTED)
+    plan = translate(Decision(preempt=[p], place=[(w, np.array([0]), 100.0)]), view, idx)
+    assert plan.evict == plan.preempt == plan.place == []  # no second request; its slices still booked
+
+
+def test_an_inference_pod_job_is_evicted_not_resized_in_place_nor_moved():
+    spec = make_spec(kind=JobKind.INFERENCE, shapes=POD_SHAPES, allowed_nodes=("n1",),
+                     labels=((POD_LABEL, "team-a/svc"), (POD_OWNER_LABEL, "ReplicaSet/r"), (POD_UID_LABEL, "u-2")))
+    svc = placed(make_job(spec=spec), share=50.0)
+    svc = replace(svc, placement=replace(svc.placement, slices=(GpuSlice("n1", 0, 50.0, 4096),), shape=POD_SHAPES[1],
+                                         shape_index=1))
+    n1 = node(gpus=2)
+    n1 = replace(n1, gpus=(replace(n1.gpus[0], allocated_share_pct=50.0, allocated_mem_mib=4096), n1.gpus[1]))
+    view, idx = build_view([svc], [n1], TYPES, RESOLVE, NOW, 15)
+    plan = translate(Decision(resize=[(0, 75.0)]), view, idx)
+    assert plan.evict == [(svc, StateReason.RESIZED, "resized to 75%")] and plan.in_place == []
+    plan = translate(Decision(preempt=[0], place=[(0, np.array([1]), 50.0)]), view, idx)
+    assert plan.evict == [(svc, StateReason.PREEMPTED, "moved by the policy to other GPUs")] and plan.move == []
