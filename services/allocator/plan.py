@@ -366,6 +366,8 @@ class Plan:
     move: list[tuple[Job, Placement]] = field(default_factory=list)
     place: list[tuple[Job, Placement]] = field(default_factory=list)  # one commit_placements
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (job id, why) decisions not applied
+    # (job id, why) placements on GPUs a pod being evicted still holds: not applied this round, expected to wait
+    waiting: list[tuple[str, str]] = field(default_factory=list)
     # Kubernetes pod jobs the decision preempts, resizes or moves, with an owner that recreates the pod:
     # (job, PREEMPTED or RESIZED: what the policy meant, why). Each gets reason EVICTION_REQUESTED (one fenced
     # Store.update_jobs batch) and keeps its placement and slices until its pod is gone
@@ -547,7 +549,13 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
             g_rows = _empty_gpus_for(job, r, n_gpus, float(sh), view, index, free, planned)
             p = next((o for o in on(g_rows) if fits(o)), None) if g_rows else None
         if p is None:
-            plan.dropped.append((job.job_id, f"{n_gpus} x {sh}% does not fit committed capacity"))
+            aimed = {index.gpus[g] for g in g_rows}
+            evicting = sorted({index.jobs[h].job_id for h in held if pod_evictable(index.jobs[h].spec)
+                               for s in index.jobs[h].placement.slices if (s.node_id, s.gpu_index) in aimed})
+            if evicting:
+                plan.waiting.append((job.job_id, f"waits for the eviction of pod job {', '.join(evicting)}"))
+            else:
+                plan.dropped.append((job.job_id, f"{n_gpus} x {sh}% does not fit committed capacity"))
             continue
         take(p)
         if r in moving:

@@ -493,6 +493,8 @@ class Scheduler:
         rep.dropped = len(plan.dropped)
         for job_id, why in plan.dropped:
             log.warning("decision not applied", job_id=job_id, why=why)
+        for job_id, why in plan.waiting:
+            log.debug("placement waits", job_id=job_id, why=why)
         batch = []
         releases = [(self._with_progress(job, workloads), JobState.PENDING, StateReason.PREEMPTED, "preempted by the policy")
                     for job in plan.preempt]
