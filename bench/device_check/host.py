@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -112,3 +114,15 @@ def gpu_missing_reason() -> str | None:
         except Exception as exc:  # noqa: BLE001
             why.append(f"nvidia-smi -L: {exc}")
     return "; ".join(why)
+
+
+def refuse(out: Path, json_name: str, schema: str, status: str, mode: str, error: str, message: str) -> int:
+    """Write the one-line report of a run that cannot start (``out/json_name``), print why; exit status 2."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / json_name).write_text(json.dumps({"schema": schema, "status": status, "mode": mode, "error": error,
+                                                 "started_at": now()}, indent=1))
+    except OSError:
+        pass
+    print(message, file=sys.stderr, flush=True)
+    return 2

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import bench.device_check as package
-from bench.device_check.host import JSON_NAME, SCHEMA, Terminated, gpu_missing_reason, now
+from bench.device_check.host import JSON_NAME, SCHEMA, Terminated, gpu_missing_reason, refuse
 from bench.device_check.measurement import DEFAULT_WINDOW_S, DRY_WINDOW_S, QUICK_WINDOW_S
 from bench.device_check.project import MissingModule, load_project
 from bench.device_check.stages import DeviceCheck
@@ -41,15 +40,7 @@ def _on_signal(signum: int, frame: Any) -> None:
 
 
 def _refuse(out: Path, status: str, mode: str, error: str, message: str) -> int:
-    """Write the one-line report of a run that cannot start, print why, exit status 2."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / JSON_NAME).write_text(json.dumps({"schema": SCHEMA, "status": status, "mode": mode, "error": error,
-                                                 "started_at": now()}, indent=1))
-    except OSError:
-        pass
-    print(message, file=sys.stderr, flush=True)
-    return 2
+    return refuse(out, JSON_NAME, SCHEMA, status, mode, error, message)
 
 
 def main(argv: Iterable[str] | None = None) -> int:

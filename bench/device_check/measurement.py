@@ -35,13 +35,14 @@ DRY_WINDOW_S = 0.1
 class Child:
     """One worker process: JSON events from its stdout on a queue, stderr in a file."""
 
-    def __init__(self, label: str, workload: str, seconds: float, env: dict[str, str], fake: bool, tmp: Path) -> None:
+    def __init__(self, label: str, workload: str, seconds: float, env: dict[str, str], fake: bool, tmp: Path,
+                 module: str = "bench.device_check", extra_args: tuple[str, ...] = ()) -> None:
         self.label = label
         self.workload = workload
         self.stderr_path = tmp / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}-{time.monotonic_ns()}.stderr"
         # fake workers need only the standard library: -S skips site-packages (5x faster start, quick tests)
-        cmd = [sys.executable, *(["-S"] if fake else []), "-m", "bench.device_check", "--worker", workload,
-               "--seconds", f"{seconds:g}", *(["--fake"] if fake else [])]
+        cmd = [sys.executable, *(["-S"] if fake else []), "-m", module, "--worker", workload,
+               "--seconds", f"{seconds:g}", *(["--fake"] if fake else []), *extra_args]
         self.t_spawn = time.monotonic()
         with open(self.stderr_path, "w") as err:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -119,17 +120,28 @@ class TenantSpec:
     workload: str
     share_pct: int | None  # MPS active-thread percentage; None = no MPS
     env: dict[str, str]
+    args: tuple[str, ...] = ()  # extra worker arguments
 
 
 class Runner:
-    """Budget, children, measurements and the JSON report of one run (the stages are its subclasses')."""
+    """Budget, children, measurements and the JSON report of one run (the stages are its subclasses').
+
+    A subclass for another campaign overrides the class attributes: its worker module, schema, JSON file name,
+    workload descriptions and (normal, quick, dry-run) measurement windows.
+    """
+
+    worker_module = "bench.device_check"
+    schema = SCHEMA
+    json_name = JSON_NAME
+    workload_docs: dict[str, str] = WORKLOADS
+    windows = (DEFAULT_WINDOW_S, QUICK_WINDOW_S, DRY_WINDOW_S)
 
     def __init__(self, args: argparse.Namespace, gpu_mod: types.ModuleType, mps_mod: types.ModuleType) -> None:
         self.args = args
         self.gpu_mod, self.mps_mod = gpu_mod, mps_mod  # services.node_agent.gpu and .mps (project.load_project)
         self.dry = bool(args.dry_run)
         self.window = float(args.seconds if args.seconds is not None else
-                            DRY_WINDOW_S if self.dry else QUICK_WINDOW_S if args.quick else DEFAULT_WINDOW_S)
+                            self.windows[2] if self.dry else self.windows[1] if args.quick else self.windows[0])
         self.budget = float(args.budget_s)
         self.out = Path(args.out)
         self.t0 = time.monotonic()
@@ -140,6 +152,7 @@ class Runner:
         self.live: list[Child] = []
         self.measuring: set[int] = set()
         self.backend: Any = None
+        self.mps_ctl: Any = None  # the MPS controller while a daemon may be up (MpsStage.start_mps)
         self.mem_total_mib: int | None = None
         self.solo_plain: dict[str, float] = {}
         self.solo_mps: dict[str, dict[int, float]] = {}
@@ -147,10 +160,10 @@ class Runner:
         self.n_meas = 0
         plan = self._plan()
         self.report: dict[str, Any] = {
-            "schema": SCHEMA, "status": "running", "mode": "dry-run" if self.dry else "gpu",
+            "schema": self.schema, "status": "running", "mode": "dry-run" if self.dry else "gpu",
             "started_at": now(), "finished_at": None, "elapsed_s": 0.0, "budget_s": self.budget,
             "window_s": self.window, "args": {k: v for k, v in vars(args).items() if k not in ("worker", "fake")},
-            "workloads": WORKLOADS, "plan": plan, "stages": {}, "summary": [],
+            "workloads": self.workload_docs, "plan": plan, "stages": {}, "summary": [],
         }
 
     # --- bookkeeping -------------------------------------------------------------------------------
@@ -174,12 +187,12 @@ class Runner:
         self.report["elapsed_s"] = round(self.elapsed(), 2)
         try:
             self.out.mkdir(parents=True, exist_ok=True)
-            path = self.out / JSON_NAME
+            path = self.out / self.json_name
             tmp = path.with_suffix(".json.tmp")
             tmp.write_text(json.dumps(self.report, indent=1, default=str))
             os.replace(tmp, path)
         except OSError as exc:
-            print(f"device_check: cannot write {self.out / JSON_NAME}: {exc}", file=sys.stderr, flush=True)
+            print(f"{self.worker_module}: cannot write {self.out / self.json_name}: {exc}", file=sys.stderr, flush=True)
 
     def stage(self, name: str, fn: Callable[[dict[str, Any]], None], min_s: float) -> None:
         res: dict[str, Any] = {}
@@ -208,6 +221,11 @@ class Runner:
                      + (f" -- {entry['error']}" if entry["error"] else ""))
             self.write()
 
+    def spawn(self, label: str, workload: str, seconds: float, env: dict[str, str],
+              extra_args: tuple[str, ...] = ()) -> Child:
+        """One worker child of this run's worker module (``extra_args`` appended to its command line)."""
+        return Child(label, workload, seconds, env, self.dry, self.tmp, self.worker_module, extra_args)
+
     def measurement_cost(self, seconds: float) -> float:
         return self.startup_est + seconds + self.go_delay + 1.0
 
@@ -225,11 +243,19 @@ class Runner:
 
     # --- one measurement ------------------------------------------------------------------------------
     def measure(self, label: str, mode: str, tenants: list[TenantSpec], seconds: float,
-                ready_timeout: float | None = None, mps: Any = None) -> dict[str, Any]:
-        """Start every tenant, wait until all are warm, measure them over one common window."""
+                ready_timeout: float | None = None, mps: Any = None, tail_s: float = 0.0, per_tenant: bool = False,
+                during: Callable[[], dict[str, Any]] | None = None, result_grace_s: float = 60.0) -> dict[str, Any]:
+        """Start every tenant, wait until all are warm, measure them over one common window.
+
+        ``tail_s``: the workers run that much longer after the window (``result`` comes after it).
+        ``per_tenant``: a failed tenant is recorded in its own entry (``error``, no rate) and the others are
+        kept; otherwise the first failure fails the measurement. ``during`` is called once after the counters
+        are sampled (three quarters into the window); what it returns is stored as ``during``. ``result_grace_s``:
+        how long past the window and tail a tenant's result may take.
+        """
         rec: dict[str, Any] = {"label": label, "mode": mode, "window_s": seconds, "tenants": [], "counters": None,
                                "error": None}
-        cost = self.measurement_cost(seconds)
+        cost = self.measurement_cost(seconds + tail_s)
         if self.remaining() < cost:
             rec["error"] = f"skipped: budget ({self.remaining():.0f} s left, needs ~{cost:.0f} s)"
             rec["skipped"] = True
@@ -239,7 +265,7 @@ class Runner:
         children: list[Child] = []
         try:
             for tn in tenants:
-                c = Child(tn.label, tn.workload, seconds, self.child_env(tn.env), self.dry, self.tmp)
+                c = self.spawn(tn.label, tn.workload, seconds, self.child_env(tn.env), tn.args)
                 children.append(c)
                 self.live.append(c)
             deadline = time.monotonic() + self._grace(ready_timeout or self.ready_timeout)
@@ -251,15 +277,35 @@ class Runner:
                 c.go(t_go)
                 self.measuring.add(c.proc.pid)
             rec["counters"] = self.sample(t_go, seconds, {c.label: c.proc.pid for c in children}, mps)
-            results = [c.wait_event("result", seconds + self._grace(60.0)) for c in children]
+            if during is not None:
+                rec["during"] = during()
+            results: list[dict[str, Any] | None] = []
+            errors: list[str] = []
+            for c in children:
+                try:
+                    results.append(c.wait_event("result", seconds + tail_s + self._grace(result_grace_s)))
+                except WorkerError as exc:
+                    if not per_tenant:
+                        raise
+                    results.append(None)
+                    errors.append(str(exc))
             for tn, c, ready, res in zip(tenants, children, readies, results):
+                if res is None:
+                    rec["tenants"].append({"label": tn.label, "workload": tn.workload, "share_pct": tn.share_pct,
+                                           "pid": c.proc.pid, "steps_per_s": None, "error": errors.pop(0),
+                                           "ready_detail": ready.get("detail")})
+                    continue
                 rec["tenants"].append({
                     "label": tn.label, "workload": tn.workload, "share_pct": tn.share_pct, "pid": c.proc.pid,
                     "steps_per_s": res["steps_per_s"], "steps": res["steps"], "seconds": res["seconds"],
                     "start_lag_s": res.get("start_lag_s"), "startup_s": ready.get("startup_s"),
                     "sm_count_seen": ready.get("sm_count"), "share_env_seen": ready.get("share_env"),
                     "peak_mem_mib": res.get("peak_mem_mib"), "latency_ms": res.get("latency_ms"),
+                    **({"detail": res["detail"], "ready_detail": ready.get("detail")} if "detail" in res else {}),
                 })
+            failed = [t["label"] for t in rec["tenants"] if t.get("error")]
+            if failed:
+                rec["error"] = f"tenant(s) failed: {', '.join(failed)}"
         except Terminated:
             raise
         except Exception as exc:  # noqa: BLE001 - recorded with the measurement
@@ -272,7 +318,8 @@ class Runner:
                     self.live.remove(c)
             rec["wall_s"] = round(time.monotonic() - t, 2)
             self.n_meas += 1
-        rates = "  ".join(f"{x['label']} {x['steps_per_s']:.1f}/s" for x in rec["tenants"])
+        rates = "  ".join(f"{x['label']} " + (f"{x['steps_per_s']:.1f}/s" if x.get("steps_per_s") is not None
+                                               else "FAILED") for x in rec["tenants"])
         self.say(f"  {label}: {rates or 'FAILED: ' + str(rec['error'])[:300]}")
         return rec
 
@@ -307,9 +354,9 @@ class Runner:
         total: float | None = 0.0
         for t in rec["tenants"]:
             b = base.get(t["workload"])
-            t["norm"] = t["steps_per_s"] / b if b else None
+            t["norm"] = t["steps_per_s"] / b if b and t.get("steps_per_s") is not None else None
             if same_share is not None:
                 s = same_share.get(t["workload"])
-                t["norm_vs_solo_same_share"] = t["steps_per_s"] / s if s else None
+                t["norm_vs_solo_same_share"] = t["steps_per_s"] / s if s and t.get("steps_per_s") is not None else None
             total = total + t["norm"] if (total is not None and t["norm"] is not None) else None
         rec["combined_norm"] = total if rec["tenants"] else None

@@ -25,7 +25,12 @@ class MpsStage(Runner):
         """Pinned memory limit per client: a third of the GPU (the workloads need ~1-2 GiB)."""
         return max(4096, (self.mem_total_mib or 3 * 16384) // 3)
 
-    def stage_mps(self, res: dict[str, Any]) -> None:
+    def start_mps(self, res: dict[str, Any]) -> Any:
+        """A control daemon on fresh pipe/log folders: ``RealMps`` (``SimulatedMps`` in a dry run), facts in ``res``.
+
+        The caller quits it with ``_stop_mps`` whatever happens, also when this raises (a failed start may have
+        left a daemon behind): it is stored as ``self.mps_ctl`` before it is started.
+        """
         res["available"] = False
         pipe = Path(tempfile.mkdtemp(prefix="elastico-mps-pipe-", dir="/tmp"))
         logd = Path(tempfile.mkdtemp(prefix="elastico-mps-log-", dir="/tmp"))
@@ -40,18 +45,21 @@ class MpsStage(Runner):
                 raise RuntimeError(res["reason"])
             ctl = self.mps_mod.RealMps(pipe, logd, control_bin=binary, control_timeout_s=15.0)
         res["controller"] = f"{type(ctl).__module__}.{type(ctl).__qualname__}"
-        started = False
+        self.mps_ctl = ctl
         try:
-            started = True  # from here on, always quit (a failed start may still have left a daemon)
-            try:
-                ctl.start()
-            except Exception as exc:
-                res["reason"] = f"control daemon did not start: {type(exc).__name__}: {exc}"
-                raise
-            time.sleep(0.05 if self.dry else 0.5)
-            res["daemon_pid_from_pid_file"] = ctl.daemon_pid()
-            res["pipe_dir_files"] = sorted(p.name for p in pipe.iterdir())
-            res["mps_processes_after_start"] = mps_processes()
+            ctl.start()
+        except Exception as exc:
+            res["reason"] = f"control daemon did not start: {type(exc).__name__}: {exc}"
+            raise
+        time.sleep(0.05 if self.dry else 0.5)
+        res["daemon_pid_from_pid_file"] = ctl.daemon_pid()
+        res["pipe_dir_files"] = sorted(p.name for p in pipe.iterdir())
+        res["mps_processes_after_start"] = mps_processes()
+        return ctl
+
+    def stage_mps(self, res: dict[str, Any]) -> None:
+        try:
+            ctl = self.start_mps(res)
             mem = self._mps_mem_mib()
             res["pinned_mem_limit_mib"] = mem
 
@@ -103,8 +111,8 @@ class MpsStage(Runner):
             if bad:
                 raise RuntimeError(f"{len(bad)} MPS measurement(s) failed or skipped: {'; '.join(bad)}")
         finally:
-            if started:
-                self._stop_mps(ctl, res)
+            if self.mps_ctl is not None:
+                self._stop_mps(self.mps_ctl, res)
 
     def _stop_mps(self, ctl: Any, res: dict[str, Any]) -> None:
         stop: dict[str, Any] = {}

@@ -8,11 +8,12 @@ import platform
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.device_check.host import JSON_NAME, Terminated, as_dict, find_tool, mps_processes, now, pkg_version, run_cmd
-from bench.device_check.measurement import Child, TenantSpec
+from bench.device_check.host import Terminated, as_dict, find_tool, mps_processes, now, pkg_version, run_cmd
+from bench.device_check.measurement import TenantSpec
 from bench.device_check.mps_stage import MpsStage
 from bench.device_check.project import FakeNvml
 from bench.device_check.report import summary_lines
@@ -60,7 +61,7 @@ class DeviceCheck(MpsStage):
         if self.dry:
             res["torch_runtime"] = {"skipped": "dry-run"}
             return
-        c = Child("torch-info", "info", 0, self.child_env({}), False, self.tmp)
+        c = self.spawn("torch-info", "info", 0, self.child_env({}))
         try:
             ev = c.wait_event("info", 150)
             ev.pop("event", None)
@@ -68,7 +69,8 @@ class DeviceCheck(MpsStage):
         finally:
             c.finish()
 
-    def stage_nvml(self, res: dict[str, Any]) -> None:
+    def open_backend(self, res: dict[str, Any]) -> None:
+        """The node agent's ``NvmlBackend`` (on a stand-in pynvml in a dry run): inventory and idle counters."""
         res["module"] = self.gpu_mod.__file__
         nvml = FakeNvml(lambda: set(self.measuring)) if self.dry else None
         self.backend = self.gpu_mod.NvmlBackend(nvml=nvml)
@@ -86,6 +88,9 @@ class DeviceCheck(MpsStage):
                        "raw_utilization": self._raw_util(), "processes": {
                            str(p): as_dict(c) for p, c in self.backend.process_counters().items()}}
         self.write()
+
+    def stage_nvml(self, res: dict[str, Any]) -> None:
+        self.open_backend(res)
         load_s = self.window if self.dry else max(4.0, self.window)
         rec = self.measure("nvml load (mlp_bf16, no MPS)", "plain", [TenantSpec("mlp_bf16", "mlp_bf16", None, {})],
                            load_s)
@@ -145,19 +150,30 @@ class DeviceCheck(MpsStage):
         if bad and res["required"]:
             raise RuntimeError(f"{len(bad)} time-sliced pair(s) failed or skipped: {'; '.join(bad)}")
 
+    def stage_list(self) -> list[tuple[str, Callable[[dict[str, Any]], None], float]]:
+        """(name, stage, seconds it needs at least) in running order."""
+        per = self.measurement_cost(self.window)
+        return [("environment", self.stage_environment, 1.0 if self.dry else 10.0), ("nvml", self.stage_nvml, per),
+                ("solo", self.stage_solo, per), ("mps", self.stage_mps, per), ("timeslice", self.stage_timeslice, per)]
+
+    def banner(self) -> str:
+        p = self.report["plan"]
+        return (f"ElastiCo device check ({self.report['mode']}): window {self.window:g} s, budget {self.budget:g} s, "
+                f"{p['measurements']} measurements planned, ~{p['estimated_s']:.0f} s; JSON -> {self.out / self.json_name}")
+
+    def summary(self) -> list[str]:
+        return summary_lines(self.report)
+
+    def cleanup(self) -> None:
+        """Whatever a stage may have left running (the MPS daemon is quit by the stage that started it)."""
+
     def run(self) -> int:
         """Every stage in order, then the summary; the exit status (0 complete, 1 partial, 143 terminated)."""
-        p = self.report["plan"]
-        self.say(f"ElastiCo device check ({self.report['mode']}): window {self.window:g} s, budget {self.budget:g} s, "
-                 f"{p['measurements']} measurements planned, ~{p['estimated_s']:.0f} s; JSON -> {self.out / JSON_NAME}")
+        self.say(self.banner())
         self.write()
-        per = self.measurement_cost(self.window)
         try:
-            self.stage("environment", self.stage_environment, 1.0 if self.dry else 10.0)
-            self.stage("nvml", self.stage_nvml, per)
-            self.stage("solo", self.stage_solo, per)
-            self.stage("mps", self.stage_mps, per)
-            self.stage("timeslice", self.stage_timeslice, per)
+            for name, fn, min_s in self.stage_list():
+                self.stage(name, fn, min_s)
             bad = [n for n, s in self.report["stages"].items() if s["status"] != "ok"]
             self.report["status"] = "complete" if not bad else "partial"
             rc = 0 if not bad else 1
@@ -167,6 +183,8 @@ class DeviceCheck(MpsStage):
         finally:
             for c in list(self.live):
                 c.finish()
+            with contextlib.suppress(Exception):
+                self.cleanup()
             if self.backend is not None:
                 with contextlib.suppress(Exception):
                     self.backend.close()
@@ -174,7 +192,7 @@ class DeviceCheck(MpsStage):
             self.report["finished_at"] = now()
             self.report["elapsed_s"] = round(self.elapsed(), 2)
             try:
-                self.report["summary"] = summary_lines(self.report)
+                self.report["summary"] = self.summary()
             except Exception as exc:  # noqa: BLE001
                 self.report["summary"] = [f"(summary failed: {type(exc).__name__}: {exc})"]
             self.write()

@@ -79,7 +79,7 @@ def _build(name: str, torch: Any) -> tuple[Callable[[], None], bool]:
     raise ValueError(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
 
 
-def _torch_info() -> dict[str, Any]:
+def torch_info() -> dict[str, Any]:
     t = time.perf_counter()
     import torch
 
@@ -101,7 +101,7 @@ def run_worker(name: str, seconds: float, fake: bool) -> int:
             "mps_pipe": os.environ.get("CUDA_MPS_PIPE_DIRECTORY")}
     try:
         if name == "info":
-            emit({"event": "info", **(_torch_info() if not fake else {"fake": True})})
+            emit({"event": "info", **(torch_info() if not fake else {"fake": True})})
             return 0
         if fake:
             if name not in FAKE_RATES:

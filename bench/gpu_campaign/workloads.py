@@ -1,0 +1,109 @@
+"""The campaign's workloads and its plan: which points, in which order, how long each is expected to take.
+
+Points are ordered by what the issue needs most (solo baselines, then training+inference and training+training
+pairs at two share splits, the isolation checks, client priority, the share curve, extra splits); the runner
+skips whatever no longer fits the budget, so a short budget drops the tail of this list, never its head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One measured job: a training loop or a served model (``kind`` "train"/"serve"), or a test client."""
+
+    name: str
+    kind: str  # "train", "serve", or "probe" (memory hog, fault injector)
+    model: str  # model name in the derived tables (Gavel's spelling where it has one)
+    batch_size: int  # training batch, or a service's largest batch
+    precision: str  # "amp" (bf16 autocast) or "fp32"
+    description: str
+    fake_rate: float  # --dry-run: steps/s (train) or requests/s capacity (serve) at MPS 100
+    fake_util: float  # --dry-run: solo utilisation u, so a fake rate follows min(1, share / u)
+    startup_s: float  # expected spawn-to-ready seconds on the GPU (torch import, build, warm-up)
+
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (
+    Workload("resnet50_amp", "train", "ResNet-50", 64, "amp",
+             "ResNet-50 training, batch 64, 224x224 synthetic images, bf16 autocast, channels-last, SGD+momentum",
+             400.0, 0.9, 8.0),
+    Workload("gpt2_amp", "train", "GPT-2", 8, "amp",
+             "GPT-2-small LM training (12 layers, d 768, 12 heads, seq 1024), batch 8, bf16 autocast, AdamW",
+             300.0, 0.95, 8.0),
+    Workload("gpt2_fp32", "train", "GPT-2", 4, "fp32",
+             "GPT-2-small LM training (12 layers, d 768, 12 heads, seq 512), batch 4, fp32, AdamW", 250.0, 0.7, 8.0),
+    Workload("bert_serve", "serve", "BERT-base", 16, "amp",
+             "BERT-base encoder (12 layers, d 768, seq 128) serving Poisson requests, batches of <= 16, bf16",
+             4000.0, 0.5, 6.0),
+    Workload("decoder_serve", "serve", "GPT-2", 8, "amp",
+             "GPT-2-small decoder serving Poisson requests: 64-token prompt + 16 generated tokens (KV cache), "
+             "batches of <= 8, bf16", 1500.0, 0.3, 6.0),
+    Workload("cnn_serve", "serve", "ResNet-18", 8, "amp",
+             "ResNet-18 small-batch image inference serving Poisson requests, batches of <= 8, bf16", 8000.0, 0.25,
+             6.0),
+    Workload("memhog", "probe", "memhog", 0, "fp32",
+             "tries to allocate twice its pinned MPS memory limit (the limit must fail it, alone)", 0.0, 0.1, 4.0),
+    Workload("fault", "probe", "fault", 0, "fp32",
+             "raises a fatal GPU fault (device-side assert) a third into the window", 0.0, 0.1, 4.0),
+)}
+
+TRAIN = tuple(w for w, x in WORKLOADS.items() if x.kind == "train")
+SERVE = tuple(w for w, x in WORKLOADS.items() if x.kind == "serve")
+PAIR_TRAIN = ("resnet50_amp", "gpt2_amp")  # the training side of training+inference pairs
+TT_PAIRS = (("resnet50_amp", "gpt2_amp"), ("gpt2_amp", "gpt2_fp32"))
+CORE_SPLITS = ((100, 100), (50, 50))
+EXTRA_SPLITS = ((70, 30), (30, 70))
+SOLO_SHARES = (100, 50, 25, 10, 75)  # 100 is the solo baseline; 75 runs last (the curve's least informative point)
+MEMHOG_LIMIT_MIB = 2048  # pinned limit of the memory hog; it asks for twice as much
+DEFAULT_WINDOW_S, QUICK_WINDOW_S, DRY_WINDOW_S = 2.5, 1.5, 0.05
+SEARCH_STEPS = 3  # rate-search sub-windows of a serving tenant after its window
+
+
+@dataclass(frozen=True)
+class Point:
+    """One planned measurement: its stage, label, tenants ``(workload, MPS share, client priority or None)``."""
+
+    stage: str
+    label: str
+    tenants: tuple[tuple[str, int, int | None], ...]
+    kind: str = "measure"  # "measure", "memlimit", "fault", "recovery"
+
+    @property
+    def serves(self) -> bool:
+        return any(WORKLOADS[w].kind == "serve" for w, _, _ in self.tenants)
+
+
+def _pair(stage: str, a: str, b: str, sa: int, sb: int, prio: bool = False) -> Point:
+    pa, pb = (1, 0) if prio else (None, None)
+    tag = " prio train=1 serve=0" if prio else ""
+    return Point(stage, f"{a}+{b} @{sa}/{sb}{tag}", ((a, sa, pa), (b, sb, pb)))
+
+
+def build_plan(quick: bool) -> list[Point]:
+    """Every point in running order (``quick``: a smoke subset of each stage)."""
+    pts = [Point("solo", f"{w} @100", ((w, 100, None),)) for w in TRAIN + SERVE]
+    train_side = PAIR_TRAIN[:1] if quick else PAIR_TRAIN
+    for sa, sb in CORE_SPLITS:
+        pts += [_pair("pairs", t, s, sa, sb) for t in train_side for s in SERVE]
+        pts += [_pair("pairs", a, b, sa, sb) for a, b in (TT_PAIRS[:1] if quick else TT_PAIRS)]
+    pts += [Point("isolation", f"memhog @50 (limit {MEMHOG_LIMIT_MIB} MiB) + resnet50_amp @50",
+                  (("memhog", 50, None), ("resnet50_amp", 50, None)), "memlimit"),
+            Point("isolation", "fault @50 + resnet50_amp @50", (("fault", 50, None), ("resnet50_amp", 50, None)),
+                  "fault"),
+            Point("isolation", "recovery cnn_serve @100", (("cnn_serve", 100, None),), "recovery")]
+    pts += [_pair("priority", "gpt2_amp", "bert_serve", 100, 100, prio=True)]
+    if not quick:
+        pts += [_pair("priority", "resnet50_amp", "cnn_serve", 100, 100, prio=True)]
+    for share in SOLO_SHARES[1:2] if quick else SOLO_SHARES[1:]:
+        pts += [Point("shares", f"{w} @{share}", ((w, share, None),)) for w in TRAIN + SERVE]
+    if not quick:
+        pts += [_pair("splits", t, s, sa, sb) for sa, sb in EXTRA_SPLITS for t in PAIR_TRAIN[:1] for s in SERVE]
+    return pts
+
+
+def estimate_s(p: Point, window: float, tail: float, dry: bool) -> float:
+    """Expected seconds of one point: the slowest tenant's start-up, the window, the search tail, teardown."""
+    startup = 0.3 if dry else max(WORKLOADS[w].startup_s for w, _, _ in p.tenants)
+    return round(startup + window + (tail if p.serves else 0.0) + (0.1 if dry else 1.5), 2)
