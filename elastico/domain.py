@@ -253,6 +253,10 @@ class Workload:
     recent_demand: tuple[DemandReport, ...] = ()  # inference: its last scraped windows, newest last (bounded)
 
 
+#: MPS compute shares offered as shapes, percent of one GPU (ascending: ties pick the smaller share): the policy's
+#: training shapes and a Kubernetes pod's shape family.
+SHARES_PCT: tuple[int, ...] = (25, 50, 75, 100)
+
 # Labels of a Kubernetes pod's job (JobSpec.labels; set by services/kube). A pod job's workload is the pod's own
 # containers: its slices are released only once the pod is gone, and only a pod with an owner is ever preempted.
 POD_LABEL = "elastico.io/pod"  # "<namespace>/<name>"

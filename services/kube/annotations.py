@@ -5,7 +5,7 @@ limits* (table in docs/kubernetes.md). Every malformed value raises ``InvalidSpe
 annotation's name, so the webhook's rejection and the extender's answer tell the user which annotation to fix.
 
 ElastiCo chooses the shape: the job declares a family (the pod's GPU count, its memory need on each GPU, and
-every share of :data:`SHARE_GRID_PCT` at or above ``elastico.io/min-share-pct``, or only the fixed
+every share of :data:`SHARES_PCT` at or above ``elastico.io/min-share-pct``, or only the fixed
 ``elastico.io/gpu-share-pct``); the policy picks one, and the extender's bind writes the chosen share and memory
 limit as annotations (:func:`slice_annotations`) that the containers read through the downward API at start.
 """
@@ -25,6 +25,7 @@ from elastico.domain import (
     POD_LABEL,
     POD_OWNER_LABEL,
     POD_UID_LABEL,
+    SHARES_PCT,
     InferenceWork,
     JobKind,
     JobSpec,
@@ -78,10 +79,6 @@ GANG_ARRIVAL = "elastico.io/gang-arrival"  # token of that arrival: part of the 
 # container environment -> the annotation it is resolved from (downward API, at container start)
 DOWNWARD_ENV = {"NVIDIA_VISIBLE_DEVICES": GPU_INDICES, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": MPS_THREAD_PCT,
                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": MPS_MEM_LIMIT}
-
-#: The MPS shares a pod's family offers the policy, percent. The same grid as the allocator's training shapes
-#: (services/allocator/policy/shapes.py SHARES_PCT; services may not import each other, a unit test keeps them equal).
-SHARE_GRID_PCT: tuple[int, ...] = (25, 50, 75, 100)
 
 DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu"
 GANG_SIZE_MAX = 64
@@ -188,7 +185,7 @@ def shares(ann: Mapping[str, str]) -> tuple[float, ...]:
             raise InvalidSpec(MIN_SHARE, f"cannot be combined with {SHARE} (a fixed share has no floor)")
         return (_float(ann, SHARE, None, 0.0, 100.0),)
     floor = _float(ann, MIN_SHARE, None, 0.0, 100.0) if MIN_SHARE in ann else 0.0
-    return tuple(float(s) for s in SHARE_GRID_PCT if s >= floor - 1e-9)
+    return tuple(float(s) for s in SHARES_PCT if s >= floor - 1e-9)
 
 
 def gang_of(pod: Mapping[str, Any]) -> Gang | None:

@@ -7,9 +7,17 @@ import json
 
 import pytest
 
-from elastico.domain import GANG_LABEL, GANG_SIZE_LABEL, POD_LABEL, POD_OWNER_LABEL, POD_UID_LABEL, GpuSlice, Placement, Shape
+from elastico.domain import (
+    GANG_LABEL,
+    GANG_SIZE_LABEL,
+    POD_LABEL,
+    POD_OWNER_LABEL,
+    POD_UID_LABEL,
+    GpuSlice,
+    Placement,
+    Shape,
+)
 from elastico.errors import InvalidSpec
-from services.allocator.policy.shapes import SHARES_PCT
 from services.kube import annotations as a
 from services.kube import webhook
 from services.kube.settings import KubeSettings
@@ -21,10 +29,6 @@ def pod(ann: dict | None = None, labels: dict | None = None, owner: list | None 
     if owner is not None:
         meta["ownerReferences"] = owner
     return {"metadata": meta, "spec": {"containers": [{"name": "main"}]}}
-
-
-def test_share_grid_is_the_allocator_s():
-    assert a.SHARE_GRID_PCT == SHARES_PCT
 
 
 def test_family_offers_every_grid_share_with_the_memory_need_and_gpu_count_fixed():

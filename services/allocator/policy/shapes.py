@@ -38,11 +38,8 @@ import numpy as np
 
 from elastico.coloc.profiles import TypeTable
 from elastico.coloc.rates import share_speed
-from elastico.domain import Shape
+from elastico.domain import SHARES_PCT, Shape
 from services.allocator.policy.view import TRAINING, JobTable
-
-#: MPS compute shares offered as shapes, percent of one GPU (ascending: ties pick the smaller share).
-SHARES_PCT: tuple[int, ...] = (25, 50, 75, 100)
 
 #: Memory of the default simulated GPU (V100 16 GB), MiB.
 DEFAULT_GPU_MEM_MIB = 16384
