@@ -49,6 +49,7 @@ class Child:
                                          stderr=err, text=True, bufsize=1)
         self.events: Queue[dict[str, Any]] = Queue()
         self.noise: list[str] = []
+        self.prepared_s: float | None = None  # spawn to a ``prepared`` event (a worker that can be prepared ahead)
         threading.Thread(target=self._read, daemon=True, name=f"read-{label}").start()
 
     def _read(self) -> None:
@@ -57,7 +58,10 @@ class Child:
             line = line.strip()
             if line.startswith("{"):
                 try:
-                    self.events.put(json.loads(line))
+                    ev = json.loads(line)
+                    if isinstance(ev, dict) and ev.get("event") == "prepared":
+                        self.prepared_s = round(time.monotonic() - self.t_spawn, 3)
+                    self.events.put(ev)
                     continue
                 except json.JSONDecodeError:
                     pass
@@ -90,10 +94,19 @@ class Child:
                 raise WorkerError(f"{self.label} exited (rc {rc}) before '{kind}'; stderr: "
                                   f"{self.stderr_tail()[-800:] or '(empty)'}")
 
-    def go(self, t_go: float) -> None:
+    def send(self, line: str) -> None:
+        """One line to the child's stdin (``go``, or the start line a prepared worker waits on)."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(f"go {t_go:.6f}\n")
+        self.proc.stdin.write(line.rstrip("\n") + "\n")
         self.proc.stdin.flush()
+
+    def go(self, t_go: float) -> None:
+        self.send(f"go {t_go:.6f}")
+
+    def discard(self) -> None:
+        """Kill (ours, by pid) and reap a child that will not be measured (a prepared tenant of a skipped point)."""
+        self.proc.kill()
+        self.finish()
 
     def finish(self) -> None:
         """Reap the child; kill it (it is ours, by pid) if it has not exited within a few seconds."""
@@ -121,6 +134,7 @@ class TenantSpec:
     share_pct: int | None  # MPS active-thread percentage; None = no MPS
     env: dict[str, str]
     args: tuple[str, ...] = ()  # extra worker arguments
+    start_line: str | None = None  # written to stdin when the measurement starts (a prepared worker waits on it)
 
 
 class Runner:
@@ -244,14 +258,18 @@ class Runner:
     # --- one measurement ------------------------------------------------------------------------------
     def measure(self, label: str, mode: str, tenants: list[TenantSpec], seconds: float,
                 ready_timeout: float | None = None, mps: Any = None, tail_s: float = 0.0, per_tenant: bool = False,
-                during: Callable[[], dict[str, Any]] | None = None, result_grace_s: float = 60.0) -> dict[str, Any]:
+                during: Callable[[], dict[str, Any]] | None = None, result_grace_s: float = 60.0,
+                prepared: list[Child] | None = None, on_start: Callable[[], None] | None = None) -> dict[str, Any]:
         """Start every tenant, wait until all are warm, measure them over one common window.
 
         ``tail_s``: the workers run that much longer after the window (``result`` comes after it).
         ``per_tenant``: a failed tenant is recorded in its own entry (``error``, no rate) and the others are
         kept; otherwise the first failure fails the measurement. ``during`` is called once after the counters
         are sampled (three quarters into the window); what it returns is stored as ``during``. ``result_grace_s``:
-        how long past the window and tail a tenant's result may take.
+        how long past the window and tail a tenant's result may take. ``prepared``: children already spawned for
+        ``tenants`` (same order), released by their ``start_line``; the caller discards them if this is skipped.
+        ``on_start`` is called once the tenants are started, while they warm up (the campaign spawns the next
+        point's tenants there). ``startup_s`` is the wait from start to every tenant ready: what was not hidden.
         """
         rec: dict[str, Any] = {"label": label, "mode": mode, "window_s": seconds, "tenants": [], "counters": None,
                                "error": None}
@@ -264,13 +282,21 @@ class Runner:
         t = time.monotonic()
         children: list[Child] = []
         try:
-            for tn in tenants:
-                c = self.spawn(tn.label, tn.workload, seconds, self.child_env(tn.env), tn.args)
+            for i, tn in enumerate(tenants):
+                c = prepared[i] if prepared else self.spawn(tn.label, tn.workload, seconds,
+                                                             self.child_env(tn.env), tn.args)
                 children.append(c)
                 self.live.append(c)
+                if tn.start_line is not None:
+                    c.send(tn.start_line)
+            t_started = time.monotonic()
+            rec["prepared_ahead"] = bool(prepared)
+            if on_start is not None:
+                on_start()
             deadline = time.monotonic() + self._grace(ready_timeout or self.ready_timeout)
             readies = [c.wait_event("ready", max(0.1, deadline - time.monotonic())) for c in children]
-            startup = max(time.monotonic() - c.t_spawn for c in children)
+            startup = time.monotonic() - (t_started if prepared else min(c.t_spawn for c in children))
+            rec["startup_s"] = round(startup, 3)
             self.startup_est = max(1.0 if self.dry else 3.0, startup + 1.0)
             t_go = time.time() + self.go_delay
             for c in children:
@@ -299,6 +325,8 @@ class Runner:
                     "label": tn.label, "workload": tn.workload, "share_pct": tn.share_pct, "pid": c.proc.pid,
                     "steps_per_s": res["steps_per_s"], "steps": res["steps"], "seconds": res["seconds"],
                     "start_lag_s": res.get("start_lag_s"), "startup_s": ready.get("startup_s"),
+                    "prepare_s": ready.get("prepare_s"), "spawn_to_prepared_s": c.prepared_s,
+                    "warmup_s": ready.get("warmup_s"),
                     "sm_count_seen": ready.get("sm_count"), "share_env_seen": ready.get("share_env"),
                     "peak_mem_mib": res.get("peak_mem_mib"), "latency_ms": res.get("latency_ms"),
                     **({"detail": res["detail"], "ready_detail": ready.get("detail")} if "detail" in res else {}),

@@ -5,16 +5,24 @@ sampled inside it, MPS health); a serving tenant's rate search runs in the tail 
 co-tenants keep their load. Rates are normalised to the same workload alone at MPS 100 (a service's rate is the
 highest rate it served within its SLO); its offered rate and SLO are fixed by its first solo run and kept for every
 later point, so its latencies compare across points.
+
+Prepare-ahead: an MPS share is fixed when a client creates its CUDA context, so every point has fresh processes,
+but the next point's are spawned as soon as the current one's tenants start (``prepared_after``): they import
+torch, create their context and build their models on the CPU, then wait, idle -- no kernel, no copy to the GPU --
+for their start line, sent when the current point is over; only their warm-up is then waited for. During a window
+the prepared tenants are MPS clients with a context and no work: they show in MPS and NVML process lists
+(``prepared_next`` names them) and use CPU cores for their start-up, not SMs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from typing import Any
 
 from bench.device_check.host import find_tool
-from bench.device_check.measurement import TenantSpec
+from bench.device_check.measurement import Child, TenantSpec
 from bench.device_check.stages import DeviceCheck
 from bench.gpu_campaign.stats import fit_share_curve
 from bench.gpu_campaign.workloads import (
@@ -26,6 +34,7 @@ from bench.gpu_campaign.workloads import (
     Point,
     build_plan,
     estimate_s,
+    prepared_after,
 )
 
 SCHEMA = "elastico.gpu_campaign/1"
@@ -47,13 +56,15 @@ class Campaign(DeviceCheck):
         self.solo: dict[str, dict[int, float]] = {}  # workload -> MPS share -> solo rate
         self.cal: dict[str, dict[str, float]] = {}  # service -> offered rate and SLO fixed by its first solo run
         self.points = build_plan(bool(self.args.quick))
+        self.ahead: tuple[Point, list[Child]] | None = None  # the next point's tenants, started while one measures
         fixed = 1.0 if self.dry else 20.0  # environment, NVML, MPS start and its probe client
         rows, cum = [], fixed
-        for p in self.points:
-            est = estimate_s(p, self.window, self.tail_s, self.dry)
+        for k, p in enumerate(self.points):
+            prev = self.points[k - 1] if k else None
+            est = estimate_s(p, self.window, self.tail_s, self.dry, prev)
             cum += est
             rows.append({"stage": p.stage, "label": p.label, "kind": p.kind, "est_s": est, "cum_s": round(cum, 1),
-                         "fits_budget": cum <= self.budget,
+                         "prepared_ahead": prepared_after(prev), "fits_budget": cum <= self.budget,
                          "tenants": [{"workload": w, "share_pct": s, "priority": pr} for w, s, pr in p.tenants]})
         return {"measurements": len(rows), "estimated_s": round(cum, 1), "fixed_s": fixed, "tail_s": self.tail_s,
                 "points": rows, "expected_to_fit": sum(r["fits_budget"] for r in rows)}
@@ -62,11 +73,13 @@ class Campaign(DeviceCheck):
         p = self.report["plan"]
         lines = [f"ElastiCo GPU campaign ({self.report['mode']}): window {self.window:g} s + {p['tail_s']:g} s rate "
                  f"search for services, budget {self.budget:g} s; {p['measurements']} points, ~{p['estimated_s']:.0f} s "
-                 f"({p['expected_to_fit']} expected within the budget; the rest is skipped); JSON -> "
+                 f"with each point's tenants prepared during the one before (* not prepared ahead; "
+                 f"{p['expected_to_fit']} expected within the budget; the rest is skipped); JSON -> "
                  f"{self.out / self.json_name}",
                  f"  {'#':>3} {'stage':<10} {'est s':>6} {'cum s':>6}  point"]
         for i, r in enumerate(p["points"], 1):
-            lines.append(f"  {i:>3} {r['stage']:<10} {r['est_s']:>6.1f} {r['cum_s']:>6.0f}  {r['label']}"
+            lines.append(f"  {i:>3} {r['stage']:<10} {r['est_s']:>6.1f} {r['cum_s']:>6.0f} "
+                         f"{' ' if r['prepared_ahead'] else '*'}{r['label']}"
                          + ("" if r["fits_budget"] else "   (beyond budget)"))
         return "\n".join(lines)
 
@@ -87,7 +100,7 @@ class Campaign(DeviceCheck):
         res["pinned_mem_limit_mib"] = self._mps_mem_mib()
         probe = self.measure("mps probe (memhog, 1 MiB)", "mps", [TenantSpec(
             "probe", "memhog", 100, dict(ctl.client_env((0,), 100, self._mps_mem_mib())),
-            ("--params", json.dumps({"alloc_mib": 1})))], min(0.3, self.window), mps=ctl)
+            start_line="start " + json.dumps({"alloc_mib": 1}))], min(0.3, self.window), mps=ctl)
         res["probe"] = probe
         if probe["error"]:
             res["reason"] = f"first MPS client failed: {probe['error']}"
@@ -109,6 +122,7 @@ class Campaign(DeviceCheck):
         return {"offered": found, "how": f"'client_priority' {'found' if found else 'absent'} in {binary}"}
 
     def cleanup(self) -> None:
+        self._discard_ahead()
         if self.mps_ctl is not None:
             res = self.report["stages"].get("mps", {}).setdefault("result", {})
             self._stop_mps(self.mps_ctl, res)
@@ -130,7 +144,34 @@ class Campaign(DeviceCheck):
             params.update(self.cal[w])
         if w == "memhog":
             params["alloc_mib"] = 2 * MEMHOG_LIMIT_MIB
-        return TenantSpec(label, w, share if self.mps_ok else None, env, ("--params", json.dumps(params)))
+        # the settings travel on the start line: a service's offered rate may come from the point just measured
+        return TenantSpec(label, w, share if self.mps_ok else None, env, start_line="start " + json.dumps(params))
+
+    def _discard_ahead(self) -> None:
+        if self.ahead is not None:
+            for c in self.ahead[1]:
+                c.discard()
+            self.ahead = None
+
+    def _take_prepared(self, p: Point) -> list[Child] | None:
+        """The tenants prepared for ``p`` (None: spawn them now); prepared ones for another point are discarded."""
+        if self.ahead is not None and self.ahead[0] is p:
+            children = self.ahead[1]
+            self.ahead = None
+            return children
+        self._discard_ahead()
+        return None
+
+    def _prepare_after(self, p: Point, rec: dict[str, Any]) -> None:
+        """Spawn the tenants of the point after ``p`` (they stop, idle, before their warm-up; see the docstring)."""
+        k = next(i for i, q in enumerate(self.points) if q is p)
+        nxt = self.points[k + 1] if k + 1 < len(self.points) else None
+        if nxt is None or not prepared_after(p) or self._skip_reason(nxt):
+            return
+        specs = [self._spec(nxt, i) for i in range(len(nxt.tenants))]
+        children = [self.spawn(s.label, s.workload, self.window, self.child_env(s.env), s.args) for s in specs]
+        self.ahead = (nxt, children)
+        rec["prepared_next"] = {"point": nxt.label, "pids": {c.label: c.proc.pid for c in children}}
 
     def _skip_reason(self, p: Point) -> str | None:
         if self.mps_ok:
@@ -152,10 +193,17 @@ class Campaign(DeviceCheck):
                 continue
             specs = [self._spec(p, i) for i in range(len(p.tenants))]
             ctl = self.mps_ctl if self.mps_ok else None
+            prepared = self._take_prepared(p)
+            nxt: dict[str, Any] = {}
             rec = self.measure(p.label, "mps" if self.mps_ok else "time-slicing", specs, self.window, mps=ctl,
                                tail_s=self.tail_s if p.serves else 0.0, per_tenant=True,
                                during=self._fault_probe if p.kind == "fault" and ctl is not None else None,
-                               result_grace_s=15.0 if p.kind == "fault" else 60.0)
+                               result_grace_s=15.0 if p.kind == "fault" else 60.0,
+                               prepared=prepared, on_start=functools.partial(self._prepare_after, p, nxt))
+            if rec.get("skipped") and prepared:
+                for c in prepared:
+                    c.discard()
+            rec.update(nxt)
             rec.update(stage=p.stage, point_kind=p.kind, shares=[s for _, s, _ in p.tenants],
                        priorities=[pr for _, _, pr in p.tenants])
             self._derive(p, rec)

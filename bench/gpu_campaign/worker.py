@@ -1,9 +1,12 @@
 """The campaign's worker child: one training loop, serving loop or test client, measured over a common window.
 
-``python3 -m bench.gpu_campaign --worker NAME --seconds S --params JSON`` builds its model, warms up (a service
-also times batch 1 and its largest batch), prints ``ready``, waits for ``go <epoch>`` on stdin, measures over the
-window and keeps its load up for ``tail_s`` more seconds (the serving co-tenant's rate search), then prints
-``result``: throughput in the window and a latency histogram (per request for a service, per step for training).
+``python3 -m bench.gpu_campaign --worker NAME --seconds S`` prepares -- imports torch, creates its CUDA context
+(an allocation, no kernel: the MPS share is fixed here) and builds its model on the CPU -- prints ``prepared`` and
+waits, idle, for ``start <JSON settings>`` on stdin (the orchestrator sends it when the point before is over). It
+then moves the model to the GPU, warms up (a service also times batch 1 and its largest batch), prints ``ready``,
+waits for ``go <epoch>``, measures over the window and keeps its load up for ``tail_s`` more seconds (the serving
+co-tenant's rate search), then prints ``result``: throughput in the window and a latency histogram (per request for
+a service, per step for training).
 
 A service answers requests that arrive open-loop at a Poisson rate: each batch takes every queued request (at most
 its largest batch), a request's latency runs from its arrival to the end of its batch. After the window it searches
@@ -34,7 +37,7 @@ from bench.gpu_campaign.stats import (
     share_speed,
     within_slo,
 )
-from bench.gpu_campaign.workloads import SEARCH_STEPS, WORKLOADS, Workload
+from bench.gpu_campaign.workloads import DRY_STARTUP_SCALE, SEARCH_STEPS, WORKLOADS, Workload
 
 DRAIN_S = 1.0  # a window's queued requests are still served this long after it ends (then counted unserved)
 
@@ -75,14 +78,28 @@ def _serve_span(run: Callable[[int], None], rate: float, span_s: float, seed: in
 
 
 # --- the real GPU work ----------------------------------------------------------------------------------
-def _train_step(w: Workload, torch: Any) -> Callable[[], None]:
+def _build_model(w: Workload, torch: Any) -> Any:
+    """The workload's model with random weights, on the CPU (None for a probe): done while another point measures."""
     from bench.gpu_campaign.models import classes
 
-    M, F, dev = classes(torch), torch.nn.functional, torch.device("cuda")
+    M = classes(torch)
+    if w.kind == "probe":
+        return None
+    if w.model == "ResNet-50":
+        return M.resnet50()
+    if w.model == "ResNet-18":
+        return M.resnet18()
+    if w.model == "BERT-base":
+        return M.Transformer(False, vocab=30522, max_seq=512)
+    return M.Transformer(True)  # GPT-2-small, trained or serving
+
+
+def _train_step(w: Workload, torch: Any, built: Any) -> Callable[[], None]:
+    F, dev = torch.nn.functional, torch.device("cuda")
     amp, bs = w.precision == "amp", w.batch_size
     if w.model == "ResNet-50":
         torch.backends.cudnn.benchmark = True
-        model = M.resnet50().to(dev, memory_format=torch.channels_last)
+        model = built.to(dev, memory_format=torch.channels_last)
         x = torch.randn(bs, 3, 224, 224, device=dev).to(memory_format=torch.channels_last)
         y = torch.randint(0, 1000, (bs,), device=dev)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -91,7 +108,7 @@ def _train_step(w: Workload, torch: Any) -> Callable[[], None]:
             return F.cross_entropy(model(x), y)
     else:
         seq = 1024 if amp else 512
-        model = M.Transformer(True).to(dev)
+        model = built.to(dev)
         ids = torch.randint(0, 50304, (bs, seq + 1), device=dev)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
@@ -108,14 +125,12 @@ def _train_step(w: Workload, torch: Any) -> Callable[[], None]:
     return step
 
 
-def _serve_run(w: Workload, torch: Any) -> Callable[[int], None]:
+def _serve_run(w: Workload, torch: Any, built: Any) -> Callable[[int], None]:
     """``run(b)``: one batch of ``b`` requests end to end, synchronised (inputs made once per batch size)."""
-    from bench.gpu_campaign.models import classes
-
-    M, dev, bf16 = classes(torch), torch.device("cuda"), torch.bfloat16
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
     inputs: dict[int, Any] = {}
     if w.model == "BERT-base":
-        model = M.Transformer(False, vocab=30522, max_seq=512).to(dev, bf16).eval()
+        model = built.to(dev, bf16).eval()
 
         def make(b: int) -> Any:
             return torch.randint(0, 30522, (b, 128), device=dev)
@@ -123,7 +138,7 @@ def _serve_run(w: Workload, torch: Any) -> Callable[[int], None]:
         def infer(x: Any) -> Any:
             return model(x)[0].argmax(-1)
     elif w.model == "GPT-2":
-        model = M.Transformer(True).to(dev, bf16).eval()
+        model = built.to(dev, bf16).eval()
 
         def make(b: int) -> Any:
             return torch.randint(0, 50304, (b, 64), device=dev)
@@ -137,7 +152,7 @@ def _serve_run(w: Workload, torch: Any) -> Callable[[int], None]:
             return tok
     else:
         torch.backends.cudnn.benchmark = True
-        model = M.resnet18().to(dev, bf16, memory_format=torch.channels_last).eval()
+        model = built.to(dev, bf16, memory_format=torch.channels_last).eval()
 
         def make(b: int) -> Any:
             return torch.randn(b, 3, 224, 224, device=dev, dtype=bf16).to(memory_format=torch.channels_last)
@@ -175,15 +190,28 @@ def _median_time(fn: Callable[[], None], n: int) -> float:
     return sorted(ts)[n // 2]
 
 
+def wait_start() -> dict[str, Any] | None:
+    """Block until the orchestrator writes ``start <JSON object>``; its settings, or None on EOF (it is gone)."""
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return None
+        if line.startswith("start"):
+            out = json.loads(line[len("start"):].strip() or "{}")
+            if not isinstance(out, dict):
+                raise ValueError("the start line's settings must be a JSON object")
+            return out
+
+
 def run_worker(name: str, seconds: float, fake: bool, params: dict[str, Any]) -> int:
-    """Child: build, warm up, print ``ready``, wait for ``go``, measure, print ``result`` (or ``error``)."""
+    """Child: prepare, print ``prepared``, wait for ``start``, warm up, print ``ready``, wait for ``go``, measure,
+    print ``result`` (or ``error``). ``params`` (``--params``) are updated by the start line's settings."""
     t_start = time.perf_counter()
     share_env = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
     share = float(share_env) if share_env else 100.0
     base = {"workload": name, "pid": os.getpid(), "share_env": share_env,
             "priority_env": os.environ.get("CUDA_MPS_CLIENT_PRIORITY"),
             "mps_pipe": os.environ.get("CUDA_MPS_PIPE_DIRECTORY")}
-    tail_s = float(params.get("tail_s", 0.0))
     try:
         if name == "info":
             emit({"event": "info", **(torch_info() if not fake else {"fake": True})})
@@ -192,15 +220,28 @@ def run_worker(name: str, seconds: float, fake: bool, params: dict[str, Any]) ->
             raise ValueError(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
         w = WORKLOADS[name]
         torch: Any = None
+        built: Any = None
         ready: dict[str, Any] = {}
         step: Callable[[], None] | None = None
         run: Callable[[int], None] | None = None
-        if not fake:
+        if fake:
+            time.sleep(DRY_STARTUP_SCALE * w.prepare_s)  # stands for the import, context and build below
+        else:
             import torch as torch_mod
 
             torch = torch_mod
             props = torch.cuda.get_device_properties(0)
             ready.update(device=props.name, sm_count=props.multi_processor_count)
+            torch.empty(1, device="cuda")  # the CUDA context (an allocation, no kernel): the MPS share is fixed now
+            built = _build_model(w, torch)
+        prepare_s = time.perf_counter() - t_start
+        emit({"event": "prepared", **base, "prepare_s": round(prepare_s, 3)})
+        settings = wait_start()
+        if settings is None:
+            return 3
+        params = {**params, **settings}
+        tail_s = float(params.get("tail_s", 0.0))
+        t_warm = time.perf_counter()
         if w.kind == "train":
             if fake:
                 rate = w.fake_rate * share_speed(share, w.fake_util)
@@ -208,7 +249,7 @@ def run_worker(name: str, seconds: float, fake: bool, params: dict[str, Any]) ->
                 def step() -> None:
                     time.sleep(1.0 / rate)
             else:
-                step = _train_step(w, torch)
+                step = _train_step(w, torch, built)
             t_w, warm = time.perf_counter(), 0
             while warm < (2 if fake else 5) or time.perf_counter() - t_w < (0.0 if fake else 1.0):
                 step()
@@ -217,7 +258,7 @@ def run_worker(name: str, seconds: float, fake: bool, params: dict[str, Any]) ->
                 torch.cuda.synchronize()
             ready["detail"] = {"warmup_steps": warm, "step_ms": round((time.perf_counter() - t_w) / warm * 1e3, 3)}
         elif w.kind == "serve":
-            run = _fake_serve_run(w, share) if fake else _serve_run(w, torch)
+            run = _fake_serve_run(w, share) if fake else _serve_run(w, torch, built)
             for b in (1, w.batch_size, 1, w.batch_size):  # kernels, cuDNN choices, clocks
                 run(b)
                 if not fake:
@@ -233,8 +274,9 @@ def run_worker(name: str, seconds: float, fake: bool, params: dict[str, Any]) ->
                                "slo_ms": float(params.get("slo_ms") or round(4 * t_big * 1e3, 3))}
         if torch is not None:
             torch.cuda.reset_peak_memory_stats()
-        emit({"event": "ready", **base, **ready,
-              "startup_s": round(time.perf_counter() - t_start, 3)})
+        t_ready = time.perf_counter()
+        emit({"event": "ready", **base, **ready, "startup_s": round(t_ready - t_start, 3),
+              "prepare_s": round(prepare_s, 3), "warmup_s": round(t_ready - t_warm, 3)})
         go = wait_go()
         if go is None:
             return 3

@@ -3,6 +3,9 @@
 Points are ordered by what the issue needs most (solo baselines, then training+inference and training+training
 pairs at two share splits, the isolation checks, client priority, the share curve, extra splits); the runner
 skips whatever no longer fits the budget, so a short budget drops the tail of this list, never its head.
+
+A point's tenants are prepared while the point before it measures (``prepared_after``): their start-up up to the
+warm-up is hidden behind that point's warm-up, window, tail and teardown, and ``estimate_s`` counts only the rest.
 """
 
 from __future__ import annotations
@@ -22,31 +25,37 @@ class Workload:
     description: str
     fake_rate: float  # --dry-run: steps/s (train) or requests/s capacity (serve) at MPS 100
     fake_util: float  # --dry-run: solo utilisation u, so a fake rate follows min(1, share / u)
-    startup_s: float  # expected spawn-to-ready seconds on the GPU (torch import, build, warm-up)
+    startup_s: float  # expected spawn-to-ready seconds on the GPU (torch import, context, build, warm-up)
+    warmup_s: float  # the part of startup_s after the start line: model to the GPU, warm-up, calibration
+
+    @property
+    def prepare_s(self) -> float:
+        """Spawn to prepared (torch import, CUDA context, model built on the CPU): what can be done ahead."""
+        return self.startup_s - self.warmup_s
 
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("resnet50_amp", "train", "ResNet-50", 64, "amp",
              "ResNet-50 training, batch 64, 224x224 synthetic images, bf16 autocast, channels-last, SGD+momentum",
-             400.0, 0.9, 8.0),
+             400.0, 0.9, 8.0, 1.5),
     Workload("gpt2_amp", "train", "GPT-2", 8, "amp",
              "GPT-2-small LM training (12 layers, d 768, 12 heads, seq 1024), batch 8, bf16 autocast, AdamW",
-             300.0, 0.95, 8.0),
+             300.0, 0.95, 8.0, 1.5),
     Workload("gpt2_fp32", "train", "GPT-2", 4, "fp32",
-             "GPT-2-small LM training (12 layers, d 768, 12 heads, seq 512), batch 4, fp32, AdamW", 250.0, 0.7, 8.0),
+             "GPT-2-small LM training (12 layers, d 768, 12 heads, seq 512), batch 4, fp32, AdamW", 250.0, 0.7, 8.0, 1.5),
     Workload("bert_serve", "serve", "BERT-base", 16, "amp",
              "BERT-base encoder (12 layers, d 768, seq 128) serving Poisson requests, batches of <= 16, bf16",
-             4000.0, 0.5, 6.0),
+             4000.0, 0.5, 6.0, 2.0),
     Workload("decoder_serve", "serve", "GPT-2", 8, "amp",
              "GPT-2-small decoder serving Poisson requests: 64-token prompt + 16 generated tokens (KV cache), "
-             "batches of <= 8, bf16", 1500.0, 0.3, 6.0),
+             "batches of <= 8, bf16", 1500.0, 0.3, 6.0, 2.0),
     Workload("cnn_serve", "serve", "ResNet-18", 8, "amp",
              "ResNet-18 small-batch image inference serving Poisson requests, batches of <= 8, bf16", 8000.0, 0.25,
-             6.0),
+             6.0, 2.0),
     Workload("memhog", "probe", "memhog", 0, "fp32",
-             "tries to allocate twice its pinned MPS memory limit (the limit must fail it, alone)", 0.0, 0.1, 4.0),
+             "tries to allocate twice its pinned MPS memory limit (the limit must fail it, alone)", 0.0, 0.1, 4.0, 0.2),
     Workload("fault", "probe", "fault", 0, "fp32",
-             "raises a fatal GPU fault (device-side assert) a third into the window", 0.0, 0.1, 4.0),
+             "raises a fatal GPU fault (device-side assert) a third into the window", 0.0, 0.1, 4.0, 0.2),
 )}
 
 TRAIN = tuple(w for w, x in WORKLOADS.items() if x.kind == "train")
@@ -59,6 +68,9 @@ SOLO_SHARES = (100, 50, 25, 10, 75)  # 100 is the solo baseline; 75 runs last (t
 MEMHOG_LIMIT_MIB = 2048  # pinned limit of the memory hog; it asks for twice as much
 DEFAULT_WINDOW_S, QUICK_WINDOW_S, DRY_WINDOW_S = 2.5, 1.5, 0.05
 SEARCH_STEPS = 3  # rate-search sub-windows of a serving tenant after its window
+DRY_STARTUP_SCALE = 0.05  # --dry-run: a fake worker sleeps this fraction of its prepare_s before 'prepared'
+TEARDOWN_S, DRY_TEARDOWN_S = 1.5, 0.1  # result, process and CUDA context exit after the tail
+DRY_SPAWN_S = 0.1  # --dry-run: a fake worker's interpreter start before its prepare sleep
 
 
 @dataclass(frozen=True)
@@ -103,7 +115,29 @@ def build_plan(quick: bool) -> list[Point]:
     return pts
 
 
-def estimate_s(p: Point, window: float, tail: float, dry: bool) -> float:
-    """Expected seconds of one point: the slowest tenant's start-up, the window, the search tail, teardown."""
-    startup = 0.3 if dry else max(WORKLOADS[w].startup_s for w, _, _ in p.tenants)
-    return round(startup + window + (tail if p.serves else 0.0) + (0.1 if dry else 1.5), 2)
+def prepared_after(prev: Point | None) -> bool:
+    """Whether a point's tenants are started while ``prev`` measures: not the first, not after a fault point
+    (a fatal fault ends every client of the GPU's MPS server, prepared ones too; the recovery client comes after)."""
+    return prev is not None and prev.kind != "fault"
+
+
+def _startup_parts(p: Point, dry: bool) -> tuple[float, float]:
+    """(prepare, warm-up) seconds of a point's slowest tenants."""
+    prep = max(DRY_SPAWN_S + DRY_STARTUP_SCALE * WORKLOADS[w].prepare_s if dry else WORKLOADS[w].prepare_s
+               for w, _, _ in p.tenants)
+    return prep, (0.05 if dry else max(WORKLOADS[w].warmup_s for w, _, _ in p.tenants))
+
+
+def estimate_s(p: Point, window: float, tail: float, dry: bool, prev: Point | None = None) -> float:
+    """Expected seconds of one point: the start-up not hidden behind ``prev``, warm-up, window, tail, teardown.
+
+    Prepared during ``prev`` (``prepared_after``), a point waits only for what of its prepare time outlasts
+    ``prev``'s own warm-up, window, tail and teardown; otherwise (``prev`` None or a fault) for all of it.
+    """
+    prep, warm = _startup_parts(p, dry)
+    teardown = DRY_TEARDOWN_S if dry else TEARDOWN_S
+    if prepared_after(prev):
+        assert prev is not None
+        busy = _startup_parts(prev, dry)[1] + window + (tail if prev.serves else 0.0) + teardown
+        prep = max(0.0, prep - busy)
+    return round(prep + warm + window + (tail if p.serves else 0.0) + teardown, 2)
