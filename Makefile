@@ -12,7 +12,7 @@ NODES  ?= 2
 # The interference model artifact: trained from the shipped data when absent or older than the code or
 # data it is built from (seconds, fixed seed).
 MODEL  := models/interference.json
-MODEL_SRC := services/predictor/features.py services/predictor/datasets.py $(wildcard services/predictor/model/*.py) services/predictor/train.py $(wildcard data/*.csv)
+MODEL_SRC := services/predictor/features.py services/predictor/datasets.py $(wildcard services/predictor/model/*.py) services/predictor/train.py $(wildcard data/*.csv) $(wildcard data/h200/*.csv)
 
 .PHONY: all venv protos model test demo up down ps logs status bench device-deps clean distclean
 

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from elastico.coloc.profiles import campaign_tables, default_campaign_dir
 from services.allocator.policy import POLICY_NAMES, ElastiCoParams
 from simulator.engine import SimConfig
 from simulator.report import table, write_outputs
@@ -36,6 +37,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="Alibaba 2025 instances, Azure LLM request traces, Alibaba 2023 pod list (any order)")
     ap.add_argument("--pairs", default=None, metavar="CSV",
                     help="measured pairs used as ground truth (coloc_gavel_pairs.csv schema; default: data/'s)")
+    ap.add_argument("--gpu-type", default="v100", type=str.lower,
+                    help="GPU type of the cluster: its job types and measured pairs are the ground truth (default "
+                         "v100; a campaign's type, e.g. h200, with --campaign-dir)")
+    ap.add_argument("--campaign-dir", default=None, metavar="DIR",
+                    help="a GPU campaign's derived tables (python3 -m bench.gpu_campaign.derive): they add its GPU "
+                         "type's job types, pairs and training+inference pairs to the ground truth (default: "
+                         "data/h200 when a GPU session has committed tables there, else none)")
     ap.add_argument("--gpus", type=_ranged(1, cast=int), default=64, help="cluster size (default 64)")
     ap.add_argument("--node-gpus", type=_ranged(1, cast=int), default=8,
                     help="GPUs per node (default 8): a gang that fits one node runs inside one, a larger one takes "
@@ -66,9 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     bad = [p for p in policies if p not in POLICY_NAMES]
     if bad:
         ap.error(f"unknown policies {bad}; choose from {', '.join(POLICY_NAMES)}")
+    if a.campaign_dir is not None and not campaign_tables(a.campaign_dir):
+        ap.error(f"--campaign-dir {a.campaign_dir}: no <gpu>_provenance.json there (python3 -m "
+                 f"bench.gpu_campaign.derive writes the tables with one)")
+    campaign = a.campaign_dir if a.campaign_dir is not None else default_campaign_dir()
     try:
         w = build_workload(a.trace, a.gpus, a.inference_trace, a.seed, a.load, a.window, a.max_jobs,
-                           a.inference_fraction, estimator=a.estimator, pairs=a.pairs)
+                           a.inference_fraction, estimator=a.estimator, pairs=a.pairs, gpu_type=a.gpu_type,
+                           campaign_dir=campaign)
     except (TraceError, OSError) as exc:
         ap.error(str(exc))
     ninf = 0 if w.inf is None else len(w.inf.start_s)
@@ -81,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
           f"offered training load {w.train.offered_load:.2f} (native {w.train.native_offered_load:.2f}) on the "
           f"{w.training_gpus:.1f} GPUs static allocation leaves to training"
           f"{'' if not ninf else f' (inference: {a.inference_fraction:.2f} of the GPUs at peak, {w.static_inference_gpus:.1f} on average)'}; "
-          f"estimate: {w.estimator_name}; ground truth: {w.truth.measured_pairs} measured pairs, "
+          f"estimate: {w.estimator_name}; ground truth ({a.gpu_type}): {w.truth.measured_pairs} measured pairs"
+          f"{f', {w.truth.train_infer_pairs} training+inference points' if w.truth.train_infer_pairs else ''}, "
           f"rule kappa {w.truth.kappa:.2f}", flush=True)
     cfg = SimConfig(gpus=a.gpus, node_gpus=a.node_gpus, restart_s=a.restart_s, round_interval_s=a.round_interval_s, progress=not a.quiet)
     t0 = time.perf_counter()
@@ -92,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     print("simulation wall time: " + ", ".join(f"{s['policy']} {s['wall_s']:.1f} s (CPU {s['cpu_s']:.1f} s)"
                                                for s in sums)
           + f" (total {wall:.1f} s)", flush=True)
-    meta = {"trace": a.trace, "pairs": a.pairs, "gpus": a.gpus, "node_gpus": a.node_gpus, "seed": a.seed,
+    meta = {"trace": a.trace, "pairs": a.pairs, "gpu_type": a.gpu_type,
+            "campaign_dir": None if campaign is None else str(campaign), "gpus": a.gpus, "node_gpus": a.node_gpus, "seed": a.seed,
             "training_gpus": w.training_gpus, "load": a.load, "offered_load": w.train.offered_load,
             "native_offered_load": w.train.native_offered_load, "inference_services": ninf,
             "estimator": w.estimator_name, "kappa": w.truth.kappa}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastico.coloc.profiles import DATA_DIR, load_type_table
+from elastico.coloc.profiles import DATA_DIR, campaign_tables, load_type_table
 from elastico.coloc.truth import GroundTruth
 from services.allocator.policy import POLICY_NAMES, RuleEstimator, make_policy, options_for
 from simulator.engine import Engine, SimConfig
@@ -57,19 +57,33 @@ def make_estimate(types, truth: GroundTruth, estimator: str = "auto") -> tuple[n
 def build_workload(trace: str, gpus: int, inference_traces: list[str] | None = None, seed: int = 0,
                    load: float | None = None, window=None, max_jobs: int | None = None,
                    inference_fraction: float = 0.25, slo_factor: float = 10.0, estimator: str = "auto",
-                   data_dir: Path = DATA_DIR, pairs: str | Path | None = None) -> Workload:
+                   data_dir: Path = DATA_DIR, pairs: str | Path | None = None, gpu_type: str = "v100",
+                   campaign_dir: str | Path | None = None) -> Workload:
     """Load traces and profiles once; every policy of a comparison then runs on this same workload.
 
     ``pairs``: the measured-pairs CSV the ground truth reads (``coloc_gavel_pairs.csv`` schema; default
     ``data_dir/coloc_gavel_pairs.csv``) -- e.g. the complete table including the pairs withheld from
     ``data/``, so the policies, which see only the predictor, are judged on pairs it never saw.
 
+    ``gpu_type``: the GPU type of the cluster (type table and ground truth rows); ``campaign_dir``: a GPU
+    campaign's derived tables (``bench.gpu_campaign.derive``) that add its GPU type's job types, pairs and
+    training + inference pairs to both (:func:`elastico.coloc.profiles.load_type_table`,
+    :class:`elastico.coloc.truth.GroundTruth`), e.g. ``gpu_type="h200", campaign_dir="data/h200"``. Trace
+    rows keep their Philly (V100) durations; their job types map to the GPU type's types as unknown ones do
+    (model family, else the median-utilisation type).
+
     ``load`` is the training offered load against the GPUs static allocation leaves to training
     (:func:`simulator.traces.static_inference_gpus`): the services are drawn first (which ones, and their
     time-averaged share of the arrival span, do not depend on its length), then arrivals are rescaled.
     """
-    types = load_type_table(data_dir)
-    truth = GroundTruth(types, data_dir) if pairs is None else GroundTruth(types, pairs_file=Path(pairs).resolve())
+    types = load_type_table(data_dir, gpu_type, campaign_dir=campaign_dir)
+    if len(types.names) < 2:
+        held = sorted(ct.gpu_type for ct in campaign_tables(campaign_dir))
+        raise TraceError(f"gpu type {gpu_type!r}: no training job types in {data_dir}"
+                         + (f" nor in the campaign tables of {campaign_dir} (GPU types there: {', '.join(held) or 'none'})"
+                            if campaign_dir is not None else " (a campaign's GPU type needs its tables: campaign_dir)"))
+    truth = (GroundTruth(types, data_dir, campaign_dir=campaign_dir) if pairs is None
+             else GroundTruth(types, pairs_file=Path(pairs).resolve(), campaign_dir=campaign_dir))
     est, name = make_estimate(types, truth, estimator)
     static = 0.0
     if inference_traces:

@@ -6,7 +6,14 @@ The simulator's engine and the simulated GPU backend of the node agent both read
   type): ``norm_tput_a`` for (a next to b) and ``norm_tput_b`` for (b next to a). Pairs Gavel could not
   run together (``coloc_failed``, probably out of memory) get :data:`FAILED_PAIR_NORM` (a near-stall
   stand-in for an OOM/restart loop) -- policies that co-locate them pay for it.
-* Pairs without a measurement (including the ~20% withheld from ``data/`` and every pair involving an
+* A measurement campaign's GPU type (``campaign_dir``, :func:`elastico.coloc.profiles.campaign_tables`): its
+  training pairs at MPS 100/100 enter the matrix as Gavel's do; its training + inference pairs at 100/100
+  (no client priority) give the training row next to the inference pseudo-type (``norm_tput_train``) and
+  the inference row next to the training type (``norm_capacity_service``: the rate served within the SLO,
+  relative to alone), each the mean over the measured services, since one pseudo-type stands for every
+  service. Points at other shares or with client priorities are kept in :attr:`GroundTruth.share_points`
+  (what measures the share model), never mixed into the 100/100 matrix.
+* Pairs without a measurement (including the ~20% withheld from ``data/`` and every other pair involving an
   inference service): the conservative utilisation rule of
   :func:`elastico.coloc.rates.utilisation_rule`, with ``kappa`` calibrated as the 25th
   percentile of measured / processor-sharing ratios (:func:`calibrate_kappa`).
@@ -29,10 +36,22 @@ import csv
 import functools
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-from elastico.coloc.profiles import DATA_DIR, INFERENCE_TYPE, TraceError, TypeTable, load_type_table
+from elastico.coloc.profiles import (
+    DATA_DIR,
+    INFERENCE_TYPE,
+    CampaignTables,
+    TraceError,
+    TypeTable,
+    at_full_shares,
+    campaign_number,
+    campaign_tables,
+    default_campaign_dir,
+    load_type_table,
+)
 from elastico.coloc.rates import calibrate_kappa, compose_additive, share_speed, utilisation_rule
 
 #: Columns of a measured-pairs file (``coloc_gavel_pairs.csv`` schema) that the ground truth reads.
@@ -42,15 +61,27 @@ PAIR_COLUMNS = ("gpu_type", "job_type_a", "job_type_b", "norm_tput_a", "norm_tpu
 FAILED_PAIR_NORM = 0.05
 
 
+class SharePoint(NamedTuple):
+    """One campaign pair measured at MPS shares other than 100/100 or with client priorities (not in the matrix)."""
+
+    job_a: str  # training type (a training + inference point: the training tenant)
+    job_b: str  # co-tenant: a training type or the service's name
+    share_a_pct: float
+    share_b_pct: float
+    norm_a: float  # normalised throughput of a (NaN: failed)
+    norm_b: float  # of b (a service: its capacity within the SLO, relative to alone)
+    priorities: str  # "" or the client priorities, "train=<p> service=<p>"
+
+
 class GroundTruth:
     """Measured pair matrix plus the calibrated rule for everything unmeasured."""
 
     def __init__(self, types: TypeTable, data_dir: Path | str = DATA_DIR, pairs_file: str = "coloc_gavel_pairs.csv",
-                 kappa_quantile: float = 0.25):
+                 kappa_quantile: float = 0.25, campaign_dir: Path | str | None = None):
         T = len(types.names)
         self.types = types
         self.matrix = np.full((T, T), np.nan)  # [T, T] measured normalised throughput, NaN = rule
-        measured = []
+        measured: list[tuple[str, str, float, float]] = []
         path = Path(data_dir) / pairs_file  # an absolute ``pairs_file`` replaces ``data_dir``
         with open(path, newline="") as fh:
             rows = csv.DictReader(fh)
@@ -58,26 +89,77 @@ class GroundTruth:
             if missing:
                 raise TraceError(f"{path}:1: measured-pairs file lacks column(s) {', '.join(missing)}")
             for r in rows:
-                if r["gpu_type"] != types.gpu_type:
-                    continue
-                try:
-                    a, b = types.index(r["job_type_a"]), types.index(r["job_type_b"])
-                except KeyError:
-                    continue
-                if r["coloc_failed"] == "1":
-                    self.matrix[a, b] = self.matrix[b, a] = FAILED_PAIR_NORM
-                    continue
-                try:
-                    na, nb = float(r["norm_tput_a"]), float(r["norm_tput_b"])
-                except (TypeError, ValueError):
-                    na = nb = float("nan")
-                if not (na > 0 and nb > 0 and np.isfinite(na + nb)):
-                    raise TraceError(f"{path}:{rows.line_num}: norm_tput_a/norm_tput_b must be positive numbers, "
-                                     f"got {r['norm_tput_a']!r}/{r['norm_tput_b']!r}")
-                self.matrix[a, b], self.matrix[b, a] = min(na, 1.0), min(nb, 1.0)
-                measured.append((r["job_type_a"], r["job_type_b"], na, nb))
-        self.measured_pairs = len(measured)  # number of measured (successful) pairs
+                if r["gpu_type"] == types.gpu_type:
+                    self._add_pair(r, f"{path}:{rows.line_num}", measured)
+        self.share_points: list[SharePoint] = []  # campaign points off 100/100 (module docstring)
+        self.train_infer_pairs = 0  # measured training + inference points in the matrix
+        for ct in campaign_tables(campaign_dir):
+            if ct.gpu_type == types.gpu_type:
+                self._add_campaign(ct, measured)
+        self.measured_pairs = len(measured)  # number of measured (successful) training pairs
         self.kappa = calibrate_kappa(measured, types, kappa_quantile)  # contention factor of the rule
+
+    def _add_pair(self, r: dict[str, str], where: str, measured: list[tuple[str, str, float, float]]) -> None:
+        """One measured training pair (``coloc_gavel_pairs.csv`` schema) into the matrix; ``where`` = file:line."""
+        types = self.types
+        try:
+            a, b = types.index(r["job_type_a"]), types.index(r["job_type_b"])
+        except KeyError:
+            return
+        if r["coloc_failed"] == "1":
+            self.matrix[a, b] = self.matrix[b, a] = FAILED_PAIR_NORM
+            return
+        try:
+            na, nb = float(r["norm_tput_a"]), float(r["norm_tput_b"])
+        except (TypeError, ValueError):
+            na = nb = float("nan")
+        if not (na > 0 and nb > 0 and np.isfinite(na + nb)):
+            raise TraceError(f"{where}: norm_tput_a/norm_tput_b must be positive numbers, "
+                             f"got {r['norm_tput_a']!r}/{r['norm_tput_b']!r}")
+        self.matrix[a, b], self.matrix[b, a] = min(na, 1.0), min(nb, 1.0)
+        measured.append((r["job_type_a"], r["job_type_b"], na, nb))
+
+    def _add_campaign(self, ct: CampaignTables, measured: list[tuple[str, str, float, float]]) -> None:
+        """One campaign table set of this GPU type: training pairs, training + inference pairs, share points."""
+        pt = "coloc_pairs.csv"
+        for r in ct.rows(pt):
+            sa, sb = campaign_number(ct, pt, r, "share_a_pct"), campaign_number(ct, pt, r, "share_b_pct")
+            if r["gpu_type"] != ct.gpu_type:
+                continue
+            if at_full_shares(sa, sb):
+                self._add_pair(r, f"{ct.path(pt)}:{r['_line']}", measured)
+            else:
+                failed = r["coloc_failed"].strip() == "1"
+                na, nb = (np.nan, np.nan) if failed else (campaign_number(ct, pt, r, "norm_tput_a"),
+                                                          campaign_number(ct, pt, r, "norm_tput_b"))
+                self.share_points.append(SharePoint(r["job_type_a"], r["job_type_b"], sa, sb, na, nb, ""))
+        ti = "train_infer_pairs.csv"
+        inf = self.types.inference_index
+        by_type: dict[int, list[tuple[float, float]]] = {}
+        for r in ct.rows(ti):
+            if r["gpu_type"] != ct.gpu_type:
+                continue
+            failed = r["failed"].strip() == "1"
+            st, ss = campaign_number(ct, ti, r, "share_train_pct"), campaign_number(ct, ti, r, "share_service_pct")
+            nt, ns = campaign_number(ct, ti, r, "norm_tput_train"), campaign_number(ct, ti, r, "norm_capacity_service")
+            prio = (f"train={r['priority_train']} service={r['priority_service']}"
+                    if (r["priority_train"] or r["priority_service"]).strip() else "")
+            if not failed and not (nt > 0 and ns > 0):
+                raise TraceError(f"{ct.path(ti)}:{r['_line']}: norm_tput_train/norm_capacity_service must be positive "
+                                 f"numbers, got {r['norm_tput_train']!r}/{r['norm_capacity_service']!r}")
+            if prio or not at_full_shares(st, ss):
+                self.share_points.append(SharePoint(r["job_type_train"], r["service"], st, ss,
+                                                    np.nan if failed else nt, np.nan if failed else ns, prio))
+                continue
+            try:
+                a = self.types.index(r["job_type_train"])
+            except KeyError:
+                continue
+            pair = (FAILED_PAIR_NORM, FAILED_PAIR_NORM) if failed else (min(nt, 1.0), min(ns, 1.0))
+            by_type.setdefault(a, []).append(pair)
+        for a, vals in by_type.items():
+            self.matrix[a, inf], self.matrix[inf, a] = np.mean(vals, axis=0)
+            self.train_infer_pairs += len(vals)
 
     # ---- per-tenant lookup (one GPU) ---------------------------------------------------------------
     def speeds(self, type_idx, share_pct=None, util=None, training=None) -> np.ndarray:
@@ -124,7 +206,8 @@ class GroundTruth:
 #: :func:`elastico.coloc.profiles.fit_solo_utilisation` when nothing can be fitted).
 UNKNOWN_TYPE_UTIL = 0.75
 
-_TYPE_NAME_RE = re.compile(r"^(?P<model>.+) \(batch size (?P<bs>\d+)\)$")
+#: A training type's name: Gavel's ``"<model> (batch size <n>)"``, a campaign's with `` [amp]`` for bf16 jobs.
+_TYPE_NAME_RE = re.compile(r"^(?P<model>.+) \(batch size (?P<bs>\d+)\)(?: \[amp\])?$")
 
 
 def _norm_model(name: str) -> str:
@@ -168,15 +251,18 @@ def type_index(types: TypeTable, model: str, batch_size: int) -> int | None:
 
 @functools.cache
 def default_truth(gpu_type: str = "v100", data_dir: Path | str = DATA_DIR) -> GroundTruth:
-    """The shipped ground truth for one GPU type (type table + measured pairs, built once per process)."""
-    return GroundTruth(load_type_table(data_dir, gpu_type), data_dir)
+    """The shipped ground truth for one GPU type (type table + measured pairs, built once per process): the
+    files of ``data_dir``, plus the campaign tables committed under it (:func:`default_campaign_dir`)."""
+    campaign = default_campaign_dir(data_dir)
+    return GroundTruth(load_type_table(data_dir, gpu_type, campaign_dir=campaign), data_dir, campaign_dir=campaign)
 
 
 def tenant_speeds(gpu_type: str, tenants, data_dir: Path | str = DATA_DIR, mps_limits: bool = True) -> list[float]:
     """Ground-truth normalised speed of each tenant of one GPU of ``gpu_type`` (the simulator's rules).
 
     Args:
-        gpu_type: GPU type whose measured pairs apply (``v100``, ``p100``, ``k80``; case-insensitive).
+        gpu_type: GPU type whose measured pairs apply (``v100``, ``p100``, ``k80``, a campaign's ``h200``
+            once its tables are committed under ``data_dir``; case-insensitive).
         tenants: ``(job_type, share_pct)`` or ``(job_type, share_pct, util)`` per tenant of the GPU.
             ``job_type`` is a type name (``"ResNet-50 (batch size 64)"``, ``"A3C"``), mapped by
             :func:`type_index` when the table does not hold it exactly, or ``"inference"`` for an

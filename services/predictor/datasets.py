@@ -5,15 +5,20 @@
   (``data/gavel_oracle_isolated_throughputs.csv``). No counters exist for these jobs.
 * Lucid's isolated profiles (``lucid_isolated_profiles.csv``; S-Lab non-commercial licence, so read from
   the shared data folder when present and never copied into the project): NVML counters on an RTX 3090.
+* the project's GPU campaign (``bench.gpu_campaign``; its derived tables ``<gpu>_*.csv`` in a campaign folder,
+  committed under ``data/h200/`` by a GPU session): solo profiles with NVML/GPM counters of training jobs and
+  inference services (``training=False``) on that GPU, and training + training and training + inference
+  pairs under MPS shares, environment ``"campaign"`` (:func:`campaign_profiles`, :func:`campaign_observations`).
 * live, the node agents (counters of the running job), converted by the servicer.
 
 :class:`ProfileCatalog` holds the profiles derived from data files and completes a live profile (fills its
 unknown fields, never overrides known ones) so that a request naming only "ResNet-50, batch 64 on v100"
 gets the same solo characteristics the model was trained with. :func:`read_pair_file` reads co-location
 pairs in Gavel's or Lucid's schema; :func:`shipped_observations` is the training data shipped with (or
-next to) the project.
+next to) the project, with the campaign's when committed.
 
-This module is pure: the standard library and :mod:`services.predictor.features` only.
+This module is pure: the standard library, :mod:`services.predictor.features` and the campaign-table reader of
+:mod:`elastico.coloc.profiles`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from elastico.coloc.profiles import CampaignTables, TraceError, campaign_number, campaign_tables, default_campaign_dir
 from services.predictor.features import NAN, JobProfile, Observation
 
 # --------------------------------------------------------------------------------------------------
@@ -63,6 +69,12 @@ def parse_gavel_job_type(job_type: str) -> tuple[str, int | None]:
     m = _GAVEL_BATCH.search(job_type)
     family = job_type.split(" (")[0].strip()
     return family, (int(m.group(1)) if m else None)
+
+
+def job_type_precision(job_type: str) -> str:
+    """``"amp"`` for a campaign's bf16 job type (`` [amp]`` appended to Gavel's name), else ``"fp32"``
+    (Gavel's jobs all ran in fp32)."""
+    return "amp" if job_type.endswith(" [amp]") else "fp32"
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
@@ -118,12 +130,18 @@ class ProfileCatalog:
     # ---- constructors from data files -----------------------------------------------------------
 
     @classmethod
-    def default(cls, project_data: Path | None = None, shared_data: Path | None = None) -> ProfileCatalog:
-        """Gavel profiles from the project's data folder plus Lucid profiles when the shared folder has them."""
-        cat = cls.from_gavel(project_data or PROJECT_DATA_DIR)
+    def default(cls, project_data: Path | None = None, shared_data: Path | None = None,
+                campaign_dir: Path | str | None = None) -> ProfileCatalog:
+        """Gavel profiles from the project's data folder plus Lucid profiles when the shared folder has them,
+        the campaign's committed under the data folder (``data/h200``) and those of ``campaign_dir``."""
+        project_data = project_data or PROJECT_DATA_DIR
+        cat = cls.from_gavel(project_data)
         lucid = (shared_data or shared_data_dir()) / "lucid_isolated_profiles.csv"
         if lucid.is_file():
             for p in lucid_profiles(lucid):
+                cat.add(p)
+        for folder in (default_campaign_dir(project_data), campaign_dir):
+            for p in campaign_profiles(folder).values():
                 cat.add(p)
         return cat
 
@@ -177,8 +195,9 @@ class ProfileCatalog:
         Falls back to a task-features-only profile when the catalogue lacks the job type.
         """
         family, bs = parse_gavel_job_type(job_type)
-        found = self.get(family, bs, gpu_type, "fp32")
-        return found or JobProfile(family, gpu_type, bs, "fp32", True)
+        precision = job_type_precision(job_type)
+        found = self.get(family, bs, gpu_type, precision)
+        return found or JobProfile(family, gpu_type, bs, precision, True)
 
     def lucid(self, model: str, batch_size: int, amp: bool, dataset: str = "") -> JobProfile:
         """Profile of a Lucid job (RTX 3090); counters present when Lucid's isolated profiles were loaded."""
@@ -202,6 +221,143 @@ def lucid_profiles(path: Path) -> list[JobProfile]:
             mem_used_mib=float(r["gmem"]), dataset=r["dataset"],
         ))
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The project's GPU campaign (bench.gpu_campaign's derived tables)
+# --------------------------------------------------------------------------------------------------
+
+#: Measurement environment of the campaign's rows (``services.predictor.features.KNOWN_ENVS``).
+CAMPAIGN_ENV = "campaign"
+
+#: A campaign job type: ``"<model> (batch size <n>)[ [amp]]"`` (training) or ``"<model> serving (max batch <n>)"``.
+_CAMPAIGN_TYPE = re.compile(r"^(?P<family>.+?)(?P<serving> serving)? \((?:batch size|max batch) (?P<bs>\d+)\)"
+                            r"(?P<amp> \[amp\])?$")
+
+
+def _pct(x: float) -> float:
+    return min(100.0, x) if x >= 0 else NAN
+
+
+def campaign_profiles(campaign_dir: Path | str | None) -> dict[tuple[str, str], JobProfile]:
+    """Solo profiles of the campaign's jobs, keyed by (GPU type, job type as the tables name it).
+
+    Training jobs from ``<gpu>_isolated_throughputs.csv`` (one GPU, MPS 100: steps/s, precision, counters);
+    inference services (``training=False``) from the solo points of ``<gpu>_share_curves.csv`` (kind
+    ``serve`` at 100 %) with the counters ``<gpu>_point_counters.csv`` sampled in that point (its label
+    ``"<workload> @100"``). A service's steps/s stays unknown (its rate is requests within its SLO, not
+    steps); its precision is unknown unless its name carries `` [amp]``. NVML SM activity is the profile's
+    GPU utilisation. None, a missing or an empty folder: no profiles.
+
+    Raises:
+        TraceError: a table is missing or malformed (file, line and column named).
+    """
+    out: dict[tuple[str, str], JobProfile] = {}
+    for ct in campaign_tables(campaign_dir):
+        solo: dict[str, dict[str, str]] = {}
+        for r in ct.rows("point_counters.csv"):
+            if r["stage"] == "solo":
+                solo[r["label"]] = r
+        it = "isolated_throughputs.csv"
+        for r in ct.rows(it):
+            if r["worker_type"] == ct.gpu_type and campaign_number(ct, it, r, "scale_factor") == 1:
+                out[(ct.gpu_type, r["job_type"])] = _campaign_solo(
+                    ct, it, r, model_family=r["model"], batch_size=int(campaign_number(ct, it, r, "batch_size")),
+                    precision=r["precision"], training=True,
+                    isolated_tput_steps_s=campaign_number(ct, it, r, "isolated_tput"))
+        sc = "share_curves.csv"
+        for r in ct.rows(sc):
+            if r["gpu_type"] == ct.gpu_type and r["kind"] == "serve" and campaign_number(ct, sc, r, "share_pct") == 100:
+                base = _parsed_profile(r["job_type"], ct.gpu_type, training=False)
+                c = solo.get(f"{r['workload']} @100")
+                out[(ct.gpu_type, r["job_type"])] = _campaign_solo(
+                    ct, "point_counters.csv" if c else sc, c or r, model_family=base.model_family,
+                    batch_size=base.batch_size, precision=base.precision, training=False)
+    return out
+
+
+def _campaign_solo(ct: CampaignTables, table: str, row: dict[str, str], **task) -> JobProfile:
+    """A campaign job's profile: ``task`` fields plus the counters of ``row`` (a row of ``table``; NaN where
+    it has none)."""
+    def num(col: str) -> float:
+        return campaign_number(ct, table, row, col) if col in row else NAN
+
+    try:
+        return JobProfile(gpu_type=ct.gpu_type, gpu_util_pct=_pct(num("sm_util_pct")),
+                          mem_bw_util_pct=_pct(num("mem_bw_util_pct")), tensor_util_pct=_pct(num("tensor_util_pct")),
+                          mem_used_mib=num("mem_used_mib"), **task)
+    except ValueError as exc:
+        raise TraceError(f"{ct.path(table)}:{row.get('_line', '?')}: {exc}") from None
+
+
+def _parsed_profile(job_type: str, gpu_type: str, training: bool) -> JobProfile:
+    """Task features read from a campaign job type's name (``"GPT-2 (batch size 8) [amp]"``)."""
+    m = _CAMPAIGN_TYPE.match(job_type)
+    if m is None:
+        return JobProfile(job_type, gpu_type, None, "", training)
+    precision = "amp" if m.group("amp") else ("" if m.group("serving") else "fp32")
+    return JobProfile(m.group("family"), gpu_type, int(m.group("bs")), precision, training)
+
+
+def campaign_observations(campaign_dir: Path | str | None) -> list[Observation]:
+    """The campaign's co-location measurements as training rows (environment ``"campaign"``).
+
+    * training + training (``<gpu>_coloc_pairs.csv``): both tenants' normalised throughput;
+    * training + inference (``<gpu>_train_infer_pairs.csv``): the training tenant's normalised throughput and
+      the service's (``training=False``) capacity within its SLO relative to alone. Points with MPS client
+      priorities are left out: no feature says a tenant had one.
+
+    Every split is kept (each profile's ``mps_share_pct`` is its share: the feature that teaches the model
+    what a share does). Failed points are ``failed`` rows. A value above 1 (a co-tenant cannot make a job
+    faster than alone: noise, or the service's rate search stepping past its solo rate) is read as 1.
+    None, a missing or an empty folder: no rows.
+
+    Raises:
+        TraceError: a table is missing or malformed (file, line and column named).
+    """
+    profiles = campaign_profiles(campaign_dir)
+    out: list[Observation] = []
+    for ct in campaign_tables(campaign_dir):
+        pt = "coloc_pairs.csv"
+        for r in ct.rows(pt):
+            if r["gpu_type"] == ct.gpu_type:
+                out.append(_campaign_row(ct, pt, r, profiles, (r["job_type_a"], "share_a_pct", "norm_tput_a", True),
+                                         (r["job_type_b"], "share_b_pct", "norm_tput_b", True), "coloc_failed"))
+        ti = "train_infer_pairs.csv"
+        for r in ct.rows(ti):
+            if r["gpu_type"] == ct.gpu_type and not (r["priority_train"] or r["priority_service"]).strip():
+                out.append(_campaign_row(ct, ti, r, profiles,
+                                         (r["job_type_train"], "share_train_pct", "norm_tput_train", True),
+                                         (r["service"], "share_service_pct", "norm_capacity_service", False), "failed"))
+    return out
+
+
+def _campaign_row(ct: CampaignTables, table: str, r: dict[str, str], profiles: Mapping[tuple[str, str], JobProfile],
+                  a: tuple[str, str, str, bool], b: tuple[str, str, str, bool], failed_col: str) -> Observation:
+    """One observation from a campaign pair row; ``a``/``b`` = (job type, share column, value column, training)."""
+    failed = r[failed_col].strip() == "1"
+    tenants, ys = [], []
+    for job_type, share_col, value_col, training in (a, b):
+        share = campaign_number(ct, table, r, share_col)
+        p = profiles.get((ct.gpu_type, job_type)) or _parsed_profile(job_type, ct.gpu_type, training)
+        try:
+            tenants.append(replace(p, mps_share_pct=100.0 if math.isnan(share) else share, env=CAMPAIGN_ENV))
+        except ValueError as exc:
+            raise TraceError(f"{ct.path(table)}:{r['_line']}: {exc}") from None
+        y = campaign_number(ct, table, r, value_col)
+        if not failed and not (y >= 0 and math.isfinite(y)):
+            raise TraceError(f"{ct.path(table)}:{r['_line']}: column {value_col} must be a number >= 0 "
+                             f"(the point did not fail), got {r[value_col]!r}")
+        ys.append(NAN if failed else min(y, 1.0))
+    return Observation(tenants[0], tenants[1], ys[0], ys[1], failed, CAMPAIGN_ENV)
+
+
+def _extra_campaign(campaign_dir: Path | str | None) -> Path | None:
+    """``campaign_dir`` unless it is the one :func:`shipped_observations` already reads (``data/h200``)."""
+    if campaign_dir is None:
+        return None
+    shipped = default_campaign_dir(PROJECT_DATA_DIR)
+    return None if shipped is not None and Path(campaign_dir).resolve() == shipped.resolve() else Path(campaign_dir)
 
 
 #: Header columns that identify each pair-file schema.
@@ -280,12 +436,14 @@ def read_pair_file(path: Path, catalog: ProfileCatalog | None = None) -> list[Ob
 
 
 def shipped_observations(catalog: ProfileCatalog | None = None, include_lucid: bool = True,
-                         include_oracle: bool = True) -> list[Observation]:
+                         include_oracle: bool = True, campaign_dir: Path | str | None = None) -> list[Observation]:
     """The training data shipped with (or next to) the project.
 
     Gavel's measured pairs (``data/coloc_gavel_pairs.csv``, environment "gavel"); Gavel's older campaign of
     the same pairs (``data/coloc_gavel_oracle_pairs.csv``, "gavel-oracle") when ``include_oracle``; Lucid's
-    pairs from the shared folder (``"lucid"``) when present and ``include_lucid``.
+    pairs from the shared folder (``"lucid"``) when present and ``include_lucid``; the GPU campaign's pairs
+    (``"campaign"``, :func:`campaign_observations`) committed under ``data/h200`` and those of
+    ``campaign_dir`` (read once when it is that folder).
     """
     catalog = catalog if catalog is not None else ProfileCatalog.default()
     rows = read_pair_file(PROJECT_DATA_DIR / "coloc_gavel_pairs.csv", catalog)
@@ -295,4 +453,6 @@ def shipped_observations(catalog: ProfileCatalog | None = None, include_lucid: b
     lucid = shared_data_dir() / "coloc_lucid_pairs.csv"
     if include_lucid and lucid.is_file():
         rows += read_pair_file(lucid, catalog)
+    rows += campaign_observations(default_campaign_dir(PROJECT_DATA_DIR))
+    rows += campaign_observations(_extra_campaign(campaign_dir))
     return rows

@@ -26,8 +26,9 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-#: Version of the feature schema (column list and vocabularies below). Bump on any change; the model
-#: artifact records it and refuses to load under a different version.
+#: Version of the feature schema (column list and vocabularies below). Bump on any change (an environment
+#: appended to KNOWN_ENVS excepted: no existing value moves); the model artifact records it and refuses to
+#: load under a different version.
 SCHEMA_VERSION = "pf-5"
 
 NAN = float("nan")
@@ -37,8 +38,9 @@ NAN = float("nan")
 # --------------------------------------------------------------------------------------------------
 
 #: Model-family aliases: names used by different sources for the same network.
-#: Gavel's "LM" is its LSTM language model on Wikitext-2, the same workload as Lucid's "LSTM".
-_FAMILY_ALIASES = {"lm": "lstm", "resnet": "resnet50", "autoencoder": "recommendation"}
+#: Gavel's "LM" is its LSTM language model on Wikitext-2, the same workload as Lucid's "LSTM"; the GPU
+#: campaign's "BERT-base" is Lucid's "BERT" (no shipped row used the name before: an alias added, no code moved).
+_FAMILY_ALIASES = {"lm": "lstm", "resnet": "resnet50", "autoencoder": "recommendation", "bertbase": "bert"}
 
 #: Families with a fixed categorical code. Unknown families get NaN (and low confidence).
 KNOWN_FAMILIES: tuple[str, ...] = (
@@ -90,8 +92,11 @@ KNOWN_GPUS: tuple[str, ...] = tuple(GPU_SPECS)
 #: figures in docs/results.md), so every row carries the environment it was measured in and
 #: the model keeps environments apart (see ``services.predictor.model``).
 #: "" is this cluster: live requests and node-agent observations; "gavel" and "gavel-oracle" are Gavel's
-#: measured and older campaigns, "lucid" is Lucid's RTX 3090 measurements.
-KNOWN_ENVS: tuple[str, ...] = ("", "gavel", "gavel-oracle", "lucid")
+#: measured and older campaigns, "lucid" is Lucid's RTX 3090 measurements, "campaign" the project's own GPU
+#: campaign (``bench.gpu_campaign``: training next to training and next to inference under MPS shares).
+#: Codes are positions: a new environment is appended (every existing code, hence every row an artifact of
+#: this schema was trained on, stays as it was); reordering or removing one needs a new SCHEMA_VERSION.
+KNOWN_ENVS: tuple[str, ...] = ("", "gavel", "gavel-oracle", "lucid", "campaign")
 
 _PRECISIONS = {"fp32": 0.0, "tf32": 0.0, "amp": 1.0, "fp16": 1.0, "bf16": 1.0, "mixed": 1.0}
 
