@@ -13,9 +13,10 @@ import datetime
 import json
 import time
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from elastico.kubeclient import api_client
 from services.kube.settings import KubeSettings
 
 EVENT_SOURCE = "elastico-extender"  # source.component / reportingComponent of the Events the extender records
@@ -25,15 +26,7 @@ class KubeApi:
     """get/list pods, patch their annotations, create their Binding and Eviction, record Events on them."""
 
     def __init__(self, settings: KubeSettings) -> None:
-        cfg = client.Configuration()
-        if settings.kube_api_url:
-            cfg.host = settings.kube_api_url
-        else:
-            try:
-                config.load_incluster_config(client_configuration=cfg)
-            except config.ConfigException:
-                config.load_kube_config(client_configuration=cfg)
-        self._api = client.ApiClient(cfg)
+        self._api = api_client(settings.kube_api_url)
         self.core = client.CoreV1Api(self._api)
         self.timeout_s = settings.kube_timeout_s
 

@@ -24,10 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from elastico.kubeclient import api_client
 from elastico.logging import get_logger
 from services.node_agent.pods import SANDBOX_COMMS, PodProcess, parse_stat, pod_uid, pod_uid_from_cgroup
 
@@ -66,15 +67,7 @@ def scan_pod_processes(proc_root: Path) -> dict[str, list[PodProcess]]:
 
 def core_api(api_url: str = "") -> client.CoreV1Api:
     """A CoreV1Api for ``api_url`` ("" = the in-cluster service account, else ``~/.kube/config``)."""
-    cfg = client.Configuration()
-    if api_url:
-        cfg.host = api_url
-    else:
-        try:
-            config.load_incluster_config(client_configuration=cfg)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=cfg)
-    return client.CoreV1Api(client.ApiClient(cfg))
+    return client.CoreV1Api(api_client(api_url))
 
 
 class PodWatcher:
