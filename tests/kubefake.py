@@ -45,6 +45,14 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+async def cancel(task: asyncio.Task | None) -> None:
+    """Cancel a background loop and wait until it has ended."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 def status_body(code: int, reason: str, message: str, details: dict | None = None) -> dict:
     body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success" if code < 300 else "Failure",
             "message": message, "reason": reason, "code": code}
@@ -568,10 +576,7 @@ class FakeKubelet:
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel(self._task)
         for conts in self.running.values():
             for c in conts.values():
                 if c.proc is not None and c.proc.returncode is None:
@@ -755,10 +760,7 @@ class FakeReplicaSet:
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel(self._task)
 
     async def _fill(self) -> None:
         while len(self.owned()) < self.replicas:

@@ -13,12 +13,8 @@ import grpc
 import pytest
 
 from elastico.domain import GANG_LABEL, POD_UID_LABEL, JobState, label
-from elastico.rpc.server import ServiceBinding, create_server
 from elastico.state.redis_store import RedisStore
 from elastico.v1 import allocator_pb2_grpc
-from services.allocator.leader import LeaderLease
-from services.allocator.rounds import Scheduler
-from services.allocator.servicer import AllocatorServicer
 from services.allocator.settings import AllocatorSettings
 from services.kube import annotations as a
 from services.kube import webhook
@@ -27,6 +23,7 @@ from services.kube.kubeapi import KubeApi
 from services.kube.settings import KubeSettings
 from services.node_agent.servicer import NodeAgent
 from services.node_agent.simulated import SimulatedBackend
+from tests.integration._allocator import leading_allocator
 from tests.kubefake import FakeKube, resolve_env
 
 GPU_NODES = ("gpu-node-1", "gpu-node-2")  # two simulated V100s each, 16384 MiB
@@ -57,30 +54,20 @@ async def kube_cluster(redis_server) -> AsyncIterator[dict]:
         await NodeAgent(store, SimulatedBackend(n, "v100", 2, 16384), n, "127.0.0.1:1").heartbeat()
     alloc_settings = AllocatorSettings.from_env({}, insecure=True, redis_url=redis_server.url, port=0, estimator="rule",
                                                 decide_worker="thread", round_interval_s=0.3)
-    lease = LeaderLease(store, "gang-test", ttl_s=30)
-    scheduler = Scheduler(store, alloc_settings, lease)
-    lease.start()
-    scheduler.start()
-    server, port = await create_server(alloc_settings, [ServiceBinding(
-        "elastico.v1.Allocator", AllocatorServicer(store, alloc_settings, on_change=scheduler.wake),
-        allocator_pb2_grpc.add_AllocatorServicer_to_server)])
-    await server.start()
-    fake = FakeKube()
-    url = await fake.start()
-    settings = KubeSettings.from_env({}, insecure=True, role="extender", port=0, allocator_address=f"127.0.0.1:{port}",
-                                     kube_api_url=url, bind_timeout_s=5.0, bind_poll_s=0.05, gang_timeout_s=8.0,
-                                     reap_interval_s=0, evict_interval_s=0)
-    channel = grpc.aio.insecure_channel(settings.allocator_address)
-    kubes = [KubeApi(settings), KubeApi(settings)]
-    extenders = [Extender(settings, allocator_pb2_grpc.AllocatorStub(channel), None, k) for k in kubes]
-    yield {"fake": fake, "ext": extenders, "store": store, "lease": lease, "settings": settings, "channel": channel}
-    for k in kubes:
-        k.close()
-    await channel.close()
-    await fake.stop()
-    await server.stop(0)
-    await scheduler.close()
-    await lease.stop()
+    async with leading_allocator(store, alloc_settings, "gang-test") as alloc:
+        fake = FakeKube()
+        url = await fake.start()
+        settings = KubeSettings.from_env({}, insecure=True, role="extender", port=0, allocator_address=f"127.0.0.1:{alloc.port}",
+                                         kube_api_url=url, bind_timeout_s=5.0, bind_poll_s=0.05, gang_timeout_s=8.0,
+                                         reap_interval_s=0, evict_interval_s=0)
+        channel = grpc.aio.insecure_channel(settings.allocator_address)
+        kubes = [KubeApi(settings), KubeApi(settings)]
+        extenders = [Extender(settings, allocator_pb2_grpc.AllocatorStub(channel), None, k) for k in kubes]
+        yield {"fake": fake, "ext": extenders, "store": store, "lease": alloc.lease, "settings": settings, "channel": channel}
+        for k in kubes:
+            k.close()
+        await channel.close()
+        await fake.stop()
     await store.close()
 
 

@@ -29,14 +29,10 @@ import pytest
 
 from elastico.domain import POD_UID_LABEL, JobState, StateReason, label
 from elastico.rpc import convert
-from elastico.rpc.server import ServiceBinding, create_server
 from elastico.state.redis_store import RedisStore
 from elastico.v1 import allocator_pb2 as apb
 from elastico.v1 import allocator_pb2_grpc
 from elastico.v1 import types_pb2 as tpb
-from services.allocator.leader import LeaderLease
-from services.allocator.rounds import Scheduler
-from services.allocator.servicer import AllocatorServicer
 from services.kube import annotations as a
 from services.kube import webhook
 from services.kube.evictions import PREEMPTED, EvictionController
@@ -51,6 +47,7 @@ from services.node_agent.servicer import NodeAgent
 from services.node_agent.settings import NodeAgentSettings
 from services.node_agent.simulated import SimulatedBackend
 from tests.conftest import reachable_dir
+from tests.integration._allocator import leading_allocator
 from tests.integration.test_allocator_rounds import settings as allocator_settings
 from tests.integration.test_kube_middleware import admission_review, apply_json_patch
 from tests.integration.test_node_agent_process import synthetic_workload_env
@@ -131,40 +128,30 @@ async def suite(redis_server) -> AsyncIterator[dict]:
         await agent.heartbeat()
         # the allocator: job API + rounds as leader
         alloc = allocator_settings(policy="elastico", time_scale=FAST, round_interval_s=0.2, redis_url=redis_server.url, port=0)
-        lease = LeaderLease(store, "kpods", ttl_s=30)
-        scheduler = Scheduler(store, alloc, lease)
-        lease.start()
-        scheduler.start()
-        server, port = await create_server(alloc, [ServiceBinding(
-            "elastico.v1.Allocator", AllocatorServicer(store, alloc, on_change=scheduler.wake),
-            allocator_pb2_grpc.add_AllocatorServicer_to_server)])
-        await server.start()
-        # the extender, its eviction controller and reaper, and kube-scheduler
-        ks = KubeSettings.from_env({}, insecure=True, role="extender", port=0, allocator_address=f"127.0.0.1:{port}",
-                                   kube_api_url=url, bind_timeout_s=3.0, bind_poll_s=0.05, reap_interval_s=0, evict_interval_s=0)
-        channel = grpc.aio.insecure_channel(ks.allocator_address)
-        kube_api = KubeApi(ks)
-        ext = Extender(ks, allocator_pb2_grpc.AllocatorStub(channel), None, kube_api)
-        tasks = [asyncio.create_task(t) for t in (
-            agent.heartbeat_forever(0.5), reconciler.run_forever(0.1), KubeScheduler(fake, ext).run(),
-            forever(EvictionController(ext).evict_once, 0.2), forever(ext.reap_once, 0.5))]
-        try:
-            yield {"fake": fake, "kubelet": kubelet, "store": store, "reconciler": reconciler, "root": root,
-                   "stub": allocator_pb2_grpc.AllocatorStub(channel)}
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await reconciler.aclose()
-            await channel.close()
-            kube_api.close()
-            await server.stop(0)
-            await scheduler.close()
-            await lease.stop()
-            await kubelet.stop()
-            await fake.stop()
-            kill_tagged(str(state))
-            await store.close()
+        async with leading_allocator(store, alloc, "kpods") as leading:
+            # the extender, its eviction controller and reaper, and kube-scheduler
+            ks = KubeSettings.from_env({}, insecure=True, role="extender", port=0, allocator_address=f"127.0.0.1:{leading.port}",
+                                       kube_api_url=url, bind_timeout_s=3.0, bind_poll_s=0.05, reap_interval_s=0, evict_interval_s=0)
+            channel = grpc.aio.insecure_channel(ks.allocator_address)
+            kube_api = KubeApi(ks)
+            ext = Extender(ks, allocator_pb2_grpc.AllocatorStub(channel), None, kube_api)
+            tasks = [asyncio.create_task(t) for t in (
+                agent.heartbeat_forever(0.5), reconciler.run_forever(0.1), KubeScheduler(fake, ext).run(),
+                forever(EvictionController(ext).evict_once, 0.2), forever(ext.reap_once, 0.5))]
+            try:
+                yield {"fake": fake, "kubelet": kubelet, "store": store, "reconciler": reconciler, "root": root,
+                       "stub": allocator_pb2_grpc.AllocatorStub(channel)}
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                await reconciler.aclose()
+                await channel.close()
+                kube_api.close()
+        await kubelet.stop()
+        await fake.stop()
+        kill_tagged(str(state))
+        await store.close()
 
 
 async def pod_job(store, uid: str):
