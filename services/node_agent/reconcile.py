@@ -517,8 +517,6 @@ class Reconciler:
 
     # --- 5. start -------------------------------------------------------------------------------------
     async def _start_missing(self, desired: dict[str, Placement]) -> int:
-        if self.mps_state != "ok" and self.pods is None:
-            return 0  # following a pod starts nothing: pod jobs get their entries whatever the state of MPS
         started = 0
         for job_id, p in sorted(desired.items()):
             if job_id in self.ledger.entries or job_id.endswith(DRAIN_SUFFIX):
@@ -527,8 +525,11 @@ class Reconciler:
             if not slices:
                 continue
             gpus = tuple(s.gpu_index for s in slices)
-            if any(g in self.ledger.drained for g in gpus) and self.pods is None:
-                continue  # wait for the GPU to come back (or for the allocator to move the job)
+            # MPS not ready, or wait for the GPU to come back (or for the allocator to move the job); following a
+            # pod starts nothing, so pod jobs get their entries whatever the state of MPS
+            held = self.mps_state != "ok" or any(g in self.ledger.drained for g in gpus)
+            if held and self.pods is None:
+                continue
             try:
                 job = await self.store.get_job(job_id)
             except NotFound:
@@ -552,8 +553,8 @@ class Reconciler:
                          gpus=list(gpus), share_pct=share, mem_mib=mem, placement_id=pid_,
                          **({"detail": entry.message} if not entry.running else {}))
                 continue
-            if self.mps_state != "ok" or any(g in self.ledger.drained for g in gpus):
-                continue  # (Kubernetes mode) MPS not ready, or wait for the GPU to come back
+            if held:
+                continue
             lingering = sorted(u for u, o in self.ledger.lingering.items() if set(o.gpu_indices) & set(gpus))
             if lingering:
                 if job_id not in self._blocked_logged:
