@@ -155,11 +155,12 @@ async def workloads(store: RedisStore) -> dict[str, Workload]:
 
 
 def child_of(pid: int, timeout_s: float = 5.0) -> int:
-    """The workload process under a shim (the shim starts it right after being started itself)."""
+    """The workload process under a shim, once its environment reads whole: while the child execs, /proc shows an
+    empty or partial one, so wait for CUDA_VISIBLE_DEVICES, which every workload's environment carries."""
     deadline = time.monotonic() + timeout_s
     while True:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        if len(children) == 1 and read_environ(int(children[0])):
+        if len(children) == 1 and "CUDA_VISIBLE_DEVICES" in (read_environ(int(children[0])) or {}):
             return int(children[0])
         assert time.monotonic() < deadline, f"shim {pid} has children {children}"
         time.sleep(0.05)
