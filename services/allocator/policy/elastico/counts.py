@@ -198,3 +198,128 @@ def give_back(p: ElastiCoParams, view: ClusterView, gj, gs, W, d: Decision, wait
         room += x
         done = True
     return done
+
+
+def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: Decision) -> None:
+    """Clear whole nodes for one-node gangs running shrunk, by moving the few training jobs in the way.
+
+    A gang of at most a node's GPUs shrunk to fit fragments stays shrunk while the cluster's empty GPUs are
+    scattered over nodes (regrow adds GPUs on one node only). For each such gang, heaviest saving first, the
+    node whose other tenants are fewest -- training jobs held inside that node, settled (``min_run_s``) and
+    not touched this round; a node with a service is never cleared -- is emptied by moving each of those jobs
+    to empty GPUs on other nodes (fullest node first, its share kept), and the gang is relaunched on the node
+    at its requested count. Done only when its time saved exceeds ``expand_gain x restart_s`` per restart it
+    costs (the moved jobs' and its own), and at most ``defrag_moves`` jobs move per round.
+    """
+    topo = view.topo
+    if topo is None or topo.flat or p.defrag_moves == 0:
+        return
+    jobs = view.jobs
+    run = view.running[jobs.kind[view.running] == TRAINING]
+    if len(run) == 0:
+        return
+    held = np.bincount(gj[gj >= 0], minlength=len(jobs.kind))
+    req = jobs.num_gpus
+    settled = view.now_s - jobs.last_change_s >= p.min_run_s
+    cand = run[(held[run] < req[run]) & (held[run] > 0) & (req[run] <= topo.max_node) & settled[run]]
+    if len(cand) == 0:
+        return
+    touched = set(d.preempt) | {int(j) for j, _ in d.resize} | {int(j) for j, _, _ in d.place}
+    cost = p.expand_gain * p.restart_s
+    offers = []
+    for j in cand.tolist():
+        n, cur, rem = int(req[j]), int(held[j]), float(jobs.remaining_est_s[j])
+        if j in touched or shapes_of(jobs, j) or not math.isfinite(rem) or not size_allowed(jobs, j, n):
+            continue
+        _, speed, _ = count_table(memo, view, int(jobs.type_idx[j]), n)
+        if cur in speed and n in speed and (saving := rem / speed[cur] - rem / speed[n]) > cost:
+            offers.append((-saving, j, n))
+    if not offers:
+        return
+    offers.sort()
+    occupied = gj >= 0
+    tenant = np.where(occupied, gj, 0)
+    settled_slots = occupied & settled[tenant]
+    key = (gj.tobytes(), settled_slots.tobytes(), tuple(j for _, j, _ in offers), tuple(sorted(touched)))
+    if memo.defrag == key:
+        return  # the same cluster as a pass that moved nobody: it would move nobody again
+    node_of = topo.gpu_node
+    budget = p.defrag_moves
+    moved = False
+    evac: dict[tuple, list | None] = {}  # (node, its jobs) -> evacuation plan (None: no room), until a move
+    nodes = None  # the nodes' tenants (_node_tenants), recomputed after each move
+    for neg_saving, j, n in offers:
+        if j in touched:  # moved out of the way of an earlier gang of this pass
+            continue
+        if nodes is None:
+            nodes = _node_tenants(view, gj, settled, touched)
+        clearable, tenants, need = nodes
+        home = int(node_of[np.asarray(jobs.gpus[j])[0]])
+        moves = np.array([len(t) for t in tenants]) - (np.arange(topo.num_nodes) == home)
+        gpus_out = need - np.where(np.arange(topo.num_nodes) == home, held[j], 0)
+        ok = clearable & (topo.node_size >= n) & (moves <= budget) & (gpus_out <= int(slot_all(gj < 0).sum()))
+        for nd in np.flatnonzero(ok)[np.lexsort((gpus_out[ok], moves[ok]))].tolist():
+            if -neg_saving <= cost * (1 + moves[nd]):
+                break
+            occ = [o for o in tenants[nd] if o != j]
+            ek = (nd, tuple(occ))
+            if ek not in evac:  # the same for every gang of the pass until something moves
+                evac[ek] = _evacuate(gj, gs, jobs, topo, nd, occ)
+            plan = evac[ek]
+            if plan is None:
+                continue
+            for o, target in plan:
+                relaunch(view, gj, gs, d, o, target)
+            lo = int(topo.node_start[nd])
+            relaunch(view, gj, gs, d, j, np.arange(lo, lo + n))
+            touched.update([j, *occ])
+            budget -= int(moves[nd])
+            moved = True
+            evac.clear()
+            nodes = None
+            break
+        if budget <= 0:
+            break
+    memo.defrag = None if moved else key
+
+
+def _node_tenants(view: ClusterView, gj, settled: np.ndarray, touched: set) -> tuple:
+    """Per node: may it be cleared (every tenant a settled training job held inside it, not pinned, not
+    touched this round), its tenants (sorted), and the GPUs they hold."""
+    jobs, topo = view.jobs, view.topo
+    node_of = topo.gpu_node
+    occupied = gj >= 0
+    rows, _ = np.nonzero(occupied)
+    who = gj[occupied]
+    pairs = np.unique(node_of[rows].astype(np.int64) * len(jobs.kind) + who)
+    p_node, p_job = pairs // len(jobs.kind), pairs % len(jobs.kind)
+    bad = (jobs.kind[p_job] != TRAINING) | ~settled[p_job]
+    bad |= np.array([j in touched or jobs.gpus[j] is None or gpu_mask(jobs, j) is not None
+                     or len(set(node_of[np.asarray(jobs.gpus[j])].tolist())) > 1 for j in p_job.tolist()], bool)
+    clearable = np.bincount(p_node[bad], minlength=topo.num_nodes) == 0
+    held = np.bincount(who, minlength=len(jobs.kind))
+    tenants: list[list[int]] = [[] for _ in range(topo.num_nodes)]
+    for nd, j in zip(p_node.tolist(), p_job.tolist()):
+        tenants[nd].append(j)
+    need = np.bincount(p_node, weights=held[p_job], minlength=topo.num_nodes)
+    return clearable, tenants, need
+
+
+def _evacuate(gj, gs, jobs, topo, nd: int, occ: list[int]) -> list[tuple[int, np.ndarray]] | None:
+    """Targets on empty GPUs outside node ``nd`` for each job of ``occ`` (largest gang first, each onto the
+    fullest node it fits), planned on copies; None when one finds no room."""
+    gjc, gsc = gj.copy(), gs.copy()
+    for o in occ:
+        vacate(gjc, gsc, o)
+    out = []
+    node_of = topo.gpu_node
+    for o in sorted(occ, key=lambda o: -len(jobs.gpus[o])):
+        empty = slot_all(gjc < 0)
+        feasible = empty & (node_of != nd)
+        fullness = -np.bincount(node_of[empty], minlength=topo.num_nodes)[node_of].astype(float)
+        target = pick_gang(fullness, feasible, len(jobs.gpus[o]), topo)
+        if target is None:
+            return None
+        occupy(gjc, gsc, o, target, float(jobs.share_pct[o]))
+        out.append((o, target))
+    return out

@@ -49,6 +49,7 @@ class ElastiCoParams(PolicyParams):
     shrink_gpus: bool = option(True)  # also offer queued jobs shapes on halvings of their gang (needs elastic_gpus)
     min_count_speed: float = option(0.25, 0.0, 1.0, lo_open=True)  # a shrunk gang keeps at least this of its isolated speed
     keep_heavy_growth: bool = option(True)  # give back only grown gangs lighter than a waiting job
+    defrag_moves: int = option(4, 0)  # jobs moved per round at most to clear nodes for shrunk gangs (0 = off)
     expand_gain: float = option(4.0, 0.0)  # expand only if the predicted saving exceeds this x restart_s
     # --- 7. observed interference ----------------------------------------------------------------------
     # lower the estimate of pairs seen running together slower (ElastiCo.learn); the engine computes
