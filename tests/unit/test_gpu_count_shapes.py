@@ -11,8 +11,9 @@ import pytest
 from elastico.coloc.profiles import load_type_table, scaling_curve
 from elastico.coloc.truth import GroundTruth
 from services.allocator.policy import make_policy
+from services.allocator.policy.contract import check
 from services.allocator.policy.shapes import allowed_counts, count_options, count_speed, grow_options, min_count
-from services.allocator.policy.view import Decision
+from services.allocator.policy.view import Decision, Topology
 from simulator.engine import Engine, OversubscribedError, SimConfig
 from simulator.traces import TrainingJobs
 from tests.unit._policy_builders import rule_matrix, types, view
@@ -191,3 +192,38 @@ def test_an_idle_gpu_goes_to_the_job_it_speeds_up_most_not_the_longest():
     v = replace(view(jobs, gpus=3, placed={0: ([0], 100.0), 1: ([1], 100.0)}, now=10 * H), types=t)
     d = _elastico().decide(v)
     assert [(j, g.tolist()) for j, g, _ in d.place] == [(1, [1, 2])]
+
+
+# ---- clearing a node for a gang running shrunk (counts.defragment) -------------------------------------------
+def _fragmented(tenant_kind: int = 0, settled: bool = True):
+    """Two nodes of 8: an 8-GPU gang shrunk to GPUs 0-3, two 1-GPU jobs on each node (4, 5 and 8, 9), the other
+    six GPUs empty but split 2 + 6, so no node has room for the gang. ``tenant_kind`` 1: the jobs on node 1
+    are services."""
+    small = {"type": 2, "n": 1, "remaining": 300.0}  # too short to be worth growing
+    svc = {"kind": 1, "load": 0.2}
+    jobs = [{"type": 2, "n": 8, "remaining": 100 * H}, small, small, small if tenant_kind == 0 else svc,
+            small if tenant_kind == 0 else svc]
+    placed = {0: ([0, 1, 2, 3], 100.0), 1: ([4], 100.0), 2: ([5], 100.0), 3: ([8], 100.0), 4: ([9], 100.0)}
+    v = view(jobs, gpus=16, placed=placed, now=10 * H)
+    if not settled:
+        v.jobs.last_change_s[:] = 10 * H - 60
+    return replace(v, types=_scalable_types(), topology=Topology.uniform(16, 8))
+
+
+def test_clears_a_node_for_a_gang_running_shrunk():
+    v = _fragmented()
+    d = _elastico().decide(v)
+    assert check(d, v)[1] == []  # topology, capacity, every rule of the decision contract
+    placed = {j: g.tolist() for j, g, _ in d.place}
+    assert sorted(d.preempt) == [0, 1, 2] and placed[0] == list(range(8))  # the gang at its request, on node 0
+    assert all(g[0] >= 8 for j, g in placed.items() if j != 0)  # its two neighbours moved to node 1's empty GPUs
+    assert _elastico(defrag_moves=0).decide(v).preempt == []
+    assert _elastico(defrag_moves=1).decide(v).preempt == []  # two moves needed, one allowed
+
+
+def test_a_node_with_a_service_or_unsettled_jobs_is_not_cleared():
+    v = _fragmented(tenant_kind=1)  # node 1 holds services: only node 0 may be cleared, and it is
+    d = _elastico().decide(v)
+    assert sorted(d.preempt) == [0, 1, 2] and {j: g.tolist() for j, g, _ in d.place}[0] == list(range(8))
+    v = _fragmented(settled=False)  # every job changed a minute ago: none moves within min_run_s
+    assert make_policy("elastico", rule_matrix(1.0), 1.0, min_run_s=1800.0).decide(v).preempt == []
