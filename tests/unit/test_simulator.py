@@ -272,7 +272,7 @@ def test_decisions_pinned_bit_for_bit(workload):
 
 
 PINNED = {  # (rounds, training restarts, inference restarts, allocated GPU-s, hash of start/completion times)
-    "elastico": (1232, 39, 0, 1534793.0, "cd3e4fda53995f69"),  # floor 0.7, shrink, slack, reprice 1 h
+    "elastico": (1229, 43, 0, 1543459.5, "2a86d15036981250"),  # floor 0.7, shrink, slack, reprice 1 h, defrag
     "exclusive-fifo": (100, 0, 0, 1553750.0, "85ebe81c703612c6"),
     "exclusive-backfill": (86, 0, 0, 1778321.0, "cb06a9ea3e851a1a"),
     "tiresias": (1473, 2243, 0, 1627372.3, "95d9dfc3411bd22c"),
