@@ -222,9 +222,15 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
     req = jobs.num_gpus
     settled = view.now_s - jobs.last_change_s >= p.min_run_s
     cand = run[(held[run] < req[run]) & (held[run] > 0) & (req[run] <= topo.max_node) & settled[run]]
-    if len(cand) == 0:
+    n_empty = int(slot_all(gj < 0).sum())
+    if len(cand) == 0 or n_empty == 0:  # (no empty GPU: nowhere to move anyone to)
         return
     touched = set(d.preempt) | {int(j) for j, _ in d.resize} | {int(j) for j, _, _ in d.place}
+    occupied = gj >= 0
+    settled_slots = occupied & settled[np.where(occupied, gj, 0)]
+    key = (gj.tobytes(), settled_slots.tobytes(), cand.tobytes(), tuple(sorted(touched)))
+    if memo.defrag == key:
+        return  # the same cluster as a pass that moved nobody (savings only shrink): nobody moves again
     cost = p.expand_gain * p.restart_s
     offers = []
     for j in cand.tolist():
@@ -234,15 +240,7 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
         _, speed, _ = count_table(memo, view, int(jobs.type_idx[j]), n)
         if cur in speed and n in speed and (saving := rem / speed[cur] - rem / speed[n]) > cost:
             offers.append((-saving, j, n))
-    if not offers:
-        return
     offers.sort()
-    occupied = gj >= 0
-    tenant = np.where(occupied, gj, 0)
-    settled_slots = occupied & settled[tenant]
-    key = (gj.tobytes(), settled_slots.tobytes(), tuple(j for _, j, _ in offers), tuple(sorted(touched)))
-    if memo.defrag == key:
-        return  # the same cluster as a pass that moved nobody: it would move nobody again
     node_of = topo.gpu_node
     budget = p.defrag_moves
     moved = False
@@ -253,11 +251,12 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
             continue
         if nodes is None:
             nodes = _node_tenants(view, gj, settled, touched)
-        clearable, tenants, need = nodes
-        home = int(node_of[np.asarray(jobs.gpus[j])[0]])
-        moves = np.array([len(t) for t in tenants]) - (np.arange(topo.num_nodes) == home)
-        gpus_out = need - np.where(np.arange(topo.num_nodes) == home, held[j], 0)
-        ok = clearable & (topo.node_size >= n) & (moves <= budget) & (gpus_out <= int(slot_all(gj < 0).sum()))
+        clearable, tenants, count, need, node_empty = nodes
+        home = np.arange(topo.num_nodes) == int(node_of[np.asarray(jobs.gpus[j])[0]])
+        moves = count - home
+        gpus_out = need - np.where(home, held[j], 0)
+        # the tenants move off the node: they need as many empty GPUs elsewhere
+        ok = clearable & (topo.node_size >= n) & (moves <= budget) & (gpus_out <= n_empty - node_empty)
         for nd in np.flatnonzero(ok)[np.lexsort((gpus_out[ok], moves[ok]))].tolist():
             if -neg_saving <= cost * (1 + moves[nd]):
                 break
@@ -277,6 +276,7 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
             moved = True
             evac.clear()
             nodes = None
+            n_empty = int(slot_all(gj < 0).sum())
             break
         if budget <= 0:
             break
@@ -285,7 +285,7 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
 
 def _node_tenants(view: ClusterView, gj, settled: np.ndarray, touched: set) -> tuple:
     """Per node: may it be cleared (every tenant a settled training job held inside it, not pinned, not
-    touched this round), its tenants (sorted), and the GPUs they hold."""
+    touched this round), its tenants (sorted), how many, the GPUs they hold, and its empty GPUs."""
     jobs, topo = view.jobs, view.topo
     node_of = topo.gpu_node
     occupied = gj >= 0
@@ -302,7 +302,8 @@ def _node_tenants(view: ClusterView, gj, settled: np.ndarray, touched: set) -> t
     for nd, j in zip(p_node.tolist(), p_job.tolist()):
         tenants[nd].append(j)
     need = np.bincount(p_node, weights=held[p_job], minlength=topo.num_nodes)
-    return clearable, tenants, need
+    node_empty = np.bincount(node_of[~occupied.any(axis=1)], minlength=topo.num_nodes)
+    return clearable, tenants, np.bincount(p_node, minlength=topo.num_nodes), need, node_empty
 
 
 def _evacuate(gj, gs, jobs, topo, nd: int, occ: list[int]) -> list[tuple[int, np.ndarray]] | None:
