@@ -246,6 +246,7 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
     moved = False
     evac: dict[tuple, list | None] = {}  # (node, its jobs) -> evacuation plan (None: no room), until a move
     nodes = None  # the nodes' tenants (_node_tenants), recomputed after each move
+    failed = np.zeros(topo.num_nodes, bool)  # nodes whose tenants found no room elsewhere, until a move
     for neg_saving, j, n in offers:
         if j in touched:  # moved out of the way of an earlier gang of this pass
             continue
@@ -257,15 +258,17 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
         gpus_out = need - np.where(home, held[j], 0)
         # the tenants move off the node: they need as many empty GPUs elsewhere
         ok = clearable & (topo.node_size >= n) & (moves <= budget) & (gpus_out <= n_empty - node_empty)
+        ok &= ~failed | home  # (the gang's own node is tried without it)
         for nd in np.flatnonzero(ok)[np.lexsort((gpus_out[ok], moves[ok]))].tolist():
             if -neg_saving <= cost * (1 + moves[nd]):
                 break
             occ = [o for o in tenants[nd] if o != j]
             ek = (nd, tuple(occ))
             if ek not in evac:  # the same for every gang of the pass until something moves
-                evac[ek] = _evacuate(gj, gs, jobs, topo, nd, occ)
+                evac[ek] = _evacuate(gj, jobs, topo, nd, occ)
             plan = evac[ek]
             if plan is None:
+                failed[nd] |= not home[nd]
                 continue
             for o, target in plan:
                 relaunch(view, gj, gs, d, o, target)
@@ -275,6 +278,7 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
             budget -= int(moves[nd])
             moved = True
             evac.clear()
+            failed[:] = False
             nodes = None
             n_empty = int(slot_all(gj < 0).sum())
             break
@@ -306,21 +310,24 @@ def _node_tenants(view: ClusterView, gj, settled: np.ndarray, touched: set) -> t
     return clearable, tenants, np.bincount(p_node, minlength=topo.num_nodes), need, node_empty
 
 
-def _evacuate(gj, gs, jobs, topo, nd: int, occ: list[int]) -> list[tuple[int, np.ndarray]] | None:
-    """Targets on empty GPUs outside node ``nd`` for each job of ``occ`` (largest gang first, each onto the
-    fullest node it fits), planned on copies; None when one finds no room."""
-    gjc, gsc = gj.copy(), gs.copy()
-    for o in occ:
-        vacate(gjc, gsc, o)
-    out = []
+def _evacuate(gj, jobs, topo, nd: int, occ: list[int]) -> list[tuple[int, np.ndarray]] | None:
+    """Targets on empty GPUs outside node ``nd`` for each job of ``occ``, largest gang first, each on the node
+    with the fewest empty GPUs that has room for it (lowest node, then lowest GPUs, on ties: what
+    :func:`placement.pick_gang` picks with the fullness score); None when one finds no room."""
+    empty = slot_all(gj < 0)
     node_of = topo.gpu_node
+    room = np.bincount(node_of[empty], minlength=topo.num_nodes)
+    room[nd] = -1  # the node being cleared takes nobody
+    taken = np.zeros(topo.num_nodes, np.int64)
+    out = []
     for o in sorted(occ, key=lambda o: -len(jobs.gpus[o])):
-        empty = slot_all(gjc < 0)
-        feasible = empty & (node_of != nd)
-        fullness = -np.bincount(node_of[empty], minlength=topo.num_nodes)[node_of].astype(float)
-        target = pick_gang(fullness, feasible, len(jobs.gpus[o]), topo)
-        if target is None:
+        k = len(jobs.gpus[o])
+        fits = np.flatnonzero(room >= k)
+        if len(fits) == 0:
             return None
-        occupy(gjc, gsc, o, target, float(jobs.share_pct[o]))
-        out.append((o, target))
+        m = int(fits[np.argmin(room[fits])])
+        rows = np.flatnonzero(empty[topo.node_start[m]:topo.node_start[m] + topo.node_size[m]]) + topo.node_start[m]
+        out.append((o, rows[taken[m]:taken[m] + k]))
+        taken[m] += k
+        room[m] -= k
     return out
