@@ -41,7 +41,6 @@ class ElastiCo(Policy[ElastiCoParams]):
         self.priced_at_s = -np.inf  # when the posted prices were last solved, s
         self.preempt_checked_s = -np.inf  # when the preemption pass last ran, s
         self.slack_checked_s = -np.inf  # when the slack pass last ran (at most every slack_interval_s), s
-        self.defrag_checked_s = -np.inf  # when the node-clearing pass last ran (at most every preempt_interval_s), s
         self.learn_due = False  # this round's readings not yet learnt (learn)
 
     @classmethod
@@ -120,8 +119,7 @@ class ElastiCo(Policy[ElastiCoParams]):
             run = view.running[jobs.kind[view.running] == TRAINING]
             shrunk = held_gpus(view, run) < jobs.num_gpus[run]
             regrow(p, self.memo, view, gj, gs, d, run[(W[run] > W[waiting].max()) | shrunk])
-        if count_shapes_on(p, view) and view.now_s - self.defrag_checked_s >= p.preempt_interval_s:
-            self.defrag_checked_s = view.now_s  # moves restart running jobs: paced as preemptions are
+        if count_shapes_on(p, view):
             defragment(p, self.memo, view, gj, gs, d)
         return d
 
