@@ -4,6 +4,7 @@ may run at and their speeds, queued gangs on halvings, gangs grown onto idle GPU
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -244,7 +245,6 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
     node_of = topo.gpu_node
     budget = p.defrag_moves
     moved = False
-    evac: dict[tuple, list | None] = {}  # (node, its jobs) -> evacuation plan (None: no room), until a move
     nodes = None  # the nodes' tenants (_node_tenants), recomputed after each move
     failed = np.zeros(topo.num_nodes, bool)  # nodes whose tenants found no room elsewhere, until a move
     for neg_saving, j, n in offers:
@@ -252,44 +252,48 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
             continue
         if nodes is None:
             nodes = _node_tenants(view, gj, settled, touched)
-        clearable, tenants, count, need, node_empty = nodes
         home = np.arange(topo.num_nodes) == int(node_of[np.asarray(jobs.gpus[j])[0]])
-        moves = count - home
-        gpus_out = need - np.where(home, held[j], 0)
+        moves = nodes.ntenants - home
+        gpus_out = nodes.need - np.where(home, held[j], 0)
         # the tenants move off the node: they need as many empty GPUs elsewhere
-        ok = clearable & (topo.node_size >= n) & (moves <= budget) & (gpus_out <= n_empty - node_empty)
+        n_empty = int(nodes.node_empty.sum())
+        ok = nodes.clearable & (topo.node_size >= n) & (moves <= budget) & (gpus_out <= n_empty - nodes.node_empty)
         ok &= ~failed | home  # (the gang's own node is tried without it)
         for nd in np.flatnonzero(ok)[np.lexsort((gpus_out[ok], moves[ok]))].tolist():
             if -neg_saving <= cost * (1 + moves[nd]):
                 break
-            occ = [o for o in tenants[nd] if o != j]
-            ek = (nd, tuple(occ))
-            if ek not in evac:  # the same for every gang of the pass until something moves
-                evac[ek] = _evacuate(gj, jobs, topo, nd, occ)
-            plan = evac[ek]
-            if plan is None:
+            plan = _evacuate(nodes, jobs, topo, nd, [o for o in nodes.tenants[nd] if o != j])
+            if plan is None:  # (the same for every other gang of the pass, until something moves)
                 failed[nd] |= not home[nd]
                 continue
             for o, target in plan:
                 relaunch(view, gj, gs, d, o, target)
             lo = int(topo.node_start[nd])
             relaunch(view, gj, gs, d, j, np.arange(lo, lo + n))
-            touched.update([j, *occ])
+            touched.update([j, *nodes.tenants[nd]])
             budget -= int(moves[nd])
             moved = True
-            evac.clear()
             failed[:] = False
             nodes = None
-            n_empty = int(slot_all(gj < 0).sum())
             break
         if budget <= 0:
             break
     memo.defrag = None if moved else key
 
 
-def _node_tenants(view: ClusterView, gj, settled: np.ndarray, touched: set) -> tuple:
-    """Per node: may it be cleared (every tenant a settled training job held inside it, not pinned, not
-    touched this round), its tenants (sorted), how many, the GPUs they hold, and its empty GPUs."""
+class NodeTenants(NamedTuple):
+    """The planning arrays seen per node, for :func:`defragment` (valid until something moves)."""
+
+    clearable: np.ndarray  # [Nn] bool, every tenant a settled training job held inside it, not pinned or touched
+    tenants: list[list[int]]  # per node, its tenants (sorted)
+    ntenants: np.ndarray  # [Nn] int, how many
+    need: np.ndarray  # [Nn] float, the GPUs they hold
+    empty: np.ndarray  # [G] bool, GPUs with no tenant
+    node_empty: np.ndarray  # [Nn] int, empty GPUs per node
+
+
+def _node_tenants(view: ClusterView, gj, settled: np.ndarray, touched: set) -> NodeTenants:
+    """:class:`NodeTenants` of the planning arrays ``gj``."""
     jobs, topo = view.jobs, view.topo
     node_of = topo.gpu_node
     occupied = gj >= 0
@@ -300,23 +304,23 @@ def _node_tenants(view: ClusterView, gj, settled: np.ndarray, touched: set) -> t
     bad = (jobs.kind[p_job] != TRAINING) | ~settled[p_job]
     bad |= np.array([j in touched or jobs.gpus[j] is None or gpu_mask(jobs, j) is not None
                      or len(set(node_of[np.asarray(jobs.gpus[j])].tolist())) > 1 for j in p_job.tolist()], bool)
-    clearable = np.bincount(p_node[bad], minlength=topo.num_nodes) == 0
     held = np.bincount(who, minlength=len(jobs.kind))
     tenants: list[list[int]] = [[] for _ in range(topo.num_nodes)]
     for nd, j in zip(p_node.tolist(), p_job.tolist()):
         tenants[nd].append(j)
-    need = np.bincount(p_node, weights=held[p_job], minlength=topo.num_nodes)
-    node_empty = np.bincount(node_of[~occupied.any(axis=1)], minlength=topo.num_nodes)
-    return clearable, tenants, np.bincount(p_node, minlength=topo.num_nodes), need, node_empty
+    empty = slot_all(gj < 0)
+    return NodeTenants(clearable=np.bincount(p_node[bad], minlength=topo.num_nodes) == 0, tenants=tenants,
+                       ntenants=np.bincount(p_node, minlength=topo.num_nodes),
+                       need=np.bincount(p_node, weights=held[p_job], minlength=topo.num_nodes), empty=empty,
+                       node_empty=np.bincount(node_of[empty], minlength=topo.num_nodes))
 
 
-def _evacuate(gj, jobs, topo, nd: int, occ: list[int]) -> list[tuple[int, np.ndarray]] | None:
+def _evacuate(nodes: NodeTenants, jobs, topo, nd: int, occ: list[int]) -> list[tuple[int, np.ndarray]] | None:
     """Targets on empty GPUs outside node ``nd`` for each job of ``occ``, largest gang first, each on the node
     with the fewest empty GPUs that has room for it (lowest node, then lowest GPUs, on ties: what
     :func:`placement.pick_gang` picks with the fullness score); None when one finds no room."""
-    empty = slot_all(gj < 0)
-    node_of = topo.gpu_node
-    room = np.bincount(node_of[empty], minlength=topo.num_nodes)
+    empty = nodes.empty
+    room = nodes.node_empty.copy()
     room[nd] = -1  # the node being cleared takes nobody
     taken = np.zeros(topo.num_nodes, np.int64)
     out = []
