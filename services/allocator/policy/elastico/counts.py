@@ -252,26 +252,38 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
             continue
         if nodes is None:
             nodes = _node_tenants(view, gj, settled, touched)
-        home = np.arange(topo.num_nodes) == int(node_of[np.asarray(jobs.gpus[j])[0]])
-        moves = nodes.ntenants - home
-        gpus_out = nodes.need - np.where(home, held[j], 0)
-        # the tenants move off the node: they need as many empty GPUs elsewhere
-        n_empty = int(nodes.node_empty.sum())
-        ok = nodes.clearable & (topo.node_size >= n) & (moves <= budget) & (gpus_out <= n_empty - nodes.node_empty)
-        ok &= ~failed | home  # (the gang's own node is tried without it)
-        for nd in np.flatnonzero(ok)[np.lexsort((gpus_out[ok], moves[ok]))].tolist():
-            if -neg_saving <= cost * (1 + moves[nd]):
+            ntenants, need, node_empty = nodes.ntenants.tolist(), nodes.need.tolist(), nodes.node_empty.tolist()
+            clearable = nodes.clearable.tolist()
+            n_empty = sum(node_empty)
+            # clearable nodes whose tenants fit the empty GPUs of the other nodes, by (moves, GPUs out, node)
+            order = sorted((nd for nd in range(topo.num_nodes) if clearable[nd] and need[nd] <= n_empty - node_empty[nd]),
+                           key=lambda nd: (ntenants[nd], need[nd]))
+            # fewest moves any node may cost (a gang's own node counts one tenant less); none: nobody moves
+            low = min((ntenants[nd] - 1 for nd in range(topo.num_nodes) if clearable[nd]), default=math.inf)
+        saving = -neg_saving
+        if saving <= cost * (1 + max(low, 0)):
+            break  # (offers come by decreasing saving: no later gang pays for a move either)
+        home = int(node_of[np.asarray(jobs.gpus[j])[0]])
+        # (moves, GPUs out, node) of each node the gang might take: its own node without it counted
+        tries = [(ntenants[nd], need[nd], nd) for nd in order if nd != home and not failed[nd]]
+        if clearable[home] and need[home] - held[j] <= n_empty - node_empty[home]:
+            tries.append((ntenants[home] - 1, need[home] - held[j], home))
+            tries.sort()
+        for moves, _, nd in tries:
+            if moves > budget or topo.node_size[nd] < n:
+                continue
+            if saving <= cost * (1 + moves):
                 break
             plan = _evacuate(nodes, jobs, topo, nd, [o for o in nodes.tenants[nd] if o != j])
             if plan is None:  # (the same for every other gang of the pass, until something moves)
-                failed[nd] |= not home[nd]
+                failed[nd] |= nd != home
                 continue
             for o, target in plan:
                 relaunch(view, gj, gs, d, o, target)
             lo = int(topo.node_start[nd])
             relaunch(view, gj, gs, d, j, np.arange(lo, lo + n))
             touched.update([j, *nodes.tenants[nd]])
-            budget -= int(moves[nd])
+            budget -= moves
             moved = True
             failed[:] = False
             nodes = None
@@ -301,9 +313,13 @@ def _node_tenants(view: ClusterView, gj, settled: np.ndarray, touched: set) -> N
     who = gj[occupied]
     pairs = np.unique(node_of[rows].astype(np.int64) * len(jobs.kind) + who)
     p_node, p_job = pairs // len(jobs.kind), pairs % len(jobs.kind)
-    bad = (jobs.kind[p_job] != TRAINING) | ~settled[p_job]
-    bad |= np.array([j in touched or jobs.gpus[j] is None or gpu_mask(jobs, j) is not None
-                     or len(set(node_of[np.asarray(jobs.gpus[j])].tolist())) > 1 for j in p_job.tolist()], bool)
+    # a tenant that is a service, unsettled, touched this round, pinned to nodes or spread over nodes (an
+    # untouched job's rows in gj are its GPUs) keeps its node as it is
+    bad = (jobs.kind[p_job] != TRAINING) | ~settled[p_job] | (np.bincount(p_job)[p_job] > 1)
+    if touched:
+        bad |= np.isin(p_job, np.fromiter(touched, np.int64, len(touched)))
+    if jobs.allowed_gpus is not None:
+        bad |= np.array([gpu_mask(jobs, j) is not None for j in p_job.tolist()], bool)
     held = np.bincount(who, minlength=len(jobs.kind))
     tenants: list[list[int]] = [[] for _ in range(topo.num_nodes)]
     for nd, j in zip(p_node.tolist(), p_job.tolist()):
