@@ -38,15 +38,17 @@ def count_shapes_on(p: ElastiCoParams, view: ClusterView) -> bool:
 
 
 def count_table(memo: PolicyMemo, view: ClusterView, type_idx: int,
-                req: int) -> tuple[tuple[int, ...], dict[int, float], tuple[int, ...]]:
-    """(allowed counts, count -> speed, allowed counts ascending) of a job type at a requested gang size,
-    cached per type table."""
+                req: int) -> tuple[tuple[int, ...], dict[int, float], tuple[int, ...], tuple[float, ...]]:
+    """(allowed counts, count -> speed, allowed counts ascending, their speeds) of a job type at a requested
+    gang size, cached per type table."""
     def build() -> tuple:
         measured, scale = view.types.scale_measured, view.types.scale_tput
         assert scale is not None, "GPU-count tables need the type table's scaling curves (count_shapes_on)"
         counts = count_options(req) + grow_options(req, measured[type_idx] if measured is not None else None)
         sp = count_speed(scale[type_idx], np.asarray(counts, float), req)
-        return counts, dict(zip(counts, sp.tolist())), tuple(sorted(counts))
+        speed = dict(zip(counts, sp.tolist()))
+        ascending = tuple(sorted(counts))
+        return counts, speed, ascending, tuple(speed[c] for c in ascending)
 
     return memo.count((id(view.types), type_idx, req), build)
 
@@ -55,7 +57,7 @@ def shrink_row(memo: PolicyMemo, view: ClusterView, type_idx: int, req: int, min
     """(counts [4], feasible [4], GPU-count speed [4]) of a job type's gang and its halvings (a repeat of the
     gang where there are fewer than three), cached per type table, type and requested size."""
     def build() -> tuple:
-        counts, speed, _ = count_table(memo, view, type_idx, req)
+        counts, speed, _, _ = count_table(memo, view, type_idx, req)
         opts = [c for c in counts if c <= req]  # the gang and its halvings, as count_options gives them
         cnt = opts + [req] * (4 - len(opts))
         ok = [i == 0 or (i < len(opts) and speed[c] >= min_count_speed - 1e-9) for i, c in enumerate(cnt)]
@@ -112,38 +114,22 @@ def regrow(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: De
     gone = set(d.preempt) | {int(j) for j, _ in d.resize}
     cand = np.concatenate([run, np.fromiter(fresh, np.int64, len(fresh))])
     ngpu = np.concatenate([held_gpus(view, run), [len(g) for _, g in fresh.values()]]).astype(np.int64)
-    cost = p.expand_gain * p.restart_s
-    offers = []  # (best saving per added GPU, job, current count, [(count, saving)] ascending)
-    for j, cur, req, rem, t in zip(cand.tolist(), ngpu.tolist(), jobs.num_gpus[cand].tolist(),
-                                   jobs.remaining_est_s[cand].tolist(), jobs.type_idx[cand].tolist()):
-        if cur == 0 or j in gone or not math.isfinite(rem) or shapes_of(jobs, j):
-            continue  # (a declaring job never grows beyond the gangs it declares)
-        _, speed, ascending = count_table(memo, view, t, req)
-        if ascending[-1] <= cur or cur not in speed:
-            continue
-        bigger = [c for c in ascending if cur < c <= cur + len(empty) and size_allowed(jobs, j, c)]
-        if not bigger:
-            continue
-        good = [(c, v) for c in bigger if (v := rem / speed[cur] - rem / speed[c] - cost) > 0]
-        if good:  # ordered by the speed-up per added GPU, whatever the job's length
-            offers.append((-max((speed[c] / speed[cur] - 1.0) / (c - cur) for c, _ in good), j, cur, good))
-    offers.sort()
+    offers = _growth_offers(p, memo, view, cand, ngpu, gone, len(empty))
     # pass 1: each job its best saving per added GPU; pass 2: GPUs still idle upgrade jobs, same order
     plan = {}
     free = len(empty)
-    for _, j, cur, good in offers:
-        c = max(good, key=lambda cv: cv[1] / (cv[0] - cur))[0]
-        if c - cur <= free:
-            plan[j] = c
-            free -= c - cur
-    for _, j, _cur, good in offers:
+    for j, cur, _good, best in offers:
+        if best - cur <= free:
+            plan[j] = best
+            free -= best - cur
+    for j, _cur, good, _ in offers:
         if j in plan:
-            up = [c for c, _ in good if plan[j] < c <= plan[j] + free]
+            up = [c for c in good if plan[j] < c <= plan[j] + free]
             if up:
                 free -= max(up) - plan[j]
                 plan[j] = max(up)
     topo = view.topo
-    for _, j, _cur, _ in offers:
+    for j, *_ in offers:
         if j not in plan:
             continue
         own = fresh[j][1] if j in fresh else np.asarray(jobs.gpus[j])
@@ -164,6 +150,60 @@ def regrow(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: De
             d.place[k] = (j, target, share)
             continue
         relaunch(view, gj, gs, d, j, target)
+
+
+def _growth_offers(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, cand: np.ndarray, cur: np.ndarray,
+                   gone: set, n_empty: int) -> list[tuple[int, int, list[int], int]]:
+    """:func:`regrow`'s offers: (job, current count, counts worth growing to ascending, the one of best saving
+    per added GPU) of each job of ``cand`` (running on ``cur`` GPUs) that saves more than ``expand_gain``
+    restarts on at most ``n_empty`` more GPUs, in decreasing speed-up per added GPU (then job id).
+
+    A gang's saving on ``c`` GPUs is ``remaining / speed(cur) - remaining / speed(c)`` minus the restart
+    cost; all candidates are judged at once on their count tables (:func:`count_table`) side by side.
+    """
+    jobs = view.jobs
+    rem = jobs.remaining_est_s[cand]
+    ok = (cur > 0) & np.isfinite(rem)
+    if gone:
+        ok &= ~np.isin(cand, np.fromiter(gone, np.int64, len(gone)))
+    if not ok.any():
+        return []
+    # one count table per distinct (type, requested count): [U, K] counts ascending (0 pads: never above a
+    # current count) and their speeds (1 pads), read by each candidate's row
+    req = jobs.num_gpus[cand]
+    base = int(req.max()) + 1
+    pairs, row = np.unique(jobs.type_idx[cand] * base + req, return_inverse=True)
+    tables = [count_table(memo, view, k // base, k % base)[2:] for k in pairs.tolist()]
+    width = max(len(t[0]) for t in tables)
+    cnt_u = np.array([t[0] + (0,) * (width - len(t[0])) for t in tables], np.int64)
+    ok &= cnt_u.max(axis=1)[row] > cur  # room to grow at all
+    if not ok.any():
+        return []
+    keep = np.flatnonzero(ok)
+    cand, cur, rem, row = cand[keep], cur[keep], rem[keep], row[keep]
+    cnt = cnt_u[row]
+    spd = np.array([t[1] + (1.0,) * (width - len(t[1])) for t in tables])[row]
+    at_cur = cnt == cur[:, None]
+    ok = at_cur.any(axis=1)
+    if any_declared(jobs):  # (a declaring job never grows beyond the gangs it declares)
+        ok &= np.array([not shapes_of(jobs, j) for j in cand.tolist()], bool)
+    bigger = ok[:, None] & (cnt > cur[:, None]) & (cnt <= cur[:, None] + n_empty)
+    if jobs.gang_sizes is not None:
+        bigger &= np.array([[size_allowed(jobs, j, c) for c in counts] for j, counts in zip(cand.tolist(), cnt.tolist())],
+                           bool).reshape(cnt.shape)
+    s_cur = np.where(at_cur, spd, 0.0).sum(axis=1)
+    s_cur[~ok] = 1.0
+    r = np.where(ok, rem, 0.0)[:, None]
+    added = np.where(bigger, cnt - cur[:, None], 1)
+    saving = r / s_cur[:, None] - r / spd - p.expand_gain * p.restart_s
+    good = bigger & (saving > 0)
+    offer = np.flatnonzero(good.any(axis=1))
+    if len(offer) == 0:
+        return []
+    per_gpu = np.where(good, (spd / s_cur[:, None] - 1.0) / added, -np.inf).max(axis=1)
+    best = np.argmax(np.where(good, saving / added, -np.inf), axis=1)
+    offer = offer[np.lexsort((cand[offer], -per_gpu[offer]))]
+    return [(int(cand[i]), int(cur[i]), cnt[i][good[i]].tolist(), int(cnt[i, best[i]])) for i in offer.tolist()]
 
 
 def give_back(p: ElastiCoParams, view: ClusterView, gj, gs, W, d: Decision, waiting: np.ndarray) -> bool:
@@ -238,7 +278,7 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
         n, cur, rem = int(req[j]), int(held[j]), float(jobs.remaining_est_s[j])
         if j in touched or shapes_of(jobs, j) or not math.isfinite(rem) or not size_allowed(jobs, j, n):
             continue
-        _, speed, _ = count_table(memo, view, int(jobs.type_idx[j]), n)
+        _, speed, _, _ = count_table(memo, view, int(jobs.type_idx[j]), n)
         if cur in speed and n in speed and (saving := rem / speed[cur] - rem / speed[n]) > cost:
             offers.append((-saving, j, n))
     offers.sort()
