@@ -353,9 +353,10 @@ def _node_tenants(view: ClusterView, gj, settled: np.ndarray, touched: set) -> N
     who = gj[occupied]
     pairs = np.unique(node_of[rows].astype(np.int64) * len(jobs.kind) + who)
     p_node, p_job = pairs // len(jobs.kind), pairs % len(jobs.kind)
-    # a tenant that is a service, unsettled, touched this round, pinned to nodes or spread over nodes (an
-    # untouched job's rows in gj are its GPUs) keeps its node as it is
+    # a tenant that is a service, unsettled, touched this round, without GPUs in the view, pinned to nodes or
+    # spread over nodes (an untouched job's rows in gj are its GPUs) keeps its node as it is
     bad = (jobs.kind[p_job] != TRAINING) | ~settled[p_job] | (np.bincount(p_job)[p_job] > 1)
+    bad |= np.fromiter((jobs.gpus[j] is None for j in p_job.tolist()), bool, len(p_job))
     if touched:
         bad |= np.isin(p_job, np.fromiter(touched, np.int64, len(touched)))
     if jobs.allowed_gpus is not None:

@@ -226,12 +226,13 @@ def shape_family(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, cand: n
     req = jobs.num_gpus[cand].astype(np.int64)
     S = len(p.shares_pct)
     C = 4 if count_shapes_on(p, view) and p.shrink_gpus else 1
-    if C > 1:
-        rows = [shrink_row(memo, view, t, r, p.min_count_speed)
-                for t, r in zip(jobs.type_idx[cand].tolist(), req.tolist())]
-        cnt = np.array([r[0] for r in rows], np.int64).reshape(len(cand), C)
-        valid = np.array([r[1] for r in rows], bool).reshape(len(cand), C)
-        cspeed = np.array([r[2] for r in rows], float).reshape(len(cand), C)
+    if C > 1:  # one row per distinct (type, requested count), read by each candidate
+        base = int(req.max()) + 1
+        pairs, at = np.unique(jobs.type_idx[cand] * base + req, return_inverse=True)
+        rows = [shrink_row(memo, view, k // base, k % base, p.min_count_speed) for k in pairs.tolist()]
+        cnt = np.array([r[0] for r in rows], np.int64).reshape(len(pairs), C)[at]
+        valid = np.array([r[1] for r in rows], bool).reshape(len(pairs), C)[at]
+        cspeed = np.array([r[2] for r in rows], float).reshape(len(pairs), C)[at]
     else:
         cnt, valid, cspeed = req[:, None], np.ones((len(cand), 1), bool), np.ones((len(cand), 1))
     speed = (cspeed[:, :, None] * sp[:, None, :]).reshape(len(cand), C * S)
