@@ -53,6 +53,15 @@ def count_table(memo: PolicyMemo, view: ClusterView, type_idx: int,
     return memo.count((id(view.types), type_idx, req), build)
 
 
+def type_count_groups(jobs, idx: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """The distinct (type, requested GPU count) of jobs ``idx`` and, per job, the index of its own: the key of
+    the per-type count tables, so that a pass reads each table once, whatever the number of jobs."""
+    req = jobs.num_gpus[idx].astype(np.int64)
+    base = int(req.max()) + 1 if len(req) else 1
+    keys, at = np.unique(jobs.type_idx[idx] * base + req, return_inverse=True)
+    return [(k // base, k % base) for k in keys.tolist()], at
+
+
 def shrink_row(memo: PolicyMemo, view: ClusterView, type_idx: int, req: int, min_count_speed: float) -> tuple:
     """(counts [4], feasible [4], GPU-count speed [4]) of a job type's gang and its halvings (a repeat of the
     gang where there are fewer than three), cached per type table, type and requested size."""
@@ -170,10 +179,8 @@ def _growth_offers(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, cand:
         return []
     # one count table per distinct (type, requested count): [U, K] counts ascending (0 pads: never above a
     # current count) and their speeds (1 pads), read by each candidate's row
-    req = jobs.num_gpus[cand]
-    base = int(req.max()) + 1
-    pairs, row = np.unique(jobs.type_idx[cand] * base + req, return_inverse=True)
-    tables = [count_table(memo, view, k // base, k % base)[2:] for k in pairs.tolist()]
+    groups, row = type_count_groups(jobs, cand)
+    tables = [count_table(memo, view, t, n)[2:] for t, n in groups]
     width = max(len(t[0]) for t in tables)
     cnt_u = np.array([t[0] + (0,) * (width - len(t[0])) for t in tables], np.int64)
     ok &= cnt_u.max(axis=1)[row] > cur  # room to grow at all

@@ -13,6 +13,7 @@ from services.allocator.policy.elastico.counts import (
     count_shapes_on,
     min_gpus,
     shrink_row,
+    type_count_groups,
 )
 from services.allocator.policy.elastico.params import ElastiCoParams
 from services.allocator.policy.placement import pick_gang, tenant_weights, weighted_loss
@@ -227,12 +228,11 @@ def shape_family(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, cand: n
     S = len(p.shares_pct)
     C = 4 if count_shapes_on(p, view) and p.shrink_gpus else 1
     if C > 1:  # one row per distinct (type, requested count), read by each candidate
-        base = int(req.max()) + 1
-        pairs, at = np.unique(jobs.type_idx[cand] * base + req, return_inverse=True)
-        rows = [shrink_row(memo, view, k // base, k % base, p.min_count_speed) for k in pairs.tolist()]
-        cnt = np.array([r[0] for r in rows], np.int64).reshape(len(pairs), C)[at]
-        valid = np.array([r[1] for r in rows], bool).reshape(len(pairs), C)[at]
-        cspeed = np.array([r[2] for r in rows], float).reshape(len(pairs), C)[at]
+        groups, at = type_count_groups(jobs, cand)
+        rows = [shrink_row(memo, view, t, n, p.min_count_speed) for t, n in groups]
+        cnt = np.array([r[0] for r in rows], np.int64).reshape(len(groups), C)[at]
+        valid = np.array([r[1] for r in rows], bool).reshape(len(groups), C)[at]
+        cspeed = np.array([r[2] for r in rows], float).reshape(len(groups), C)[at]
     else:
         cnt, valid, cspeed = req[:, None], np.ones((len(cand), 1), bool), np.ones((len(cand), 1))
     speed = (cspeed[:, :, None] * sp[:, None, :]).reshape(len(cand), C * S)
