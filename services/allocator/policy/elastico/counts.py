@@ -210,7 +210,9 @@ def _growth_offers(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, cand:
     per_gpu = np.where(good, (spd / s_cur[:, None] - 1.0) / added, -np.inf).max(axis=1)
     best = np.argmax(np.where(good, saving / added, -np.inf), axis=1)
     offer = offer[np.lexsort((cand[offer], -per_gpu[offer]))]
-    return [(int(cand[i]), int(cur[i]), cnt[i][good[i]].tolist(), int(cnt[i, best[i]])) for i in offer.tolist()]
+    rows = zip(cand[offer].tolist(), cur[offer].tolist(), cnt[offer].tolist(), good[offer].tolist(),
+               cnt[offer, best[offer]].tolist())
+    return [(j, c, [x for x, g in zip(cs, gs) if g], b) for j, c, cs, gs, b in rows]
 
 
 def give_back(p: ElastiCoParams, view: ClusterView, gj, gs, W, d: Decision, waiting: np.ndarray) -> bool:
