@@ -33,6 +33,8 @@ NODE = "declared-node"
 PROBE = Shape(num_gpus=1, compute_share_pct=10, mem_mib=12000)  # the probe's job: 10 %, 12,000 MiB
 TWO = (Shape(1, 30.0, 3000), Shape(1, 100.0, 15000))  # a job declaring two shapes
 LONG = TrainingWork(total_steps=10**9)  # nothing finishes during a test
+#: what a workload's environment carries: its GPU, MPS share and memory limit (read once the exec has written them all)
+MPS_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
 
 
 def _assert_declared(job: Job) -> Shape:
@@ -94,17 +96,18 @@ async def test_declared_share_and_memory_reach_the_workloads_environment(agent_n
     result = await reconciler.reconcile()
     assert result.started == 2
     ran = {w.job_id: w for w in reconciler.workloads()}
+    envs = {}
     for job_id, shape in shapes.items():
         w = ran[job_id]
         assert (w.compute_share_pct, w.mem_mib) == (shape.compute_share_pct, shape.mem_mib)
-        env = read_environ(child_of(w.pid))
+        envs[job_id] = env = read_environ(child_of(w.pid, need=MPS_ENV))
         assert env is not None
         gpu = jobs[job_id].placement.slices[0].gpu_index
         assert env["CUDA_VISIBLE_DEVICES"] == str(gpu)
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == f"{shape.compute_share_pct:g}"
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={shape.mem_mib}M"
-    assert read_environ(child_of(ran[probe.job_id].pid))["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=12000M"
-    assert read_environ(child_of(ran[probe.job_id].pid))["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"
+    assert envs[probe.job_id]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=12000M"
+    assert envs[probe.job_id]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"
 
     rep = await sch.round(epoch)  # the agent's report: running, still in the declared shapes
     assert rep.started == 2

@@ -154,15 +154,17 @@ async def workloads(store: RedisStore) -> dict[str, Workload]:
     return (await store.get_workloads(NODE))[1]
 
 
-def child_of(pid: int, timeout_s: float = 5.0) -> int:
+def child_of(pid: int, timeout_s: float = 5.0, need: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES",)) -> int:
     """The workload process under a shim, once its environment reads whole: while the child execs, /proc shows an
-    empty or partial one, so wait for CUDA_VISIBLE_DEVICES, which every workload's environment carries."""
+    empty or partial one, so wait until it has every variable of ``need`` (CUDA_VISIBLE_DEVICES, which every
+    workload's environment carries, by default)."""
     deadline = time.monotonic() + timeout_s
     while True:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        if len(children) == 1 and "CUDA_VISIBLE_DEVICES" in (read_environ(int(children[0])) or {}):
+        env = (read_environ(int(children[0])) or {}) if len(children) == 1 else {}
+        if len(children) == 1 and all(k in env for k in need):
             return int(children[0])
-        assert time.monotonic() < deadline, f"shim {pid} has children {children}"
+        assert time.monotonic() < deadline, f"shim {pid} has children {children}; environment keys {sorted(env)}"
         time.sleep(0.05)
 
 
