@@ -139,7 +139,7 @@ class Campaign(DeviceCheck):
             env = dict(self.mps_ctl.client_env((0,), share, mem))
         if prio is not None:
             env["CUDA_MPS_CLIENT_PRIORITY"] = str(prio)
-        params: dict[str, Any] = {"tail_s": self.tail_s if p.serves else 0.0, "seed": 1 + i}
+        params: dict[str, Any] = {"tail_s": p.tail_s(self.tail_s), "seed": 1 + i}
         if wl.kind == "serve" and w in self.cal:
             params.update(self.cal[w])
         if w == "memhog":
@@ -196,7 +196,7 @@ class Campaign(DeviceCheck):
             prepared = self._take_prepared(p)
             nxt: dict[str, Any] = {}
             rec = self.measure(p.label, "mps" if self.mps_ok else "time-slicing", specs, self.window, mps=ctl,
-                               tail_s=self.tail_s if p.serves else 0.0, per_tenant=True,
+                               tail_s=p.tail_s(self.tail_s), per_tenant=True,
                                during=self._fault_probe if p.kind == "fault" and ctl is not None else None,
                                result_grace_s=15.0 if p.kind == "fault" else 60.0,
                                prepared=prepared, on_start=functools.partial(self._prepare_after, p, nxt))

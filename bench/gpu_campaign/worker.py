@@ -170,6 +170,18 @@ def _serve_run(w: Workload, torch: Any, built: Any) -> Callable[[int], None]:
     return run
 
 
+def _fake_train_step(rate: float) -> Callable[[], None]:
+    """A dry-run training step: sleeps on a fixed schedule of ``rate`` steps/s that starts at its first call, so a
+    late wake-up on a busy CPU is made up by the next steps and a window's rate stays ``rate``."""
+    due: list[float] = []
+
+    def step() -> None:
+        now = time.perf_counter()
+        due.append((due.pop() if due else now) + 1.0 / rate)
+        time.sleep(max(0.0, due[0] - now))
+    return step
+
+
 def _fake_serve_run(w: Workload, share: float) -> Callable[[int], None]:
     cap = w.fake_rate * share_speed(share, w.fake_util)
     t_big = w.batch_size / cap
@@ -244,10 +256,7 @@ def run_worker(name: str, seconds: float, fake: bool, params: dict[str, Any]) ->
         t_warm = time.perf_counter()
         if w.kind == "train":
             if fake:
-                rate = w.fake_rate * share_speed(share, w.fake_util)
-
-                def step() -> None:
-                    time.sleep(1.0 / rate)
+                step = _fake_train_step(w.fake_rate * share_speed(share, w.fake_util))
             else:
                 step = _train_step(w, torch, built)
             t_w, warm = time.perf_counter(), 0
@@ -286,6 +295,8 @@ def run_worker(name: str, seconds: float, fake: bool, params: dict[str, Any]) ->
         t0 = time.perf_counter()
         if w.kind == "train":
             assert step is not None
+            if fake:  # the window's own schedule, not one still owed from the warm-up
+                step = _fake_train_step(w.fake_rate * share_speed(share, w.fake_util))
             res.update(_measure_train(step, torch, t0, seconds, tail_s))
         elif w.kind == "serve":
             assert run is not None

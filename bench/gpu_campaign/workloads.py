@@ -70,6 +70,7 @@ DEFAULT_WINDOW_S, QUICK_WINDOW_S, DRY_WINDOW_S = 2.5, 1.5, 0.05
 SEARCH_STEPS = 3  # rate-search sub-windows of a serving tenant after its window
 DRY_STARTUP_SCALE = 0.05  # --dry-run: a fake worker sleeps this fraction of its prepare_s before 'prepared'
 TEARDOWN_S, DRY_TEARDOWN_S = 1.5, 0.1  # result, process and CUDA context exit after the tail
+FAULT_TAIL_S = 1.0  # the fault point's co-tenants keep running this long past the window (unless the fault ends them)
 DRY_SPAWN_S = 0.1  # --dry-run: a fake worker's interpreter start before its prepare sleep
 
 
@@ -85,6 +86,13 @@ class Point:
     @property
     def serves(self) -> bool:
         return any(WORKLOADS[w].kind == "serve" for w, _, _ in self.tenants)
+
+    def tail_s(self, tail: float) -> float:
+        """Seconds the tenants run past the window: ``tail`` for a service's rate search; at least
+        ``FAULT_TAIL_S`` beside a fault, so the fault (the dry run's simulated one too) lands while they run."""
+        if self.serves:
+            return tail
+        return max(tail, FAULT_TAIL_S) if self.kind == "fault" else 0.0
 
 
 def _pair(stage: str, a: str, b: str, sa: int, sb: int, prio: bool = False) -> Point:
@@ -138,6 +146,6 @@ def estimate_s(p: Point, window: float, tail: float, dry: bool, prev: Point | No
     teardown = DRY_TEARDOWN_S if dry else TEARDOWN_S
     if prepared_after(prev):
         assert prev is not None
-        busy = _startup_parts(prev, dry)[1] + window + (tail if prev.serves else 0.0) + teardown
+        busy = _startup_parts(prev, dry)[1] + window + prev.tail_s(tail) + teardown
         prep = max(0.0, prep - busy)
-    return round(prep + warm + window + (tail if p.serves else 0.0) + teardown, 2)
+    return round(prep + warm + window + p.tail_s(tail) + teardown, 2)

@@ -63,6 +63,8 @@ async def test_preempted_pod_is_evicted_with_an_event_and_its_replacement_placed
         assert job.state in (JobState.PLACED, JobState.RUNNING)
         await fake.remove(NS, first["metadata"]["name"])
         assert await ext.reap_once() == [job.job_id]
+        reaped = await c["store"].get_job(job.job_id)  # the reaper completes the policy's preemption
+        assert (reaped.state, reaped.reason, reaped.message) == (JobState.CANCELLED, StateReason.PREEMPTED, "preempted for job j-x")
         # the owner's replacement is a new pod, a new job, placed by the policy
         await fake.wait_for(lambda: len(rs.owned()) == 1 and rs.owned()[0]["metadata"]["uid"] != first["metadata"]["uid"])
         (second,) = rs.owned()
