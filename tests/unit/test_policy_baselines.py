@@ -1,9 +1,12 @@
 """Baseline behaviour, table-driven."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from services.allocator.policy import make_policy
+from services.allocator.policy.view import Topology
 
 from ._policy_builders import rule_matrix, view
 
@@ -46,6 +49,32 @@ def test_tiresias_keeps_running_job_in_same_queue():
     v = view(jobs, gpus=1, placed={0: ([0], 100.0)}, now=10.0)
     d = make_policy("tiresias", rule_matrix(), 0.9).decide(v)
     assert d.preempt == [] and placed_ids(d) == []
+
+
+def test_tiresias_keeps_the_running_job_on_a_full_tie():
+    """Same queue, same arrival: the running job keeps its GPU (no restart every round)."""
+    jobs = [{"type": 0, "attained": 10.0, "arrival": 0}, {"type": 0, "attained": 10.0, "arrival": 0}]
+    for running in (0, 1):
+        v = view(jobs, gpus=1, placed={running: ([0], 100.0)}, now=10.0)
+        d = make_policy("tiresias", rule_matrix(), 0.9).decide(v)
+        assert d.preempt == [] and placed_ids(d) == []
+
+
+def test_tiresias_preempts_only_for_a_gang_that_then_finds_a_node():
+    """Nodes of 2 GPUs, two services and a low-queue job on three GPUs: the top-queue 2-GPU gang fits by count
+    once the low-queue job is displaced, and displaces it only when that frees a whole node."""
+    jobs = [{"kind": 1, "load": 0.3}, {"kind": 1, "load": 0.3}, {"type": 0, "attained": 1e6, "arrival": 0},
+            {"type": 0, "n": 2, "attained": 0.0, "arrival": 5}]
+
+    def decide(svc_gpus: tuple[int, int], low_gpu: int):
+        v = view(jobs, gpus=4, placed={0: ([svc_gpus[0]], 100.0), 1: ([svc_gpus[1]], 100.0), 2: ([low_gpu], 100.0)},
+                 now=10.0)
+        return make_policy("tiresias", rule_matrix(), 0.9).decide(dataclasses.replace(v, topology=Topology.uniform(4, 2)))
+
+    d = decide((0, 2), 1)  # displaced, it would leave GPUs 1 and 3 free: one per node
+    assert d.preempt == [] and placed_ids(d) == []
+    d = decide((0, 1), 2)  # displaced, it frees node {2, 3}
+    assert d.preempt == [2] and placed_ids(d) == [3] and d.place[0][1].tolist() == [2, 3]
 
 
 def test_inference_goes_first_in_exclusive_baselines():

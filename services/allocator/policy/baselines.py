@@ -304,7 +304,7 @@ class Tiresias(Policy[TiresiasParams]):
         level = np.where(starving, 0.0, level)
         level = np.where(jobs.kind[cand] == INFERENCE, -1.0, level)
         # queue level, then arrival (FIFO within a queue); running first on ties to avoid churn
-        o = np.lexsort((~is_pending, jobs.arrival_s[cand], level))
+        o = np.lexsort((is_pending, jobs.arrival_s[cand], level))
         cand = cand[o]
         n = jobs.num_gpus[cand]
         keep = np.zeros(len(cand), bool)
@@ -317,10 +317,9 @@ class Tiresias(Policy[TiresiasParams]):
                     break
         running = set(view.running.tolist())
         gj, gs = view.scratch()
-        for j in cand[~keep]:
-            if int(j) in running and jobs.kind[j] == TRAINING:
-                d.preempt.append(int(j))
-                vacate(gj, gs, int(j), jobs.gpus[j])
+        displaced = [int(j) for j in cand[~keep] if int(j) in running and jobs.kind[j] == TRAINING]
+        for j in displaced:
+            vacate(gj, gs, j, jobs.gpus[j])
         for j in cand[keep]:
             if int(j) not in running:
                 g = first_free_gpus(gj, int(jobs.num_gpus[j]), view.topo, gpu_mask(jobs, int(j)))
@@ -329,6 +328,14 @@ class Tiresias(Policy[TiresiasParams]):
                 share = _request_share(jobs, int(j), int(jobs.num_gpus[j]), 100.0)
                 occupy(gj, gs, int(j), g, share)
                 d.place.append((int(j), g, share))
+        # a displaced job is preempted only when a placed job took one of its GPUs: the count above ignores
+        # nodes, and a higher-priority gang that found no node must not idle GPUs by restarting their holder
+        for j in displaced:
+            g = jobs.gpus[j]
+            if (gj[g] < 0).all():
+                occupy(gj, gs, j, g, float(jobs.share_pct[j]))
+            else:
+                d.preempt.append(j)
         return d
 
 
