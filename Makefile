@@ -9,6 +9,8 @@ STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 GEN    := elastico/v1/.generated
 PROTOS := $(wildcard protos/elastico/v1/*.proto)
 NODES  ?= 2
+# pytest-xdist workers of `make test` (0 = serial, in the pytest process itself)
+TEST_WORKERS ?= 2
 # The interference model artifact: trained from the shipped data when absent or older than the code or
 # data it is built from (seconds, fixed seed).
 MODEL  := models/interference.json
@@ -46,7 +48,7 @@ test: protos model
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/ruff check --quiet .
 	$(BIN)/mypy $(TYPED)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 up: protos model
 	$(PY) -m devtools.cluster up --nodes $(NODES)
