@@ -28,7 +28,7 @@ REL = 1e-9
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """(stdout, headline.json, output folder) of one smoke run (~2 min on 2 idle cores, ~4 min on busy ones)."""
+    """(stdout, headline.json, output folder) of one smoke run (~50 s on 2 idle cores, 2-3 min on busy ones)."""
     out = tmp_path_factory.mktemp("headline")
     p = subprocess.run([sys.executable, "-m", "bench.headline", "--smoke", "--estimator", "rule", "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
