@@ -51,13 +51,16 @@ def test_tiresias_keeps_running_job_in_same_queue():
     assert d.preempt == [] and placed_ids(d) == []
 
 
-def test_tiresias_keeps_the_running_job_on_a_full_tie():
-    """Same queue, same arrival: the running job keeps its GPU (no restart every round)."""
+def test_tiresias_never_displaces_a_running_job_for_one_of_the_same_queue():
+    """Same queue, whichever arrived first: the running job keeps its GPU (no restart every round)."""
     jobs = [{"type": 0, "attained": 10.0, "arrival": 0}, {"type": 0, "attained": 10.0, "arrival": 0}]
     for running in (0, 1):
         v = view(jobs, gpus=1, placed={running: ([0], 100.0)}, now=10.0)
         d = make_policy("tiresias", rule_matrix(), 0.9).decide(v)
         assert d.preempt == [] and placed_ids(d) == []
+    jobs[0]["arrival"] = -5  # the queued job arrived first
+    d = make_policy("tiresias", rule_matrix(), 0.9).decide(view(jobs, gpus=1, placed={1: ([0], 100.0)}, now=10.0))
+    assert d.preempt == [] and placed_ids(d) == []
 
 
 def test_tiresias_preempts_only_for_a_gang_that_then_finds_a_node():

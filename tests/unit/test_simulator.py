@@ -275,7 +275,7 @@ PINNED = {  # (rounds, training restarts, inference restarts, allocated GPU-s, h
     "elastico": (1229, 43, 0, 1543459.5, "2a86d15036981250"),  # floor 0.7, shrink, slack, reprice 1 h, defrag
     "exclusive-fifo": (100, 0, 0, 1553750.0, "85ebe81c703612c6"),
     "exclusive-backfill": (86, 0, 0, 1778321.0, "cb06a9ea3e851a1a"),
-    "tiresias": (1366, 429, 0, 1701303.6, "008f3e2491e947d3"),  # running first on ties; no idle-making preemption
+    "tiresias": (1361, 262, 0, 1659516.5, "611dc909f5f2e7d0"),  # running first in a queue; no idle-making preemption
     "mps-equal-share": (97, 0, 0, 1724419.5, "c188fde4f288dc64"),
     "lucid": (104, 0, 0, 1612948.9, "6f5bc7d7710f7a38"),
 }

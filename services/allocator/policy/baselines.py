@@ -303,8 +303,9 @@ class Tiresias(Policy[TiresiasParams]):
         starving = is_pending & (executed > 0) & (waiting > self.params.starve_factor * executed)
         level = np.where(starving, 0.0, level)
         level = np.where(jobs.kind[cand] == INFERENCE, -1.0, level)
-        # queue level, then arrival (FIFO within a queue); running first on ties to avoid churn
-        o = np.lexsort((is_pending, jobs.arrival_s[cand], level))
+        # queue level; within a queue the running jobs first, then the queued ones by arrival (as the Tiresias
+        # simulator orders a queue: only a job of a higher queue displaces a running one)
+        o = np.lexsort((jobs.arrival_s[cand], is_pending, level))
         cand = cand[o]
         n = jobs.num_gpus[cand]
         keep = np.zeros(len(cand), bool)
