@@ -173,12 +173,13 @@ def _serve_run(w: Workload, torch: Any, built: Any) -> Callable[[int], None]:
 def _fake_train_step(rate: float) -> Callable[[], None]:
     """A dry-run training step: sleeps on a fixed schedule of ``rate`` steps/s that starts at its first call, so a
     late wake-up on a busy CPU is made up by the next steps and a window's rate stays ``rate``."""
-    due: list[float] = []
+    due: float | None = None
 
     def step() -> None:
+        nonlocal due
         now = time.perf_counter()
-        due.append((due.pop() if due else now) + 1.0 / rate)
-        time.sleep(max(0.0, due[0] - now))
+        due = (now if due is None else due) + 1.0 / rate
+        time.sleep(max(0.0, due - now))
     return step
 
 

@@ -156,7 +156,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                     done = await self._store.update_job(job, replace(job, state=JobState.CANCELLED, reason=reason, message=""))
             except Conflict:
                 continue  # the job moved under us (placed, progressed): re-read and retry
-            log.info("job cancelled", job_id=job_id)
+            log.info("job cancelled", job_id=job_id, reason=reason.value)
             self._on_change("cancel")
             return apb.CancelJobResponse(job=convert.job_to_pb(done))
         raise Conflict(f"job {job_id} kept changing; retry the cancel")

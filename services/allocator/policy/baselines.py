@@ -28,9 +28,11 @@ Policies:
   a reservation at the earliest time enough GPUs free up; later jobs may start now if they fit in the free
   GPUs and either finish before that reservation or use only GPUs the reservation does not need.
 * :class:`Tiresias` -- Tiresias discretised 2D-LAS (Gu et al., NSDI'19): priority = attained service in
-  GPU-seconds, discretised into queues by thresholds (default 1 h and 10 h of GPU time); FIFO within a
-  queue; preemptive (a job in a higher queue displaces running lower ones; restart cost applies);
-  starvation guard: a job queued longer than ``starve_factor`` x its executed time returns to queue 0.
+  GPU-seconds, discretised into queues by thresholds (default 1 h and 10 h of GPU time); within a queue the
+  running jobs first, then the queued ones by arrival; preemptive (a job in a higher queue displaces running
+  lower ones, and only when it takes their GPUs; restart cost applies); starvation guard: a job queued longer
+  than ``starve_factor`` x its executed time returns to queue 0 while it waits (the policy keeps no state
+  between rounds, so unlike the authors' simulator it does not restart its queue climb there once it runs).
 * :class:`MpsEqualShare` -- NVIDIA k8s device plugin with MPS ``replicas=2``: every GPU exposes two
   replicas of 50 %; pods take replicas first-fit in submission order, interference-blind; like the
   Kubernetes scheduler, a pod that does not fit does not block later ones.
