@@ -170,9 +170,10 @@ def _serve_run(w: Workload, torch: Any, built: Any) -> Callable[[int], None]:
     return run
 
 
-def _fake_train_step(rate: float) -> Callable[[], None]:
-    """A dry-run training step: sleeps on a fixed schedule of ``rate`` steps/s that starts at its first call, so a
-    late wake-up on a busy CPU is made up by the next steps and a window's rate stays ``rate``."""
+def _fake_train_step(w: Workload, share: float) -> Callable[[], None]:
+    """A dry-run training step: sleeps on a fixed schedule of ``w``'s fake rate at ``share`` that starts at its
+    first call, so a late wake-up on a busy CPU is made up by the next steps and a window's rate stays the rate."""
+    rate = w.fake_rate * share_speed(share, w.fake_util)
     due: float | None = None
 
     def step() -> None:
@@ -257,7 +258,7 @@ def run_worker(name: str, seconds: float, fake: bool, params: dict[str, Any]) ->
         t_warm = time.perf_counter()
         if w.kind == "train":
             if fake:
-                step = _fake_train_step(w.fake_rate * share_speed(share, w.fake_util))
+                step = _fake_train_step(w, share)
             else:
                 step = _train_step(w, torch, built)
             t_w, warm = time.perf_counter(), 0
@@ -297,7 +298,7 @@ def run_worker(name: str, seconds: float, fake: bool, params: dict[str, Any]) ->
         if w.kind == "train":
             assert step is not None
             if fake:  # the window's own schedule, not one still owed from the warm-up
-                step = _fake_train_step(w.fake_rate * share_speed(share, w.fake_util))
+                step = _fake_train_step(w, share)
             res.update(_measure_train(step, torch, t0, seconds, tail_s))
         elif w.kind == "serve":
             assert run is not None

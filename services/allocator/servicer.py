@@ -148,12 +148,13 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 raise WrongState(f"job {job_id} is already {job.state.value}")
             # a pod job the policy asked to evict ends as preempted whoever reports its pod gone first (the node
             # agent, or the extender's reaper through this call)
-            reason = StateReason.PREEMPTED if job.reason is StateReason.EVICTION_REQUESTED else StateReason.CANCELLED_BY_CLIENT
+            reason, message = ((StateReason.PREEMPTED, job.message) if job.reason is StateReason.EVICTION_REQUESTED
+                               else (StateReason.CANCELLED_BY_CLIENT, ""))
             try:
                 if job.placement is not None:
-                    done = await self._store.release_job(None, job, JobState.CANCELLED, reason, job.message if reason is StateReason.PREEMPTED else "")
+                    done = await self._store.release_job(None, job, JobState.CANCELLED, reason, message)
                 else:
-                    done = await self._store.update_job(job, replace(job, state=JobState.CANCELLED, reason=reason, message=""))
+                    done = await self._store.update_job(job, replace(job, state=JobState.CANCELLED, reason=reason, message=message))
             except Conflict:
                 continue  # the job moved under us (placed, progressed): re-read and retry
             log.info("job cancelled", job_id=job_id, reason=reason.value)

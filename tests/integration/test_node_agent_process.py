@@ -162,7 +162,7 @@ def child_of(pid: int, timeout_s: float = 5.0, need: tuple[str, ...] = ("CUDA_VI
     while True:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         env = (read_environ(int(children[0])) or {}) if len(children) == 1 else {}
-        if len(children) == 1 and all(k in env for k in need):
+        if env and all(k in env for k in need):
             return int(children[0])
         assert time.monotonic() < deadline, f"shim {pid} has children {children}; environment keys {sorted(env)}"
         time.sleep(0.05)
