@@ -146,6 +146,21 @@ def test_does_not_grow_when_the_saving_is_below_the_restart_cost():
     assert _elastico().decide(replace(v, types=_scalable_types())).place == []
 
 
+def test_a_growth_pass_without_offer_is_redone_once_a_job_has_more_work_left():
+    """The growth pass skips a repeat of a pass with no offer (same gangs, no job with more work left), and
+    only that: the same cluster with a longer remaining time grows the gang."""
+    t, pol = _scalable_types(), _elastico()
+
+    def one(remaining: float):
+        return replace(view([{"type": 2, "n": 1, "remaining": remaining}], gpus=8, placed={0: ([0], 100.0)},
+                            now=10 * H), types=t)
+
+    assert pol.decide(one(60.0)).place == [] and pol.memo.regrow is not None
+    assert pol.decide(one(30.0)).place == []
+    (j, g, _), = pol.decide(one(100 * H)).place
+    assert j == 0 and len(g) == 8
+
+
 def test_gives_a_grown_gang_back_as_soon_as_a_job_waits():
     jobs = [{"type": 2, "n": 1, "remaining": 100 * H}, {"type": 2, "n": 1, "arrival": 10 * H - 60, "remaining": H}]
     v = view(jobs, gpus=2, placed={0: ([0, 1], 100.0)}, now=10 * H)

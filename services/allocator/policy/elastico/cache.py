@@ -26,6 +26,7 @@ class PolicyMemo:
     services_recheck_s: float = np.inf  # when a deferred inference shrink becomes due (the services key expires), s
     slack: tuple | None = None  # state of the last slack pass that placed nobody
     defrag: tuple | None = None  # state of the last defragmentation pass that moved nobody
+    regrow: tuple | None = None  # (state, remaining times) of the last growth pass with no offer
     state: tuple[tuple, TenantState] | None = None  # (inputs, TenantState) of the last training placement state
 
     def estimate_changed(self) -> None:

@@ -123,7 +123,14 @@ def regrow(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: De
     gone = set(d.preempt) | {int(j) for j, _ in d.resize}
     cand = np.concatenate([run, np.fromiter(fresh, np.int64, len(fresh))])
     ngpu = np.concatenate([held_gpus(view, run), [len(g) for _, g in fresh.values()]]).astype(np.int64)
+    # the same jobs on the same gangs as a pass with no offer, none with more work left: none again
+    # (a saving only shrinks with the remaining time)
+    rem = view.jobs.remaining_est_s[cand]
+    key = (id(view.types), cand.tobytes(), ngpu.tobytes(), len(empty), tuple(sorted(gone)), np.isfinite(rem).tobytes())
+    if memo.regrow is not None and memo.regrow[0] == key and not (rem > memo.regrow[1]).any():
+        return
     offers = _growth_offers(p, memo, view, cand, ngpu, gone, len(empty))
+    memo.regrow = None if offers else (key, rem)
     # pass 1: each job its best saving per added GPU; pass 2: GPUs still idle upgrade jobs, same order
     plan = {}
     free = len(empty)
@@ -282,15 +289,7 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
     if memo.defrag == key:
         return  # the same cluster as a pass that moved nobody (savings only shrink): nobody moves again
     cost = p.expand_gain * p.restart_s
-    offers = []
-    for j in cand.tolist():
-        n, cur, rem = int(req[j]), int(held[j]), float(jobs.remaining_est_s[j])
-        if j in touched or shapes_of(jobs, j) or not math.isfinite(rem) or not size_allowed(jobs, j, n):
-            continue
-        _, speed, _, _ = count_table(memo, view, int(jobs.type_idx[j]), n)
-        if cur in speed and n in speed and (saving := rem / speed[cur] - rem / speed[n]) > cost:
-            offers.append((-saving, j, n))
-    offers.sort()
+    offers = _defrag_offers(memo, view, cand, held[cand], touched, cost)
     node_of = topo.gpu_node
     budget = p.defrag_moves
     moved = False
@@ -340,6 +339,39 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
         if budget <= 0:
             break
     memo.defrag = None if moved else key
+
+
+def _defrag_offers(memo: PolicyMemo, view: ClusterView, cand: np.ndarray, cur: np.ndarray, touched: set,
+                   cost: float) -> list[tuple[float, int, int]]:
+    """:func:`defragment`'s offers: (-saving, job, requested count) of each gang of ``cand`` (running shrunk on
+    ``cur`` GPUs) whose time saved back on its requested count exceeds ``cost``, by decreasing saving then
+    job id; all judged at once on their count tables, as :func:`_growth_offers` does."""
+    jobs = view.jobs
+    rem = jobs.remaining_est_s[cand]
+    ok = np.isfinite(rem)
+    if touched:
+        ok &= ~np.isin(cand, np.fromiter(touched, np.int64, len(touched)))
+    if any_declared(jobs) or jobs.gang_sizes is not None:
+        ok &= np.array([not shapes_of(jobs, j) and size_allowed(jobs, j, int(jobs.num_gpus[j])) for j in cand.tolist()], bool)
+    keep = np.flatnonzero(ok)
+    if len(keep) == 0:
+        return []
+    cand, cur, rem = cand[keep], cur[keep], rem[keep]
+    groups, row = type_count_groups(jobs, cand)
+    tables = [count_table(memo, view, t, n) for t, n in groups]
+    width = max(len(t[2]) for t in tables)
+    cnt = np.array([t[2] + (0,) * (width - len(t[2])) for t in tables], np.int64)[row]
+    spd = np.array([t[3] + (1.0,) * (width - len(t[3])) for t in tables])[row]
+    req = jobs.num_gpus[cand].astype(np.int64)
+    at_cur, at_req = cnt == cur[:, None], cnt == req[:, None]
+    has = at_cur.any(axis=1) & at_req.any(axis=1)  # both counts in the job's table
+    s_cur = np.where(at_cur, spd, 0.0).sum(axis=1)
+    s_req = np.where(at_req, spd, 0.0).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        saving = rem / s_cur - rem / s_req
+    good = np.flatnonzero(has & (saving > cost))
+    good = good[np.lexsort((cand[good], -saving[good]))]
+    return list(zip((-saving[good]).tolist(), cand[good].tolist(), req[good].tolist()))
 
 
 class NodeTenants(NamedTuple):

@@ -161,7 +161,10 @@ def place_training(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision, que
     # capacity precheck): as Python lists, without a numpy scalar per read
     cand_l, type_l, choice_l = cand.tolist(), jobs.type_idx[cand].tolist(), choice.tolist()
     order_l, ok_l, n_l, sh_l = try_order.tolist(), ok.tolist(), n.tolist(), sh.tolist()
-    for c in np.flatnonzero(choice >= 0).tolist():
+    # capacity only shrinks in the loop: a candidate none of whose shapes passes the precheck now never will
+    fits = (n * sh[None, :] <= free_share + 1e-9) & (np.array([room_cnt[x] for x in sh_l]) >= n)
+    first_fits = fits[np.arange(len(cand)), choice]
+    for c in np.flatnonzero((choice >= 0) & (first_fits | (fits & ok).any(axis=1))).tolist():
         if attempts >= p.max_attempts or free_slots == 0 or free_share < min_sh:
             break
         j, t, first, n_c = cand_l[c], type_l[c], choice_l[c], n_l[c]
