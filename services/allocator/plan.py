@@ -313,7 +313,7 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
                      observed_norm=_observed_norm(rows, gpus, gpu_job, observed or {}),
                      allowed_gpus=tuple(pinned.get(r) for r in range(N)) if pinned else None,
                      gang_sizes=tuple(tuple(sorted(allowed_gang_sizes(j.spec))) for j in rows),
-                     declared=declared, any_declared=any(declared))
+                     job_ids=tuple(j.job_id for j in rows), declared=declared, any_declared=any(declared))
     view = ClusterView(now_s=now_s * ts, gpu_job=gpu_job, gpu_share=gpu_share, jobs=table,
                        pending=np.arange(len(placed), N, dtype=np.int64), running=running, types=types,
                        topology=Topology.from_gpu_node([n for n, _ in gpu_keys]))

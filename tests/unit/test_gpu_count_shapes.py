@@ -161,6 +161,26 @@ def test_a_growth_pass_without_offer_is_redone_once_a_job_has_more_work_left():
     assert j == 0 and len(g) == 8
 
 
+def test_count_tables_are_kept_per_type_table_content_not_per_copy():
+    """The live allocator's policy worker receives each round's view as a copy: the count tables are built once
+    while the type table's content is the same (not once per copy, which grew without bound), and rebuilt
+    when it differs."""
+    import pickle
+
+    pol = _elastico()
+    v = replace(view([{"type": 2, "n": 2, "remaining": 100 * H}, {"type": 1, "n": 8, "remaining": H}], gpus=8,
+                     placed={0: ([0, 1], 100.0)}, now=10 * H), types=_scalable_types())
+    pol.decide(pickle.loads(pickle.dumps(v)))
+    built = dict(pol.memo.counts)
+    assert max(built[(2, 2)][0]) == 8  # (type, request) -> counts: the 2-GPU gang may grow to 8
+    for _ in range(20):
+        pol.decide(pickle.loads(pickle.dumps(v)))
+    assert pol.memo.counts == built
+    fewer = replace(v, types=replace(v.types, scale_measured=np.zeros_like(v.types.scale_measured)))
+    pol.decide(fewer)  # no measured count to grow to: the tables of the other content are gone
+    assert max(pol.memo.counts[(2, 2)][0]) == 2
+
+
 def test_gives_a_grown_gang_back_as_soon_as_a_job_waits():
     jobs = [{"type": 2, "n": 1, "remaining": 100 * H}, {"type": 2, "n": 1, "arrival": 10 * H - 60, "remaining": H}]
     v = view(jobs, gpus=2, placed={0: ([0, 1], 100.0)}, now=10 * H)

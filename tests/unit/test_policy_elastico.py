@@ -196,3 +196,25 @@ def test_declared_inference_service_is_sized_in_its_declared_shares():
     assert [s for _, _, s in d.place] == [35.0]
     d = elastico().decide(_declared(view(jobs, gpus=1), {0: (Shape(1, 60.0, 6000), Shape(1, 25.0, 4000))}))
     assert [s for _, _, s in d.place] == [60.0]  # 25 % is short of load + SLO margin (0.2 + 0.1)
+
+
+def _rows(pending_type: int, ids: tuple[str, ...] | None) -> object:
+    """One GPU whose light tenant holds 25 %, and one queued job on row 1; ``ids``: the rows' job ids."""
+    H = 3600.0
+    v = view([{"type": 0, "n": 1, "remaining": 100 * H}, {"type": pending_type, "n": 1, "remaining": H}], gpus=1,
+             placed={0: ([0], 25.0)}, now=100.0)
+    return replace(v, jobs=replace(v.jobs, job_ids=ids))
+
+
+def test_a_row_that_holds_another_job_is_planned_afresh():
+    """The live allocator's rows are positions: a queued job cancelled and another submitted take the same row.
+    A pass that placed nobody last round is not taken as a repeat when the row holds another job."""
+    pol = make_policy("elastico", rule_matrix(0.7), 0.7)
+    assert pol.decide(_rows(2, ("a", "heavy"))).place == []  # the heavy job cannot join the light tenant
+    assert pol.memo.idle is not None
+    (j, g, _), = pol.decide(_rows(0, ("a", "light"))).place  # cancelled; a light one, same row: it joins
+    assert j == 1 and g.tolist() == [0]
+    # the same row, the same job: a repeat of the pass that placed nobody, skipped (the simulator's case)
+    pol = make_policy("elastico", rule_matrix(0.7), 0.7)
+    assert pol.decide(_rows(2, ("a", "heavy"))).place == []
+    assert pol.decide(_rows(2, ("a", "heavy"))).place == [] and pol.memo.idle is not None

@@ -58,6 +58,9 @@ class JobTable:
     # its declared counts; the live allocator's others: their request); None = every job may run at the
     # policy's own GPU-count shapes (training: ``shapes.allowed_counts`` of its type; a service: 1), the simulator
     gang_sizes: tuple[tuple[int, ...], ...] | None = None
+    # [N] each row's job identity, stable across rounds: the live allocator's job ids (its rows are positions,
+    # which move as jobs come and go); None = the row is the identity (the simulator)
+    job_ids: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, eq=False)

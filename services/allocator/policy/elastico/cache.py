@@ -2,8 +2,10 @@
 
 Each entry is keyed on everything the cached answer reads, so a hit returns what the computation would:
 the signatures of the last pass that decided nothing (a repeat of it would decide nothing again), the
-placement state of the last training pass (joins included), and per type table the GPU-count tables.
-:meth:`PolicyMemo.estimate_changed` drops what a corrected estimate invalidates.
+placement state of the last training pass (joins included), and the GPU-count tables of the type table in
+use. Keys name jobs by their rows, so :meth:`PolicyMemo.new_round` drops every pass's memo when a row holds
+another job than last round (the live allocator's rows are positions) and the count tables when the type
+table's content differs; :meth:`PolicyMemo.estimate_changed` drops what a corrected estimate invalidates.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from services.allocator.policy.placement import TenantState
 class PolicyMemo:
     """Memo caches of one policy instance (driven by the view's clock, so simulated runs stay deterministic)."""
 
-    counts: dict = field(default_factory=dict)  # (type table, type, requested GPUs) -> count table / shrink row
+    counts: dict = field(default_factory=dict)  # (type, requested GPUs) -> count table / shrink row of `types`
+    types: object = None  # the type table the count tables were built from
+    types_key: tuple | None = None  # its content (the live allocator's views arrive as copies, one a round)
+    job_ids: tuple | None = None  # the rows' job identities the pass memos were keyed on (JobTable.job_ids)
     idle: tuple | None = None  # (raw, filtered) state of the last round whose training pass placed nothing
     services: tuple | None = None  # (whole cluster, services' GPUs) of the last round whose inference pass changed nothing
     services_recheck_s: float = np.inf  # when a deferred inference shrink becomes due (the services key expires), s
@@ -28,6 +33,25 @@ class PolicyMemo:
     defrag: tuple | None = None  # state of the last defragmentation pass that moved nobody
     regrow: tuple | None = None  # (state, remaining times) of the last growth pass with no offer
     state: tuple[tuple, TenantState] | None = None  # (inputs, TenantState) of the last training placement state
+
+    def new_round(self, view) -> None:
+        """Drop what the round's view invalidates: the pass memos when a row holds another job than when they
+        were keyed, the count tables (and the growth pass's memo, which reads them) when the type table's
+        content differs."""
+        ids = view.jobs.job_ids
+        if ids is not None and ids != self.job_ids:
+            self.idle = self.services = self.slack = self.defrag = self.regrow = None
+            self.job_ids = ids
+        types = view.types
+        if types is self.types:
+            return
+        key = (types.names, None if types.scale_tput is None else types.scale_tput.tobytes(),
+               None if types.scale_measured is None else types.scale_measured.tobytes())
+        if key != self.types_key:
+            self.counts.clear()
+            self.regrow = None
+            self.types_key = key
+        self.types = types
 
     def estimate_changed(self) -> None:
         """The pair estimate was corrected: the passes that placed nothing may place now."""

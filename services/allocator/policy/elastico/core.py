@@ -79,6 +79,7 @@ class ElastiCo(Policy[ElastiCoParams]):
     def decide(self, view: ClusterView) -> Decision:
         p = self.params
         d = Decision()
+        self.memo.new_round(view)
         self.learn_due = self.uses_observations  # once per round, when the training pass first looks at the cluster
         jobs = view.jobs
         gj, gs = view.scratch()

@@ -50,7 +50,7 @@ def count_table(memo: PolicyMemo, view: ClusterView, type_idx: int,
         ascending = tuple(sorted(counts))
         return counts, speed, ascending, tuple(speed[c] for c in ascending)
 
-    return memo.count((id(view.types), type_idx, req), build)
+    return memo.count((type_idx, req), build)
 
 
 def type_count_groups(jobs, idx: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
@@ -72,7 +72,7 @@ def shrink_row(memo: PolicyMemo, view: ClusterView, type_idx: int, req: int, min
         ok = [i == 0 or (i < len(opts) and speed[c] >= min_count_speed - 1e-9) for i, c in enumerate(cnt)]
         return cnt, ok, [speed[c] for c in cnt]
 
-    return memo.count(("shrink", id(view.types), type_idx, req), build)
+    return memo.count(("shrink", type_idx, req), build)
 
 
 def min_gpus(p: ElastiCoParams, view: ClusterView, idx: np.ndarray) -> np.ndarray:
@@ -126,7 +126,7 @@ def regrow(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: De
     # the same jobs on the same gangs as a pass with no offer, none with more work left: none again
     # (a saving only shrinks with the remaining time)
     rem = view.jobs.remaining_est_s[cand]
-    key = (id(view.types), cand.tobytes(), ngpu.tobytes(), len(empty), tuple(sorted(gone)), np.isfinite(rem).tobytes())
+    key = (cand.tobytes(), ngpu.tobytes(), len(empty), tuple(sorted(gone)), np.isfinite(rem).tobytes())
     if memo.regrow is not None and memo.regrow[0] == key and not (rem > memo.regrow[1]).any():
         return
     offers = _growth_offers(p, memo, view, cand, ngpu, gone, len(empty))
