@@ -97,6 +97,7 @@ def test_view_maps_rows_and_hides_stale_nodes_and_drained_gpus():
     view, idx = build_view([b, a, c], [n2, n3, n1], TYPES, RESOLVE, NOW, 15, time_scale=2.0)
     assert idx.gpus == [("n1", 0), ("n1", 1), ("n3", 1)]
     assert [j.job_id for j in idx.jobs] == [a.job_id, c.job_id, b.job_id]  # placed first, then pending by submission
+    assert view.jobs.job_ids == (a.job_id, c.job_id, b.job_id)  # rows are positions: the policy's memos need ids
     assert list(view.pending) == [1, 2] and list(view.running) == [0]
     assert view.gpu_job[1, 0] == 0 and view.gpu_share[1, 0] == 50.0 and (view.gpu_job[[0, 2]] < 0).all()
     assert view.now_s == NOW * 2.0 and view.jobs.queued_since_s[1] == c.submitted_at_s * 2.0
