@@ -1,8 +1,7 @@
 """ElastiCo's memo caches, in one place: what a pass may reuse from an earlier round instead of recomputing.
 
-Each entry is keyed on what the cached answer reads, so a hit returns what the computation would (one gap:
-the inference pass's key omits the services' current load, see :meth:`PolicyMemo.new_round`): the
-signatures of the last pass that decided nothing (a repeat of it would decide nothing again), the placement
+Each entry is keyed on what the cached answer reads, so a hit returns what the computation would (one gap
+in the live allocator: see :meth:`PolicyMemo.new_round`): the signatures of the last pass that decided nothing (a repeat of it would decide nothing again), the placement
 state of the last training pass (joins included), and the GPU-count tables of the type table in use. Keys
 name jobs by their rows, so :meth:`PolicyMemo.new_round` drops the training passes' memos when a row holds
 another job than last round (the live allocator's rows are positions) and the count tables when the type
@@ -38,9 +37,9 @@ class PolicyMemo:
     def new_round(self, view) -> None:
         """Drop what the round's view invalidates: the training passes' memos when a row holds another job than
         when they were keyed, the count tables (and the growth pass's memo, which reads them) when the type
-        table's content differs. The inference pass's memo is kept as the simulator keeps it: it also skips
-        re-sizing a lone service to its current load, which its key omits, and dropping it more often than
-        the simulator does changes the live sizing (docs/results.md, "Row identities")."""
+        table's content differs. The inference pass's memo is kept across identity changes, as before: dropped
+        too, the live demo re-sized a service the kept memo leaves as it is, and missed its SLO target; why the
+        memo's repeat differs there is not established (docs/results.md, "Row identities")."""
         ids = view.jobs.job_ids
         if ids is not None and ids != self.job_ids:
             self.idle = self.slack = self.defrag = self.regrow = None
