@@ -1,7 +1,7 @@
 """ElastiCo's memo caches, in one place: what a pass may reuse from an earlier round instead of recomputing.
 
-Each entry is keyed on what the cached answer reads, so a hit returns what the computation would (one gap
-in the live allocator: see :meth:`PolicyMemo.new_round`): the signatures of the last pass that decided nothing (a repeat of it would decide nothing again), the placement
+Each entry is keyed on what the cached answer reads, so a hit returns what the computation would (the
+inference pass's names its co-tenants by row only: see :meth:`PolicyMemo.new_round`): the signatures of the last pass that decided nothing (a repeat of it would decide nothing again), the placement
 state of the last training pass (joins included), and the GPU-count tables of the type table in use. Keys
 name jobs by their rows, so :meth:`PolicyMemo.new_round` drops the training passes' memos when a row holds
 another job than last round (the live allocator's rows are positions) and the count tables when the type
@@ -38,8 +38,8 @@ class PolicyMemo:
         """Drop what the round's view invalidates: the training passes' memos when a row holds another job than
         when they were keyed, the count tables (and the growth pass's memo, which reads them) when the type
         table's content differs. The inference pass's memo is kept across identity changes, as before: dropped
-        too, the live demo re-sized a service the kept memo leaves as it is, and missed its SLO target; why the
-        memo's repeat differs there is not established (docs/results.md, "Row identities")."""
+        too, the live demo missed its SLO target in 4 of 5 runs, though its repeats matched a fresh pass
+        wherever checked; what differs is not established (docs/results.md, "Row identities")."""
         ids = view.jobs.job_ids
         if ids is not None and ids != self.job_ids:
             self.idle = self.slack = self.defrag = self.regrow = None
