@@ -37,9 +37,8 @@ class PolicyMemo:
     def new_round(self, view) -> None:
         """Drop what the round's view invalidates: the training passes' memos when a row holds another job than
         when they were keyed, the count tables (and the growth pass's memo, which reads them) when the type
-        table's content differs. The inference pass's memo is kept across identity changes, as before: dropped
-        too, the live demo missed its SLO target in 4 of 5 runs, though its repeats matched a fresh pass
-        wherever checked; what differs is not established (docs/results.md, "Row identities")."""
+        table's content differs. The inference pass's memo is kept across identity changes (why, and what is
+        open about it: docs/results.md, "Row identities in the live view")."""
         ids = view.jobs.job_ids
         if ids is not None and ids != self.job_ids:
             self.idle = self.slack = self.defrag = self.regrow = None

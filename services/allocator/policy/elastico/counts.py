@@ -62,6 +62,17 @@ def type_count_groups(jobs, idx: np.ndarray) -> tuple[list[tuple[int, int]], np.
     return [(k // base, k % base) for k in keys.tolist()], at
 
 
+def count_tables(memo: PolicyMemo, view: ClusterView, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The count tables of jobs ``idx`` side by side: one per distinct (type, requested count), [U, K] counts
+    ascending (0 pads: never a job's count) and their speeds (1 pads), and per job the index of its own."""
+    groups, row = type_count_groups(view.jobs, idx)
+    tables = [count_table(memo, view, t, n)[2:] for t, n in groups]
+    width = max(len(t[0]) for t in tables)
+    cnt = np.array([t[0] + (0,) * (width - len(t[0])) for t in tables], np.int64)
+    spd = np.array([t[1] + (1.0,) * (width - len(t[1])) for t in tables])
+    return cnt, spd, row
+
+
 def shrink_row(memo: PolicyMemo, view: ClusterView, type_idx: int, req: int, min_count_speed: float) -> tuple:
     """(counts [4], feasible [4], GPU-count speed [4]) of a job type's gang and its halvings (a repeat of the
     gang where there are fewer than three), cached per type table, type and requested size."""
@@ -184,19 +195,13 @@ def _growth_offers(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, cand:
         ok &= ~np.isin(cand, np.fromiter(gone, np.int64, len(gone)))
     if not ok.any():
         return []
-    # one count table per distinct (type, requested count): [U, K] counts ascending (0 pads: never above a
-    # current count) and their speeds (1 pads), read by each candidate's row
-    groups, row = type_count_groups(jobs, cand)
-    tables = [count_table(memo, view, t, n)[2:] for t, n in groups]
-    width = max(len(t[0]) for t in tables)
-    cnt_u = np.array([t[0] + (0,) * (width - len(t[0])) for t in tables], np.int64)
+    cnt_u, spd_u, row = count_tables(memo, view, cand)
     ok &= cnt_u.max(axis=1)[row] > cur  # room to grow at all
     if not ok.any():
         return []
     keep = np.flatnonzero(ok)
     cand, cur, rem, row = cand[keep], cur[keep], rem[keep], row[keep]
-    cnt = cnt_u[row]
-    spd = np.array([t[1] + (1.0,) * (width - len(t[1])) for t in tables])[row]
+    cnt, spd = cnt_u[row], spd_u[row]
     at_cur = cnt == cur[:, None]
     ok = at_cur.any(axis=1)
     if any_declared(jobs):  # (a declaring job never grows beyond the gangs it declares)
@@ -357,11 +362,8 @@ def _defrag_offers(memo: PolicyMemo, view: ClusterView, cand: np.ndarray, cur: n
     if len(keep) == 0:
         return []
     cand, cur, rem = cand[keep], cur[keep], rem[keep]
-    groups, row = type_count_groups(jobs, cand)
-    tables = [count_table(memo, view, t, n) for t, n in groups]
-    width = max(len(t[2]) for t in tables)
-    cnt = np.array([t[2] + (0,) * (width - len(t[2])) for t in tables], np.int64)[row]
-    spd = np.array([t[3] + (1.0,) * (width - len(t[3])) for t in tables])[row]
+    cnt_u, spd_u, row = count_tables(memo, view, cand)
+    cnt, spd = cnt_u[row], spd_u[row]
     req = jobs.num_gpus[cand].astype(np.int64)
     at_cur, at_req = cnt == cur[:, None], cnt == req[:, None]
     has = at_cur.any(axis=1) & at_req.any(axis=1)  # both counts in the job's table
