@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from services.allocator.policy import make_policy
+from services.allocator.policy import ClusterView, make_policy
 from tests.unit._policy_builders import rule_matrix, view
 
 HEAVY = 2  # solo utilisation 1.0 in the builder's type table
@@ -198,7 +198,7 @@ def test_declared_inference_service_is_sized_in_its_declared_shares():
     assert [s for _, _, s in d.place] == [60.0]  # 25 % is short of load + SLO margin (0.2 + 0.1)
 
 
-def _rows(pending_type: int, ids: tuple[str, ...] | None) -> object:
+def _rows(pending_type: int, ids: tuple[str, ...]) -> ClusterView:
     """One GPU whose light tenant holds 25 %, and one queued job on row 1; ``ids``: the rows' job ids."""
     H = 3600.0
     v = view([{"type": 0, "n": 1, "remaining": 100 * H}, {"type": pending_type, "n": 1, "remaining": H}], gpus=1,
