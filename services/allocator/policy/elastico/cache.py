@@ -36,14 +36,12 @@ class PolicyMemo:
 
     def new_round(self, view) -> None:
         """Drop what the round's view invalidates: the training passes' memos when a row holds another job than
-        last round, the count tables (and the growth pass's memo, which reads them) when the type
+        when they were keyed, the count tables (and the growth pass's memo, which reads them) when the type
         table's content differs. The inference pass's memo is kept across identity changes (why, and what is
         open about it: docs/results.md, "Row identities in the live view")."""
         ids = view.jobs.job_ids
         if ids is not None and ids != self.job_ids:
-            # (rows added or removed at the end change what the memos key on by themselves)
-            if self.job_ids is not None and any(a != b for a, b in zip(self.job_ids, ids)):
-                self.idle = self.slack = self.defrag = self.regrow = None
+            self.idle = self.slack = self.defrag = self.regrow = None
             self.job_ids = ids
         types = view.types
         if types is self.types:
