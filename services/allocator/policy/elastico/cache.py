@@ -1,11 +1,12 @@
 """ElastiCo's memo caches, in one place: what a pass may reuse from an earlier round instead of recomputing.
 
 Each entry is keyed on what the cached answer reads, so a hit returns what the computation would (the
-inference pass's names its co-tenants by row only: see :meth:`PolicyMemo.new_round`): the signatures of the last pass that decided nothing (a repeat of it would decide nothing again), the placement
-state of the last training pass (joins included), and the GPU-count tables of the type table in use. Keys
-name jobs by their rows, so :meth:`PolicyMemo.new_round` drops the training passes' memos when a row holds
-another job than last round (the live allocator's rows are positions) and the count tables when the type
-table's content differs; :meth:`PolicyMemo.estimate_changed` drops what a corrected estimate invalidates.
+inference pass's names its co-tenants by row only: see :meth:`PolicyMemo.new_round`): the signatures of the
+last pass that decided nothing (a repeat of it would decide nothing again), the placement state of the last
+training pass (joins included), and the GPU-count tables of the type table in use. Keys name jobs by their
+rows, so :meth:`PolicyMemo.new_round` drops the training passes' memos when a row holds another job than last
+round (the live allocator's rows are positions) and the count tables when the type table's content differs;
+:meth:`PolicyMemo.estimate_changed` drops what a corrected estimate invalidates.
 """
 
 from __future__ import annotations
