@@ -5,6 +5,9 @@ profiles): a service is sized for the burst it just saw, so a rising demand is f
 falling one released only after the window has passed it (the policy also waits ``shrink_after_s`` before a
 shrink). Demand is binned at ``BIN_S``; a bin's value is the mean rate of the reports ending in it, weighted by
 their window lengths (the bin's rate, as the simulator's profile gives it: a short, noisy window is not a peak).
+Reports from several sources (a gateway, the node agent's scrape) measure the same arrivals over windows that are
+not aligned, so each source is binned on its own and a bin takes the highest source: averaging a gateway's
+minute that holds a burst with a scrape that caught half of it would hide the burst the service must be sized for.
 
 Two front ends, one rule: the simulator knows each service's per-bin demand profile and calls
 :func:`rolling_peak` on it; the live allocator has measured reports (window end, request rate) and calls
@@ -46,10 +49,12 @@ def looped_forecast(profile: np.ndarray, n_bins: int) -> np.ndarray:
 
 def forecast_rps(times_s: Sequence[float] | np.ndarray, rates_rps: Sequence[float] | np.ndarray, now_s: float,
                  window_s: float = DEFAULT_WINDOW_S, bin_s: float = BIN_S,
-                 weights: Sequence[float] | np.ndarray | None = None) -> float:
+                 weights: Sequence[float] | np.ndarray | None = None,
+                 sources: Sequence[str] | None = None) -> float:
     """Forecast request rate at ``now_s`` from reports (window end ``times_s``, rate ``rates_rps``, window length
-    ``weights``; None = equal), in the same clock as ``now_s``: each report counts for the bin its window ends
-    in, a bin's rate is its reports' weighted mean, and the forecast is the peak over the ``window_bins`` bins
+    ``weights``; None = equal; ``sources`` names who measured each, None = one source), in the same clock as
+    ``now_s``: each report counts for the bin its window ends in, a source's bin rate is its reports' weighted
+    mean, a bin's rate the highest of its sources', and the forecast is the peak over the ``window_bins`` bins
     ending with ``now_s``'s bin (:func:`rolling_peak` at the last bin). NaN when no report falls in that span."""
     t = np.asarray(times_s, float)
     r = np.asarray(rates_rps, float)
@@ -62,8 +67,10 @@ def forecast_rps(times_s: Sequence[float] | np.ndarray, rates_rps: Sequence[floa
     keep = (b > now_bin - w) & (b <= now_bin)
     if not keep.any():
         return math.nan
-    idx = (b[keep] - (now_bin - w + 1)).astype(np.int64)
-    num = np.bincount(idx, r[keep] * wt[keep], minlength=w)
-    den = np.bincount(idx, wt[keep], minlength=w)
-    per_bin = np.where(den > 0, num / np.where(den > 0, den, 1.0), -np.inf)
+    src = np.zeros(len(t), np.int64) if sources is None else np.unique(np.asarray(sources, str), return_inverse=True)[1]
+    n_src = int(src.max()) + 1
+    idx = (b[keep] - (now_bin - w + 1)).astype(np.int64) * n_src + src[keep]
+    num = np.bincount(idx, r[keep] * wt[keep], minlength=w * n_src)
+    den = np.bincount(idx, wt[keep], minlength=w * n_src)
+    per_bin = np.where(den > 0, num / np.where(den > 0, den, 1.0), -np.inf).reshape(w, n_src).max(axis=1)
     return float(rolling_peak(per_bin, w)[-1])
