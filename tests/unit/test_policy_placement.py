@@ -102,3 +102,22 @@ def test_lucid_packs_only_when_no_free_gpu():
     v = view([{"type": 0, "remaining": 10}, {"type": 0, "remaining": 5}], gpus=1, placed={0: ([0], 100.0)})
     d = make_policy("lucid", rule_matrix(1.0), 1.0).decide(v)
     assert d.place and d.place[0][2] == 50.0 and (0, 50.0) in d.resize
+
+
+def test_a_service_that_other_services_leave_no_room_to_grow_moves_to_a_gpu_where_it_fits():
+    # two services placed at their declared demand share GPU 0; their forecasts rose past what both fit
+    v = view([{"kind": 1, "load": 0.1, "forecast": 0.5}, {"kind": 1, "load": 0.1, "forecast": 0.5}], gpus=2,
+             placed={0: ([0], 45.0), 1: ([0], 50.0)})
+    d = make_policy("elastico", rule_matrix(1.0), 1.0).decide(v)
+    from services.allocator.policy.contract import check
+
+    ok, rejected = check(d, v)
+    assert not rejected
+    # one service moves (preempted and placed again: make-before-break live) to the free GPU, the other grows
+    # in place; neither is left below the share its forecast needs
+    moved = [j for j in ok.preempt if any(p[0] == j for p in ok.place)]
+    assert len(moved) == 1
+    (j, gpus, share), = [p for p in ok.place if p[0] == moved[0]]
+    assert list(gpus) == [1] and share >= 60.0
+    other = 1 - moved[0]
+    assert dict(ok.resize).get(other, float(v.gpu_share[0][v.gpu_job[0] == other][0])) >= 60.0

@@ -111,6 +111,8 @@ def size_services(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision) -> N
             if grow[k]:
                 c = float(cur[k])
                 gs[g, sl] = 0.0
+                if _services_share(jobs, gj[g], gs[g]) > 100.0 - req + 1e-9 and move_service(pol, view, gj, gs, W, j, g, sl, float(load[k]), d):
+                    continue  # other services hold the room it needs here: it moves (make-before-break live)
                 if not evict_for(view, gj, gs, W, g, req, d):
                     req = max(c, min(req, 100.0 - float(gs[g].sum())))
                     if shapes_of(jobs, j):  # the largest declared share that fits, else the current one
@@ -123,49 +125,80 @@ def size_services(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision) -> N
                 d.resize.append((j, req))
     for j in pend:
         j = int(j)
-        load = float(jobs.load_forecast[j] * p.inference_headroom)
-        placed = False
-        mask = gpu_mask(jobs, j)
-        own = shapes_of(jobs, j) != ()  # a declaring service: its declared shares (on one GPU) only
-        menu = p.inference_shares_pct if not own else declared_shares(jobs, j, 1)
-        if not menu:
-            continue
-        for share in menu:
-            if share / 100.0 - load < slo_margin(p.slo_factor) - 1e-9:
-                continue
-            pred = predict_join(pol.M, pol.kappa, gj, gs, jobs, view.types.inference_index, load, share,
-                                True, p.train_floor, p.slo_factor)
-            cap_ok = share / 100.0 * pred.new_norm - load >= slo_margin(p.slo_factor) - 1e-9
-            ok = pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok & cap_ok
-            picked = pick_gang(-pred.share_free + pred.new_norm, ok, 1, allowed=mask)
-            if picked is not None:
-                if p.slack and not (gj[picked[0]] >= 0).any():  # alone: leave room for a training co-tenant
-                    room = float(slack_share(p, pol.kappa, np.array([load]), jobs.solo_util[[j]])[0])
-                    if np.isfinite(room):
-                        share = _declared_at_least(menu, max(share, room)) if own else max(share, room)
-                occupy(gj, gs, j, picked, float(share))
-                d.place.append((j, picked, float(share)))
-                placed = True
-                break
-        if not placed:  # LS service first: clear the GPU whose training tenants weigh least
-            req = float(required_share_pct(load, p.slo_factor, 1.0, menu))
-            tw = np.where(gj >= 0, W[np.maximum(gj, 0)], 0.0).sum(axis=1)
-            tw[(gj >= 0).any(axis=1) & (np.where(gj >= 0, jobs.kind[np.maximum(gj, 0)], 0) == INFERENCE).any(axis=1)] = np.inf
-            if mask is not None:
-                tw[~mask] = np.inf
-            g = int(np.argmin(tw))
-            if np.isfinite(tw[g]):
-                for t in [int(t) for t in gj[g] if t >= 0]:
-                    d.preempt.append(t)
-                    vacate(gj, gs, t, jobs.gpus[t])
-                occupy(gj, gs, j, np.array([g]), req)
-                d.place.append((j, np.array([g]), req))
+        place_service(pol, view, gj, gs, W, j, float(jobs.load_forecast[j] * p.inference_headroom), d)
     unchanged = len(d.place) + len(d.resize) + len(d.preempt) == n_before
     if unchanged and len(pend) == 0:
         memo.services = (whole, key or services_key(jobs, gj, gs, run, forecasts, pend))
     else:
         memo.services = None
     memo.services_recheck_s = recheck
+
+
+def _services_share(jobs, row_j: np.ndarray, row_s: np.ndarray) -> float:
+    """Share percent the services among one GPU's tenants hold."""
+    occ = row_j >= 0
+    return float(row_s[occ & (jobs.kind[np.where(occ, row_j, 0)] == INFERENCE)].sum())
+
+
+def move_service(pol: ElastiCo, view: ClusterView, gj, gs, W, j: int, g: int, sl: int, load: float, d: Decision) -> bool:
+    """Running service ``j`` (slot ``sl`` of GPU ``g``, its share there already zeroed) onto another GPU at
+    ``load`` (:func:`place_service`, GPU ``g`` excluded); True when it moved (preempted and placed again: a
+    make-before-break move live), else it is left where it was."""
+    gj[g, sl] = -1
+    d.preempt.append(j)
+    if place_service(pol, view, gj, gs, W, j, load, d, avoid=g):
+        return True
+    d.preempt.pop()
+    gj[g, sl] = j
+    return False
+
+
+def place_service(pol: ElastiCo, view: ClusterView, gj, gs, W, j: int, load: float, d: Decision,
+                  avoid: int | None = None) -> bool:
+    """Place service ``j`` (on no GPU of ``gj``) at ``load``: the smallest share meeting its SLO next to the
+    predicted co-tenants, on the GPU with the least free share that keeps them within theirs; else (LS service
+    first) the GPU whose training tenants weigh least, cleared for it; never GPU ``avoid``. False when no GPU
+    may take it."""
+    p = pol.params
+    jobs = view.jobs
+    mask = gpu_mask(jobs, j)
+    if avoid is not None:
+        mask = np.ones(len(gj), bool) if mask is None else mask.copy()
+        mask[avoid] = False
+    own = shapes_of(jobs, j) != ()  # a declaring service: its declared shares (on one GPU) only
+    menu = p.inference_shares_pct if not own else declared_shares(jobs, j, 1)
+    if not menu:
+        return False
+    for share in menu:
+        if share / 100.0 - load < slo_margin(p.slo_factor) - 1e-9:
+            continue
+        pred = predict_join(pol.M, pol.kappa, gj, gs, jobs, view.types.inference_index, load, share,
+                            True, p.train_floor, p.slo_factor)
+        cap_ok = share / 100.0 * pred.new_norm - load >= slo_margin(p.slo_factor) - 1e-9
+        ok = pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok & cap_ok
+        picked = pick_gang(-pred.share_free + pred.new_norm, ok, 1, allowed=mask)
+        if picked is not None:
+            if p.slack and not (gj[picked[0]] >= 0).any():  # alone: leave room for a training co-tenant
+                room = float(slack_share(p, pol.kappa, np.array([load]), jobs.solo_util[[j]])[0])
+                if np.isfinite(room):
+                    share = _declared_at_least(menu, max(share, room)) if own else max(share, room)
+            occupy(gj, gs, j, picked, float(share))
+            d.place.append((j, picked, float(share)))
+            return True
+    req = float(required_share_pct(load, p.slo_factor, 1.0, menu))
+    tw = np.where(gj >= 0, W[np.maximum(gj, 0)], 0.0).sum(axis=1)
+    tw[(gj >= 0).any(axis=1) & (np.where(gj >= 0, jobs.kind[np.maximum(gj, 0)], 0) == INFERENCE).any(axis=1)] = np.inf
+    if mask is not None:
+        tw[~mask] = np.inf
+    g = int(np.argmin(tw))
+    if not np.isfinite(tw[g]):
+        return False
+    for t in [int(t) for t in gj[g] if t >= 0]:
+        d.preempt.append(t)
+        vacate(gj, gs, t, jobs.gpus[t])
+    occupy(gj, gs, j, np.array([g]), req)
+    d.place.append((j, np.array([g]), req))
+    return True
 
 
 def _declared_at_least(shares, want: float) -> float:
