@@ -25,8 +25,9 @@ def keep_s(window_s: float, time_scale: float) -> float:
 
 def forecast(reports: Sequence[DemandReport], now_s: float, window_s: float, time_scale: float) -> float:
     """Forecast request rate at wall time ``now_s`` from ``reports``, per *policy* second (the unit of a service's
-    declared throughput), each report's ``source`` binned on its own; NaN without a report in the window. Reports measure wall time (window ends, rates per
-    wall second): on an accelerated clock a rate is ``time_scale`` times the policy's."""
+    declared throughput), each report's ``source`` binned on its own; NaN without a report in the window. Reports
+    measure wall time (window ends, rates per wall second): on an accelerated clock a rate is ``time_scale`` times
+    the policy's."""
     return forecast_rps([r.window_end_s * time_scale for r in reports], [r.request_rate_rps / time_scale for r in reports],
                         now_s * time_scale, window_s, weights=[r.window_s for r in reports],
                         sources=[r.source for r in reports])

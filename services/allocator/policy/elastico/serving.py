@@ -111,8 +111,9 @@ def size_services(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision) -> N
             if grow[k]:
                 c = float(cur[k])
                 gs[g, sl] = 0.0
-                if _services_share(jobs, gj[g], gs[g]) > 100.0 - req + 1e-9 and move_service(pol, view, gj, gs, W, j, g, sl, float(load[k]), d):
-                    continue  # other services hold the room it needs here: it moves (make-before-break live)
+                boxed_in = _services_share(jobs, gj[g], gs[g]) > 100.0 - req + 1e-9  # by other services
+                if boxed_in and move_service(pol, view, gj, gs, W, j, g, sl, float(load[k]), d):
+                    continue
                 if not evict_for(view, gj, gs, W, g, req, d):
                     req = max(c, min(req, 100.0 - float(gs[g].sum())))
                     if shapes_of(jobs, j):  # the largest declared share that fits, else the current one
