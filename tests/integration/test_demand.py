@@ -285,3 +285,45 @@ async def test_every_scraped_window_reaches_the_history_however_seldom_rounds_ru
     b0 = (now // 60) * 60  # the current bin's start
     one_bin = [DemandReport("s", b0 + 10, 1.0, 30.0), DemandReport("s", b0 + 20, 9.0, 10.0)]
     assert demand.forecast(one_bin, b0 + 30, 3600.0, 1.0) == pytest.approx((30.0 * 1 + 10.0 * 9) / 10)
+
+
+async def test_a_service_boxed_in_by_another_service_moves_make_before_break_with_the_elastico_policy(store):
+    """Two services placed at their declared demand share a GPU; when both demands rise past what one GPU holds,
+    ElastiCo moves one (make-before-break) to a GPU where it fits and grows the other in place; no GPU is ever
+    booked past 100 %."""
+    await heartbeat(store, "n1", gpus=1)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(), lease)
+    svcs = [(await store.create_job(make_job(spec=service_spec(1.0))))[0] for _ in range(2)]
+    await sch.round(epoch)
+    await agent_reports(store, "n1", "running")
+    await sch.round(epoch)
+    assert [(await store.get_job(s.job_id)).state for s in svcs] == [JobState.RUNNING] * 2  # both on n1's one GPU
+    await heartbeat(store, "n2", gpus=1)
+
+    async def booked_within_capacity():
+        for n in ("n1", "n2"):
+            assert all(g.allocated_share_pct <= 100.0 + 1e-9 for g in (await store.get_node(n)).gpus)
+
+    gen, ws = await store.get_workloads("n1")
+    now = time.time()
+    for s in svcs:  # both scraped at load 0.5 of a GPU: 60 % or more each
+        w = ws[s.job_id]
+        ws[s.job_id] = Workload(**{**w.__dict__, "demand": DemandReport(s.job_id, now, 5.0, 5.0, 80.0, 400.0, 3.0)})
+    await store.report_workloads("n1", gen, list(ws.values()))
+    await sch.round(epoch)
+    await booked_within_capacity()
+    jobs = [await store.get_job(s.job_id) for s in svcs]
+    moving = [j for j in jobs if j.draining is not None]
+    assert len(moving) == 1 and moving[0].placement.slices[0].node_id == "n2"
+    assert moving[0].draining.slices[0].node_id == "n1"  # the old replica serves until the new one runs
+    await agent_reports(store, "n2", "running")
+    for _ in range(2):
+        await sch.round(epoch)
+        await booked_within_capacity()
+        for n in ("n1", "n2"):
+            await agent_reports(store, n, "running")
+    jobs = [await store.get_job(s.job_id) for s in svcs]
+    assert all(j.state is JobState.RUNNING and j.draining is None for j in jobs)
+    assert sorted(j.placement.slices[0].node_id for j in jobs) == ["n1", "n2"]
+    assert all(j.placement.slices[0].compute_share_pct >= 60.0 for j in jobs)  # load 0.5 + SLO margin 0.1
