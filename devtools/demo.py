@@ -29,7 +29,8 @@ simulator's ground truth, so what remains in the difference is the control plane
 
 SLO attainment, both sides: the fraction of a service's lifetime in one-minute windows (model time) whose mean
 latency is within its SLO (``slo_factor x`` the unloaded full-GPU service time): live, the mean latency of the
-requests completed in the window (from the service's Prometheus histogram; no serving replica = violated);
+requests completed in the window (from the service's Prometheus histogram; a window without arrivals has its
+few stragglers judged with the last window that had arrivals; no serving replica = violated);
 simulated, the M/M/1 mean sojourn at the window's demand and the capacity the service had (the simulator's own
 criterion). p99 latency: live, from the histogram over the run; simulated, the M/M/1 p99 (sojourn times are
 exponential, rate ``mu_full x (capacity - load)``), mixed over the run by arrivals.

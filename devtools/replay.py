@@ -249,7 +249,8 @@ def service_windows(svc: ServiceJob, so: ServiceObserved, time_scale: float, bin
     """Per-``bin_s`` windows (model time) of a service's lifetime [start, end) from its samples, and their summary.
 
     Counter deltas between consecutive scrapes go to the window of the interval's midpoint; a new endpoint or a
-    counter that went down (a new serving process) counts from zero. A window is *violated* when a sample in it
+    counter that went down (a new serving process) counts from zero; the latencies a window without arrivals
+    completed count with the last window that had arrivals. A window is *violated* when a sample in it
     saw no serving replica (or, if it has none, the last one before it did), when an arrival of it could not be
     delivered, when its completed requests' mean latency exceeds the SLO, or when it completed nothing while
     requests waited; else it is met. Returns arrays per window (``t_s`` window start; ``arrivals_rps``,
@@ -328,6 +329,16 @@ def service_windows(svc: ServiceJob, so: ServiceObserved, time_scale: float, bin
             k = bin_of(t)
             if 0 <= k < nb:
                 down[k] = True
+    # completions in a window without arrivals are an earlier window's stragglers (a request completes within
+    # seconds of arriving; scrape timing spills a few across the edge): judged with the last window that had arrivals
+    last = -1
+    for b in range(nb):
+        if arrivals[b] > 0:
+            last = b
+        elif last >= 0 and cnt[b] > 0:
+            lat[last] += lat[b]
+            cnt[last] += cnt[b]
+            lat[b] = cnt[b] = 0.0
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_ms = np.where(cnt > 0, lat / np.maximum(cnt, 1e-12) * 1000.0, np.nan)
     stalled = (cnt <= 0) & (arrivals > 0) & (waiting > 0)
@@ -555,11 +566,11 @@ class Replay:
                     continue
                 if self.gateway_reports:
                     self._report_bins(si, so, t0)
-                t = time.time() - t0
                 try:
                     job = self._calls(timeout=2.0, attempts=2).get(so.job_id)
                 except AllocatorError:
                     continue
+                t = time.time() - t0  # the scrape's time (after the allocator call, which may take a while)
                 placed = job.state in SERVING and job.placement is not None and len(job.placement.slices) > 0
                 share = job.placement.slices[0].compute_share_pct if placed else 0.0
                 with self._lock:

@@ -112,6 +112,28 @@ def test_service_windows_count_slow_and_missing_windows_as_violated() -> None:
     np.testing.assert_allclose(w2["arrivals_rps"], [2.0, 1.0, 0.0, 50 / 60])
 
 
+def test_a_window_without_arrivals_has_its_stragglers_judged_with_the_last_window_that_had_arrivals() -> None:
+    """Window 1 has no arrivals; the one slow request it completed arrived in window 0 (its latency counts
+    there); window 3's slow requests are its own and violate it."""
+    inf = _services(end_s=240.0)
+    svc = service_jobs(inf, mu_full=5.0, slo_factor=10.0, shares_pct=(50, 100))[0]
+    so = ServiceObserved(job_id="j", first_up=-0.5)
+    a = "127.0.0.1:1"
+    so.samples = [
+        ServiceSample(0.0, 50.0, True, a, _metrics(0, 0.0, (0, 0, 0, 0, 0))),
+        ServiceSample(0.9, 50.0, True, a, _metrics(99, 29.7, (99, 99, 99, 99, 99))),  # 99 at 0.3 s
+        ServiceSample(1.1, 50.0, True, a, _metrics(100, 32.7, (99, 99, 99, 100, 100))),  # one at 3 s, window 1
+        ServiceSample(2.5, 50.0, True, a, _metrics(100, 32.7, (99, 99, 99, 100, 100))),
+        ServiceSample(3.5, 50.0, True, a, _metrics(110, 62.7, (99, 99, 99, 110, 110))),  # ten at 3 s, window 3
+    ]
+    so.load = LoadStats(per_bin={0: 99, 1: 0, 2: 0, 3: 10})
+    w = service_windows(svc, so, time_scale=60.0)
+    assert list(w["ok"]) == [True, True, True, False]
+    np.testing.assert_allclose(w["mean_ms"][[0, 3]], [(29.7 + 3.0) / 100 * 1000, 3000.0])
+    assert np.isnan(w["mean_ms"][1]) and w["served_rps"][1] == pytest.approx(1 / 60)  # still counted as served
+    assert w["mean_run_ms"] == pytest.approx(62.7 / 110 * 1000)
+
+
 def test_mm1_quantile() -> None:
     assert demo.mm1_quantile(0.99, np.array([1.0]), np.array([2.0])) == pytest.approx(math.log(100) / 2, rel=1e-6)
     q = demo.mm1_quantile(0.5, np.array([1.0, 1.0]), np.array([1.0, 1e9]))  # half the requests take no time
