@@ -83,12 +83,16 @@ def _metrics(done: float, lat_sum: float, cum: tuple, waiting: float = 0.0) -> M
     return MetricsSample(done, waiting, lat_sum, done, LE, cum)
 
 
+def _four_minute_service():
+    """A service alive for four one-minute windows (mu_full 5, SLO 2 s) and its empty observation."""
+    svc = service_jobs(_services(end_s=240.0), mu_full=5.0, slo_factor=10.0, shares_pct=(50, 100))[0]
+    return svc, ServiceObserved(job_id="j", first_up=-0.5)
+
+
 def test_service_windows_count_slow_and_missing_windows_as_violated() -> None:
     """Four one-minute windows at time scale 60 (one wall second each): fast, slow, no replica, fast after a
     restart (the counters start again from zero on the new endpoint)."""
-    inf = _services(end_s=240.0)
-    svc = service_jobs(inf, mu_full=5.0, slo_factor=10.0, shares_pct=(50, 100))[0]
-    so = ServiceObserved(job_id="j", first_up=-0.5)
+    svc, so = _four_minute_service()
     a = "127.0.0.1:1"
     so.samples = [
         ServiceSample(0.0, 50.0, True, a, _metrics(0, 0.0, (0, 0, 0, 0, 0))),
@@ -115,9 +119,7 @@ def test_service_windows_count_slow_and_missing_windows_as_violated() -> None:
 def test_a_window_without_arrivals_has_its_stragglers_judged_with_the_last_window_that_had_arrivals() -> None:
     """Window 1 has no arrivals; the one slow request it completed arrived in window 0 (its latency counts
     there); window 3's slow requests are its own and violate it."""
-    inf = _services(end_s=240.0)
-    svc = service_jobs(inf, mu_full=5.0, slo_factor=10.0, shares_pct=(50, 100))[0]
-    so = ServiceObserved(job_id="j", first_up=-0.5)
+    svc, so = _four_minute_service()
     a = "127.0.0.1:1"
     so.samples = [
         ServiceSample(0.0, 50.0, True, a, _metrics(0, 0.0, (0, 0, 0, 0, 0))),
