@@ -42,8 +42,7 @@ def evict_for(view: ClusterView, gj, gs, W, g: int, need_pct: float, d: Decision
 
 def services_key(jobs, gj, gs, run: np.ndarray, forecasts: bytes, pend: np.ndarray) -> tuple:
     """What the inference pass reads when no service is queued (see :func:`size_services`)."""
-    occ = gj >= 0
-    inf_rows = slot_any(occ & (jobs.kind[np.where(occ, gj, 0)] == INFERENCE)).nonzero()[0]
+    inf_rows = slot_any(service_slots(jobs, gj)).nonzero()[0]
     return (run.tobytes(), inf_rows.tobytes(), gj[inf_rows].tobytes(), gs[inf_rows].tobytes(), forecasts,
             pend.tobytes())
 
@@ -111,7 +110,7 @@ def size_services(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision) -> N
             if grow[k]:
                 c = float(cur[k])
                 gs[g, sl] = 0.0
-                boxed_in = _services_share(jobs, gj[g], gs[g]) > 100.0 - req + 1e-9  # by other services
+                boxed_in = gs[g][service_slots(jobs, gj[g])].sum() > 100.0 - req + 1e-9  # by other services
                 if boxed_in and move_service(pol, view, gj, gs, W, j, g, sl, float(load[k]), d):
                     continue
                 if not evict_for(view, gj, gs, W, g, req, d):
@@ -135,10 +134,10 @@ def size_services(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision) -> N
     memo.services_recheck_s = recheck
 
 
-def _services_share(jobs, row_j: np.ndarray, row_s: np.ndarray) -> float:
-    """Share percent the services among one GPU's tenants hold."""
-    occ = row_j >= 0
-    return float(row_s[occ & (jobs.kind[np.where(occ, row_j, 0)] == INFERENCE)].sum())
+def service_slots(jobs, gj: np.ndarray) -> np.ndarray:
+    """Where ``gj`` (tenant job ids, -1 = free slot; any shape) holds a service."""
+    occ = gj >= 0
+    return occ & (jobs.kind[np.where(occ, gj, 0)] == INFERENCE)
 
 
 def move_service(pol: ElastiCo, view: ClusterView, gj, gs, W, j: int, g: int, sl: int, load: float, d: Decision) -> bool:
@@ -188,7 +187,7 @@ def place_service(pol: ElastiCo, view: ClusterView, gj, gs, W, j: int, load: flo
             return True
     req = float(required_share_pct(load, p.slo_factor, 1.0, menu))
     tw = np.where(gj >= 0, W[np.maximum(gj, 0)], 0.0).sum(axis=1)
-    tw[(gj >= 0).any(axis=1) & (np.where(gj >= 0, jobs.kind[np.maximum(gj, 0)], 0) == INFERENCE).any(axis=1)] = np.inf
+    tw[slot_any(service_slots(jobs, gj))] = np.inf
     if mask is not None:
         tw[~mask] = np.inf
     g = int(np.argmin(tw))
@@ -228,7 +227,7 @@ def fill_slack(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision, waiting
     p, memo = pol.params, pol.memo
     jobs = view.jobs
     occ = gj >= 0
-    svc = occ & (jobs.kind[np.where(occ, gj, 0)] == INFERENCE)
+    svc = service_slots(jobs, gj)
     free = 100.0 - slot_sum(gs)
     small = float(min(p.shares_pct))
     rows = np.flatnonzero(slot_any(svc) & ~slot_any(occ & ~svc) & slot_any(~occ) & (free >= small - 1e-9))
