@@ -185,7 +185,7 @@ def mm1_quantile(q: float, weights: np.ndarray, rates: np.ndarray) -> float:
 
 
 def sim_service_windows(eng: RecordingEngine, i: int, mu_full: float, slo_factor: float, bin_s: float = BIN_S) -> dict:
-    """Per-minute windows of simulated service ``i`` (the keys of :func:`devtools.replay.service_windows`): demand,
+    """Per-minute windows of simulated service ``i`` (the keys of :func:`devtools.service_metrics.service_windows`): demand,
     its share (lowest in the window), M/M/1 mean and p99 latency, met/violated by the engine's criterion
     (capacity - load >= the SLO margin, time-weighted), attainment and the run's M/M/1 p99."""
     inf = eng.inf
@@ -273,7 +273,8 @@ def _suite_env(policy: str, scale: float, gpus_per_node: int, run_dir: Path, for
 def run_live(policy: str, jobs, services, nodes: int, gpus_per_node: int, scale: float, timeout_s: float,
              run_root: Path, forecast_window_s: float, seed: int = 0):
     """One live replay of ``jobs`` and ``services`` under ``policy``; returns (Observed, summary, [service windows])."""
-    from devtools.replay import Replay, live_result, service_windows
+    from devtools.replay import Replay, live_result
+    from devtools.service_metrics import service_windows
     from simulator.metrics import summarise
 
     env = _suite_env(policy, scale, gpus_per_node, run_root / policy, forecast_window_s)

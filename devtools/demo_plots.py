@@ -56,7 +56,7 @@ def util_over_time(path: Path, live: dict[str, np.ndarray], sim: dict[str, np.nd
 
 def service_plot(path: Path, name: str, slo_ms: float, live: dict[str, dict], sim: dict[str, dict]) -> Path:
     """One service: demand (req/s), committed share (%) and p99 latency (ms, log; live also the mean, which the SLO
-    bounds) per ``BIN_S`` window, against its SLO. ``live``/``sim`` map a policy to the windows of :func:`devtools.replay.service_windows` /
+    bounds) per ``BIN_S`` window, against its SLO. ``live``/``sim`` map a policy to the windows of :func:`devtools.service_metrics.service_windows` /
     :func:`devtools.demo.sim_service_windows` (keys ``t_s``, ``arrivals_rps``, ``share_pct``, ``p99_ms``)."""
     plt = _plt()
     fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)

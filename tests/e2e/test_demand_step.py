@@ -13,7 +13,7 @@ import pytest
 
 from devtools import cluster
 from devtools.loadgen import LoadGenerator, ProfileArrivals
-from devtools.replay import scrape_metrics
+from devtools.service_metrics import scrape_metrics
 from elastico.client import AllocatorClient, NodeAgentClient
 from elastico.domain import InferenceWork, JobKind, JobSpec, JobState, Shape, TrainingWork, placement_id
 from tests.e2e._suite import fast_suite

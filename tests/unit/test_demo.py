@@ -1,5 +1,5 @@
 """``make demo``'s pieces that need no cluster: the inference specs, the live per-window SLO accounting from scraped
-metrics (devtools.replay.service_windows), the simulated side (RecordingEngine, M/M/1 windows) against the
+metrics (devtools.service_metrics.service_windows), the simulated side (RecordingEngine, M/M/1 windows) against the
 engine's own SLO totals, and a simulator-only run of the demo writing its plots."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pytest
 
 from devtools import demo
 from devtools.loadgen import LoadStats
-from devtools.replay import (
+from devtools.replay import service_jobs
+from devtools.service_metrics import (
     MetricsSample,
     ServiceObserved,
     ServiceSample,
     histogram_quantile,
     parse_vllm_metrics,
-    service_jobs,
     service_windows,
 )
 from elastico.v1 import types_pb2 as tpb
