@@ -286,7 +286,7 @@ class Replay:
                 alloc += min(g.allocated_share_pct, 100.0) / 100.0
             eff: dict[tuple[str, int], float] = {}
             share_run: dict[tuple[str, int], float] = {}
-            running_where: dict[str, set] = {}
+            running_where: dict[str, dict[str, str]] = {}
             endpoints: dict[str, str] = {}
             done_gpu_s = 0.0
             seen_running: set[int] = set()
@@ -294,7 +294,7 @@ class Replay:
                 for w in workloads:
                     if w.status not in ("starting", "running"):
                         continue
-                    running_where.setdefault(w.job_id, set()).add(node_name)
+                    running_where.setdefault(w.job_id, {})[node_name] = w.placement_id
                     with self._lock:
                         i = self._by_id.get(w.job_id)
                         si = self._svc_by_id.get(w.job_id)
@@ -336,13 +336,29 @@ class Replay:
                     i = self._by_id.get(job_id)
                     si = self._svc_by_id.get(job_id)
                 one_gpu = (i is not None and info[i].num_gpus == 1) or si is not None
-                if one_gpu and len(where) > 1:
+                if one_gpu and len(where) > 1 and self._overlap(agents, job_id, where):
                     self.obs.violations.append(f"job {job_id} runs on {sorted(where)} at once")
             G = max(len(gpus), 1)
             self.obs.samples.append((t, alloc / G, sum(min(1.0, v) for v in eff.values()) / G))
             if self.obs.work_at is None and t >= window_end:
                 done_gpu_s += sum(info[i].num_gpus * info[i].duration_s for i in list(self.obs.completed))
                 self.obs.work_at = (t, done_gpu_s)
+
+    def _overlap(self, agents: list[NodeAgentClient], job_id: str, where: dict[str, str]) -> bool:
+        """Whether a job seen running on several nodes in one sample did run on two at one instant. The agents
+        are read one after another, so a job stopped on the first read and started on a later one shows on both;
+        a second read of every node but the last that still finds the same placement running proves it ran
+        through the later read (an agent never runs a placement twice)."""
+        order = [n for n in self.agents if n in where]
+        for node in order[:-1]:
+            try:
+                again = agents[self.agents.index(node)].workloads()
+            except AllocatorError:
+                return False
+            if any(w.job_id == job_id and w.placement_id == where[node] and w.status in ("starting", "running")
+                   for w in again):
+                return True
+        return False
 
     def _trailing(self, key: tuple[str, str], t: float, steps: float) -> tuple[float, float] | None:
         """Record (t, steps) of a workload and return its oldest sample within ``RATE_WINDOW_S`` before t (None

@@ -436,7 +436,8 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
     placements are kept only if every slice fits what is left of its GPU's committed share
     and memory (the store checks again atomically, all or nothing: a decision that cannot fit is dropped here
     so that it cannot veto the rest of the round). A placement of a job the decision also preempts is a
-    resize (a relaunch on other GPUs).
+    resize (a relaunch on other GPUs) when it stays on the job's nodes; one onto another node is a preemption
+    now and a placement once the current run is reported stopped (``Plan.waiting`` says so).
 
     A Kubernetes pod's job is never released by a decision (its slices are freed only once its pod is gone,
     :func:`transitions`): preempting, resizing or moving one requests its eviction instead (``Plan.evict``, once:
@@ -545,6 +546,11 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
                                float(index.iso_rate[r]), float(view.jobs.solo_util[r]))
 
         p = next((o for o in on(g_rows) if fits(o)), None)
+        if p is not None and r in gone and r not in moving and _nodes(p) != _nodes(job.placement):
+            # a relaunch on another node waits until its current run is reported stopped (:func:`still_running`):
+            # that node's agent stops it, this one's would start it, and nothing orders the two
+            plan.waiting.append((job.job_id, "relaunches on another node once its current run has stopped"))
+            continue
         if p is None and job.spec.shapes:  # e.g. its declared memory does not fit there: empty GPUs where it does
             g_rows = _empty_gpus_for(job, r, n_gpus, float(sh), view, index, free, planned)
             p = next((o for o in on(g_rows) if fits(o)), None) if g_rows else None
@@ -566,6 +572,22 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
         else:
             plan.place.append((job, p))
     return plan
+
+
+def _nodes(p: Placement | None) -> set[str]:
+    return {s.node_id for s in p.slices} if p is not None else set()
+
+
+def still_running(jobs: Sequence[Job], nodes: Mapping[str, NodeInfo], workloads: Mapping[str, Mapping[str, Workload]],
+                  now_s: float, lost_after_s: float) -> set[str]:
+    """Ids of PENDING jobs that an agent of a node not lost (heartbeat within ``lost_after_s``) still reports
+    starting or running: an earlier placement whose stop is not done yet. They are kept out of the round's view,
+    so that no job is placed while it runs elsewhere; a same-node relaunch needs no wait (the agent stops before
+    it starts), a relaunch on another node does (:func:`translate`)."""
+    pending = {j.job_id for j in jobs if j.state is JobState.PENDING}
+    return {job_id for node_id, ws in workloads.items()
+            if node_id in nodes and now_s - nodes[node_id].last_heartbeat_s <= lost_after_s
+            for job_id, w in ws.items() if job_id in pending and w.status in ("starting", "running")}
 
 
 def _keep_memory(p: Placement, current: Placement) -> Placement:

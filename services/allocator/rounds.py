@@ -66,6 +66,7 @@ from services.allocator.plan import (
     current_reports,
     node_fresh,
     spec_num_gpus,
+    still_running,
     transitions,
     translate,
 )
@@ -429,7 +430,12 @@ class Scheduler:
         matrix, est_note = await self._estimate()
         policy = self._policy(matrix)
         forecasts = await self._demand(cluster.jobs, cluster.workloads, now)
-        view, index = build_view(cluster.jobs, cluster.nodes, self.types, self.resolve, now, self.s.node_stale_s,
+        stopping = still_running(cluster.jobs, cluster.node_map, cluster.workloads, now,
+                                 self.s.node_stale_s + self.s.node_grace_s)
+        if stopping:
+            log.debug("pending jobs wait for their previous run to stop", job_ids=sorted(stopping))
+        jobs = [j for j in cluster.jobs if j.job_id not in stopping] if stopping else cluster.jobs
+        view, index = build_view(jobs, cluster.nodes, self.types, self.resolve, now, self.s.node_stale_s,
                                  self.s.time_scale, self.s.max_tenants, observed=self._readings(cluster.jobs, cluster.workloads),
                                  demand_rps=forecasts)
         rep.pending = len(view.pending)

@@ -416,3 +416,78 @@ def test_metrics_are_exported():
                  "elastico_allocator_gpu_allocated_ratio", "elastico_allocator_norm_throughput_error"):
         assert name in text
     assert grpc  # imported for the fixtures' channels
+
+
+
+class _PlaceOn:
+    """A policy for one job: places it whole on GPU row ``row`` while it is pending and, with ``move``, relaunches it
+    there once while it runs (preempt + place in one decision). Other jobs stay queued (one keeps rounds deciding)."""
+
+    name = "place-on"
+    needs_periodic_rounds = False
+
+    def __init__(self, job_id: str, row: int):
+        self.job_id, self.row, self.move = job_id, row, False
+
+    def decide(self, view):
+        from services.allocator.policy import Decision
+
+        d = Decision()
+        for r, job_id in enumerate(view.jobs.job_ids):
+            if job_id != self.job_id:
+                continue
+            if r in view.running and self.move:
+                self.move = False
+                d.preempt.append(r)
+                d.place.append((r, np.array([self.row]), 100.0))
+            elif r in view.pending:
+                d.place.append((r, np.array([self.row]), 100.0))
+        return d
+
+
+async def test_a_job_relaunched_on_another_node_starts_there_only_once_its_old_run_is_reported_stopped(store):
+    """Its old node's agent stops it and the new node's agent starts it, in no order: the allocator places it on
+    the new node only once the old node reports the run gone, so it never runs on both at once."""
+    await heartbeat(store, "n1", "n2", gpus=1)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(), lease)
+    job, _ = await store.create_job(make_job(spec=make_spec(model_family="ResNet-18", batch_size=64)))
+    await store.create_job(make_job())
+    policy = _PlaceOn(job.job_id, 0)  # GPU rows: n1:0, n2:0
+    sch._policy = lambda matrix: policy  # noqa: SLF001 - the test's policy
+    await sch.round(epoch)
+    await agent_reports(store, "n1", "running")
+    await sch.round(epoch)
+    assert (await store.get_job(job.job_id)).state is JobState.RUNNING
+    policy.row, policy.move = 1, True
+    await sch.round(epoch)
+    left = await store.get_job(job.job_id)
+    assert (left.state, left.reason, left.placement) == (JobState.PENDING, StateReason.PREEMPTED, None)
+    for _ in range(2):  # n1's agent has not stopped it yet: its last report still says running
+        await sch.round(epoch)
+        assert (await store.get_job(job.job_id)).state is JobState.PENDING
+        assert (await store.get_desired("n2"))[1] == {}
+    gen, _ = await store.get_workloads("n1")
+    await store.report_workloads("n1", gen, [])  # stopped
+    await sch.round(epoch)
+    now = await store.get_job(job.job_id)
+    assert now.state is JobState.PLACED and now.placement.slices[0].node_id == "n2"
+
+
+async def test_a_relaunch_on_the_same_node_is_one_round(store):
+    """The agent stops a job's old run before it starts the new one: a relaunch there needs no wait."""
+    await heartbeat(store, "n1", gpus=2)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(), lease)
+    job, _ = await store.create_job(make_job(spec=make_spec(model_family="ResNet-18", batch_size=64)))
+    await store.create_job(make_job())
+    policy = _PlaceOn(job.job_id, 0)
+    sch._policy = lambda matrix: policy  # noqa: SLF001 - the test's policy
+    await sch.round(epoch)
+    await agent_reports(store, "n1", "running")
+    await sch.round(epoch)
+    policy.row, policy.move = 1, True
+    await sch.round(epoch)
+    now = await store.get_job(job.job_id)
+    assert (now.state, now.reason) == (JobState.PLACED, StateReason.PLACED) and now.placement.slices[0].gpu_index == 1
+    assert now.restarts == 1

@@ -25,7 +25,15 @@ from elastico.domain import (
 )
 from services.allocator.clients import GrpcSolver
 from services.allocator.estimate import TypeResolver, default_types, split_type_name
-from services.allocator.plan import BARE_POD_GONE_MESSAGE, BARE_POD_WHY, POD_GONE_MESSAGE, build_view, transitions, translate
+from services.allocator.plan import (
+    BARE_POD_GONE_MESSAGE,
+    BARE_POD_WHY,
+    POD_GONE_MESSAGE,
+    build_view,
+    still_running,
+    transitions,
+    translate,
+)
 from services.allocator.policy import POLICY_NAMES, Decision, make_policy, options_for
 from services.pricer.core import PricingProblem, SolverOptions
 from tests.conftest import make_job, make_node, make_spec
@@ -137,6 +145,30 @@ def test_translate_preempt_then_place_is_a_resize():
     view, idx = build_view([run], [n1], TYPES, RESOLVE, NOW, 15)
     plan = translate(Decision(preempt=[0], place=[(0, np.array([0]), 100.0)]), view, idx)
     assert plan.preempt == [] and [(j.job_id, p.slices[0].compute_share_pct) for j, p in plan.resize] == [(run.job_id, 100.0)]
+
+
+def test_a_relaunch_on_another_node_is_a_preemption_now_and_a_placement_after_the_stop():
+    """Two agents would stop and start it with nothing ordering them: the job could run on both nodes at once."""
+    run = placed(make_job(), "n1", (0,), 50.0)
+    n1 = node("n1", gpus=1)
+    n1 = replace(n1, gpus=(replace(n1.gpus[0], allocated_share_pct=50.0, allocated_mem_mib=8192),))
+    view, idx = build_view([run], [n1, node("n2", gpus=1)], TYPES, RESOLVE, NOW, 15)
+    plan = translate(Decision(preempt=[0], place=[(0, np.array([1]), 100.0)]), view, idx)
+    assert idx.gpus[1] == ("n2", 0)
+    assert plan.preempt == [run] and plan.resize == [] and plan.place == []
+    assert plan.waiting == [(run.job_id, "relaunches on another node once its current run has stopped")]
+
+
+def test_a_pending_job_still_reported_running_by_a_live_node_is_held():
+    gone = replace(placed(make_job(), "n1"), state=JobState.PENDING, placement=None)
+    report = {"n1": {gone.job_id: wl(placed(gone, "n1"))}}
+    nodes = {"n1": node("n1")}
+    assert still_running([gone], nodes, report, NOW, 45) == {gone.job_id}
+    stopped = {"n1": {gone.job_id: wl(placed(gone, "n1"), "killed", StateReason.PREEMPTED)}}
+    assert still_running([gone], nodes, stopped, NOW, 45) == set()
+    assert still_running([gone], {"n1": node("n1", age_s=46)}, report, NOW, 45) == set()  # a lost node holds nothing
+    runs = placed(make_job(), "n1")  # a placed job's own report is no reason to hold anything
+    assert still_running([runs], nodes, {"n1": {runs.job_id: wl(runs)}}, NOW, 45) == set()
 
 
 def test_explicit_shapes_keep_their_memory_limit_and_index():

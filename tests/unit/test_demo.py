@@ -199,3 +199,21 @@ def test_a_stepped_service_follows_its_hour_then_the_hour_times_the_step() -> No
     for bad in ("conv:0.4:30:0.5", "conv:0.4:30:x"):
         with pytest.raises(ValueError, match="--services"):
             demo.parse_services(bad)
+
+
+def test_a_job_seen_on_two_agents_read_one_after_another_is_a_double_run_only_if_the_first_still_runs_it():
+    """The sampler reads the agents in turn: a job stopped on the first and started on the second between the two
+    reads is seen on both; a second read of the first tells a move from a double run."""
+    from types import SimpleNamespace
+
+    from devtools.replay import Replay
+
+    def agent(*running):
+        return SimpleNamespace(workloads=lambda: [SimpleNamespace(job_id=j, placement_id=p, status="running")
+                                                  for j, p in running])
+
+    replay = Replay("127.0.0.1:1", ["n1", "n2"], [], 1.0, "run")
+    seen = {"n1": "3:1.0", "n2": "3:2.0"}
+    assert replay._overlap([agent(("j", "3:1.0")), agent()], "j", seen)  # still running its old placement on n1
+    assert not replay._overlap([agent(), agent()], "j", seen)  # stopped on n1 meanwhile: a move, not a double run
+    assert not replay._overlap([agent(("j", "3:9.0")), agent()], "j", seen)  # another placement (not the one seen)
