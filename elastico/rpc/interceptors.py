@@ -222,14 +222,12 @@ async def _until(stream: AsyncIterator[Any], stop: asyncio.Event) -> AsyncIterat
     """The items of ``stream`` until it ends or ``stop`` is set (then it is closed and this ends normally)."""
     it = stream.__aiter__()
     stopping = asyncio.ensure_future(stop.wait())
+    nxt: asyncio.Future | None = None
     try:
         while True:
             nxt = asyncio.ensure_future(it.__anext__())
             await asyncio.wait((nxt, stopping), return_when=asyncio.FIRST_COMPLETED)
             if not nxt.done():
-                nxt.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await nxt
                 return
             try:
                 item = nxt.result()
@@ -237,7 +235,13 @@ async def _until(stream: AsyncIterator[Any], stop: asyncio.Event) -> AsyncIterat
                 return
             yield item
     finally:
+        # stopping, or the call cancelled (the client went away or its deadline passed) while the stream waits
+        # for its next item: that step is cancelled first, since a generator cannot be closed while it runs
         stopping.cancel()
+        if nxt is not None and not nxt.done():
+            nxt.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await nxt
         aclose = getattr(it, "aclose", None)
         if aclose is not None:
             await aclose()

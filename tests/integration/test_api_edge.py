@@ -108,6 +108,32 @@ async def test_an_open_watch_ends_cleanly_when_the_server_drains(server):
         await stop
 
 
+def _internal_errors() -> float:
+    from prometheus_client import REGISTRY
+
+    return sum(s.value for m in REGISTRY.collect() if m.name == "elastico_grpc_requests"
+               for s in m.samples if s.name.endswith("_total") and s.labels.get("code") == "INTERNAL")
+
+
+async def test_a_watch_its_client_gives_up_on_is_no_server_error(server):
+    """A client deadline passing or a cancel while the watch waits for events ends the call on the server
+    without an INTERNAL error (the stream's pending step is cancelled before it is closed)."""
+    _, addr = server
+    before = _internal_errors()
+    async with grpc.aio.insecure_channel(addr) as ch:
+        stub = allocator_pb2_grpc.AllocatorStub(ch)
+        timed = stub.WatchJobs(allocator_pb2.WatchJobsRequest(), timeout=0.5)
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            async for _ in timed:
+                pass
+        assert exc.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        cancelled = stub.WatchJobs(allocator_pb2.WatchJobsRequest(), timeout=10)
+        await asyncio.sleep(0.5)
+        cancelled.cancel()
+        await asyncio.sleep(0.5)  # the server handles both ends
+    assert _internal_errors() == before
+
+
 @pytest.mark.parametrize("bad", ["9" * 25, "١٢٣", "1-2-3", "-1"])
 async def test_watch_rejects_event_ids_redis_would_refuse(server, bad):
     _, addr = server
