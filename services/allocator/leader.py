@@ -55,9 +55,11 @@ class LeaderLease:
         self._set(epoch, started + self.ttl_s if epoch is not None else 0.0)
         return self.epoch
 
-    def _set(self, epoch: int | None, valid_until: float) -> None:
+    def _set(self, epoch: int | None, valid_until: float, handed_back: bool = False) -> None:
         if epoch != self._epoch:
-            if epoch is None:
+            if handed_back:
+                log.info("handed leadership back", holder=self.holder, epoch=self._epoch)
+            elif epoch is None:
                 log.warning("lost leadership", holder=self.holder, epoch=self._epoch)
             else:
                 log.info("became leader", holder=self.holder, epoch=epoch)
@@ -83,4 +85,4 @@ class LeaderLease:
         if self._epoch is not None:
             with contextlib.suppress(Unavailable):
                 await self._store.release_leadership(self.holder)
-        self._set(None, 0.0)
+        self._set(None, 0.0, handed_back=True)
