@@ -96,13 +96,21 @@ def current_reports(job: Job, workloads: Mapping[str, Mapping[str, Workload]]) -
     return [w for w in reports if w is not None and w.placement_id == pid]
 
 
+def node_lost(node: NodeInfo | None, now_s: float, lost_after_s: float, watched_since_s: float = -math.inf) -> bool:
+    """A node is lost when it is unknown or its heartbeat is older than ``lost_after_s``, counted from no earlier
+    than ``watched_since_s``: the allocator only holds silence it could have seen against a node (since it took
+    the lead, or since the store answered again after an outage, in which no heartbeat could land)."""
+    return node is None or now_s - max(node.last_heartbeat_s, watched_since_s) > lost_after_s
+
+
 def transitions(jobs: Sequence[Job], nodes: Mapping[str, NodeInfo], workloads: Mapping[str, Mapping[str, Workload]],
-                now_s: float, stale_s: float, grace_s: float) -> list[Transition]:
+                now_s: float, stale_s: float, grace_s: float, watched_since_s: float = -math.inf) -> list[Transition]:
     """Transitions of placed jobs (PLACED/RUNNING) from the agents' actual state and the nodes' heartbeats.
 
     * a workload of the job's *current* placement (same ``placement_id``) running -> PLACED becomes RUNNING;
     * ended -> COMPLETED: SUCCEEDED; OWN_FAILURE: FAILED; COTENANT_FAULT or stopped: back to PENDING;
-    * a node of the placement missing, or silent for more than ``stale_s + grace_s`` -> PENDING (NODE_LOST).
+    * a node of the placement missing, or silent for more than ``stale_s + grace_s`` -> PENDING (NODE_LOST)
+      (:func:`node_lost`: silence counts from ``watched_since_s`` at the earliest).
 
     A Kubernetes pod's job (``domain.is_pod_job``) never goes back to PENDING: its pod is bound to its node and
     only its owner makes a new one (a new job). Its ends are terminal: COMPLETED -> SUCCEEDED, OWN_FAILURE and
@@ -120,7 +128,7 @@ def transitions(jobs: Sequence[Job], nodes: Mapping[str, NodeInfo], workloads: M
         if p is None or job.state not in (JobState.PLACED, JobState.RUNNING):
             continue
         node_ids = sorted({s.node_id for s in p.slices})
-        lost = [n for n in node_ids if n not in nodes or now_s - nodes[n].last_heartbeat_s > stale_s + grace_s]
+        lost = [n for n in node_ids if node_lost(nodes.get(n), now_s, stale_s + grace_s, watched_since_s)]
         reports = current_reports(job, workloads)
         ended = [w for w in reports if w.status in ("succeeded", "failed", "killed")]
         progress = max((w.progress_steps for w in reports), default=job.progress_steps)
@@ -579,14 +587,13 @@ def _nodes(p: Placement | None) -> set[str]:
 
 
 def still_running(jobs: Sequence[Job], nodes: Mapping[str, NodeInfo], workloads: Mapping[str, Mapping[str, Workload]],
-                  now_s: float, lost_after_s: float) -> set[str]:
-    """Ids of PENDING jobs that an agent of a node not lost (heartbeat within ``lost_after_s``) still reports
-    starting or running: an earlier placement whose stop is not done yet. They are kept out of the round's view,
+                  now_s: float, lost_after_s: float, watched_since_s: float = -math.inf) -> set[str]:
+    """Ids of PENDING jobs that an agent of a node not lost (:func:`node_lost`) still reports starting or running: an earlier placement whose stop is not done yet. They are kept out of the round's view,
     so that no job is placed while it runs elsewhere; a same-node relaunch needs no wait (the agent stops before
     it starts), a relaunch on another node does (:func:`translate`)."""
     pending = {j.job_id for j in jobs if j.state is JobState.PENDING}
     return {job_id for node_id, ws in workloads.items()
-            if node_id in nodes and now_s - nodes[node_id].last_heartbeat_s <= lost_after_s
+            if not node_lost(nodes.get(node_id), now_s, lost_after_s, watched_since_s)
             for job_id, w in ws.items() if job_id in pending and w.status in ("starting", "running")}
 
 

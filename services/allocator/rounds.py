@@ -42,6 +42,7 @@ import contextlib
 import functools
 import gc
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -169,6 +170,10 @@ class Scheduler:
         self._tasks: list[asyncio.Task] = []
         self._bg: set[asyncio.Task] = set()
         self._term: int | None = None
+        # when this replica could start to see nodes' heartbeats: its term's start, or the store's return after an
+        # outage (no heartbeat lands while Redis is down); a node's silence before it is not held against it
+        self._watched_since = -math.inf
+        self._store_lost = False
         self._policies: dict[str, Policy] = {}
         self._policy_key = 0  # names the current policy for the decide worker process (bumped on every new one)
         self._spec: PolicySpec | None = None  # how the worker builds the current policy; None = decide in a thread
@@ -362,15 +367,22 @@ class Scheduler:
         """One scheduling round with fencing token ``epoch``: read, consume reports, decide, apply, then nudge,
         record and publish (see module docstring)."""
         t0 = time.perf_counter()
+        now = self.clock()
         if epoch != self._term:
             log.info("leading: scheduling rounds start", epoch=epoch, holder=self.lease.holder, policy=self.s.policy)
             self._term = epoch
             self._policies = {}
+            self._watched_since = now
         self.metrics.started(epoch)
         rep = RoundReport(epoch=epoch)
-        now = self.clock()
         try:
-            cluster = await self._read()
+            try:
+                cluster = await self._read()
+            except Unavailable:
+                self._store_lost = True
+                raise
+            if self._store_lost:
+                self._store_lost, self._watched_since = False, now
             await self._consume_reports(epoch, cluster, now, rep)
             decided = await self._decide(epoch, cluster, now, rep)
             if decided.decision is not None:
@@ -410,7 +422,8 @@ class Scheduler:
         changed: dict[str, Job] = {}
         released = False
         for t, new in await self._apply_transitions(epoch, transitions(cluster.jobs, cluster.node_map, cluster.workloads,
-                                                                        now, self.s.node_stale_s, self.s.node_grace_s), rep):
+                                                                        now, self.s.node_stale_s, self.s.node_grace_s,
+                                                                        self._watched_since), rep):
             changed[t.job.job_id] = new
             if t.release and t.job.placement is not None:
                 released = True
@@ -431,7 +444,7 @@ class Scheduler:
         policy = self._policy(matrix)
         forecasts = await self._demand(cluster.jobs, cluster.workloads, now)
         stopping = still_running(cluster.jobs, cluster.node_map, cluster.workloads, now,
-                                 self.s.node_stale_s + self.s.node_grace_s)
+                                 self.s.node_stale_s + self.s.node_grace_s, self._watched_since)
         if stopping:
             log.debug("pending jobs wait for their previous run to stop", job_ids=sorted(stopping))
         jobs = [j for j in cluster.jobs if j.job_id not in stopping] if stopping else cluster.jobs

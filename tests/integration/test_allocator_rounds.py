@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import time
 from dataclasses import replace
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from elastico.domain import JobState, Shape, StateReason, TrainingWork, Workload, placement_id
-from elastico.errors import StaleEpoch
+from elastico.errors import StaleEpoch, Unavailable
 from elastico.rpc.server import ServiceBinding, create_server
 from elastico.state.memory import MemoryStore
 from elastico.v1 import allocator_pb2, predictor_pb2_grpc, pricer_pb2_grpc
@@ -145,14 +146,65 @@ async def test_a_gang_that_fits_one_node_is_never_split_across_nodes(store, poli
     assert got is not None and {s.node_id for s in got.slices} == {"n1"} and len(got.slices) == 2
 
 
+class _Outage:
+    """The store, unreachable while ``down`` is set (every call raises Unavailable)."""
+
+    def __init__(self, store):
+        self._store, self.down = store, False
+
+    def __getattr__(self, name):
+        attr = getattr(self._store, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        async def call(*a, **kw):
+            if self.down:
+                raise Unavailable("redis down (test)")
+            return await attr(*a, **kw)
+        return call
+
+
+async def test_silence_the_allocator_could_not_see_never_loses_a_node(store):
+    """A new leader, or one whose store was down (no heartbeat could land), counts a node's silence from when
+    it could watch: a node that went quiet before then keeps its jobs for stale + grace after it."""
+    await heartbeat(store, "n1", gpus=1)
+    lease, epoch = await leader(store, "a")
+    ahead = [0.0]
+    clock = lambda: time.time() + ahead[0]  # noqa: E731
+    first = Scheduler(store, settings(), lease, clock=clock)
+    job, _ = await store.create_job(make_job())
+    await first.round(epoch)
+    ahead[0] = 7.0  # n1's last heartbeat is 7 s old (> stale 5 s + grace 1 s) when a new leader takes over
+    new = Scheduler(store, settings(), lease, clock=clock)
+    rep = await new.round(epoch)
+    assert rep.released == {} and (await store.get_job(job.job_id)).state is JobState.PLACED
+    ahead[0] = 13.5  # 6.5 s of silence this leader saw: lost
+    assert (await new.round(epoch)).released == {"node_lost": 1}
+
+    await heartbeat(store, "n1", gpus=1, age_s=-13.5)  # back: the requeued job is placed there again
+    flaky = _Outage(store)
+    sch = Scheduler(flaky, settings(), lease, clock=clock)
+    assert (await sch.round(epoch)).placed == [job.job_id]
+    flaky.down = True
+    ahead[0] = 30.0  # Redis down for 16.5 s: no heartbeat could land
+    with pytest.raises(Unavailable):
+        await sch.round(epoch)
+    flaky.down = False
+    rep = await sch.round(epoch)
+    assert rep.released == {} and (await store.get_job(job.job_id)).state is JobState.PLACED
+    ahead[0] = 36.5
+    assert (await sch.round(epoch)).released == {"node_lost": 1}
+
+
 async def test_stale_node_gets_nothing_and_its_jobs_are_requeued_after_grace(store):
     await heartbeat(store, "n1", gpus=1)
     lease, epoch = await leader(store, "a")
-    sch = Scheduler(store, settings(), lease)
+    ahead = [0.0]
+    sch = Scheduler(store, settings(), lease, clock=lambda: time.time() + ahead[0])
     job, _ = await store.create_job(make_job())
     await sch.round(epoch)
-    await heartbeat(store, "n1", gpus=1, age_s=7.0)  # silent for 7 s > stale 5 s + grace 1 s
-    await heartbeat(store, "n2", gpus=1)
+    ahead[0] = 7.0  # n1 silent for 7 s > stale 5 s + grace 1 s, while this leader watched
+    await heartbeat(store, "n2", gpus=1, age_s=-7.0)
     rep = await sch.round(epoch)
     assert rep.released == {"node_lost": 1}
     moved = await store.get_job(job.job_id)
