@@ -142,8 +142,8 @@ def transitions(jobs: Sequence[Job], nodes: Mapping[str, NodeInfo], workloads: M
                 out.append(_pod_end(seen, w, reason))
                 continue
             state = _END_TO_STATE.get(reason, JobState.PENDING)
-            if state is JobState.PENDING and reason is not StateReason.COTENANT_FAULT:
-                reason = StateReason.PREEMPTED
+            if state is JobState.PENDING and reason not in (StateReason.COTENANT_FAULT, StateReason.NODE_LOST):
+                reason = StateReason.PREEMPTED  # NODE_LOST: its supervisor stopped it for a silent agent (fence)
             out.append(Transition(seen, state, reason, w.message))
         elif lost and pod:
             continue  # kept placed until its pod is gone (see above)

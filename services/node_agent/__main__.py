@@ -79,12 +79,15 @@ def build(settings: NodeAgentSettings):
         reconciler = Reconciler(store, backend, mps, node_id, settings.effective_state_dir,
                                 stop_grace_s=settings.stop_grace_s, fault_holddown_s=settings.mps_fault_holddown_s,
                                 observation_interval_s=settings.observation_interval_s, observation_sink=reporter,
-                                policy=settings.workload_policy, scrape_interval_s=settings.scrape_interval_s, pods=pods)
+                                policy=settings.workload_policy, scrape_interval_s=settings.scrape_interval_s, pods=pods,
+                                fence_s=settings.fence_s)
         await reconciler.recover()
         agent = NodeAgent(store, backend, node_id, address, reconciler)
         await agent.heartbeat()  # register before serving, so the allocator sees the GPUs at once
         tasks = [asyncio.create_task(agent.heartbeat_forever(settings.heartbeat_interval_s)),
                  asyncio.create_task(reconciler.run_forever(settings.reconcile_interval_s))]
+        if settings.fence_s > 0:
+            tasks.append(asyncio.create_task(reconciler.keep_alive()))
 
         async def cleanup() -> None:
             for task in tasks:

@@ -160,13 +160,13 @@ class Reconciler:
                  stop_grace_s: float = 10.0, fault_holddown_s: float = 5.0, observation_interval_s: float = 30.0,
                  observation_sink: ObservationSink | None = None, truth: ColocationTruth | None = None,
                  policy: WorkloadPolicy | None = None, scrape_interval_s: float = 5.0,
-                 pods: PodSource | None = None) -> None:
+                 pods: PodSource | None = None, fence_s: float = 0.0) -> None:
         self.store = store
         self.backend = backend
         self.mps = mps
         self.node_id = node_id
         self.state_dir = Path(state_dir)
-        self.runner = Runner(self.state_dir, policy)  # None = the default policy (never root)
+        self.runner = Runner(self.state_dir, policy, fence_s, stop_grace_s)  # None = the default policy (never root)
         self.ledger = LedgerFile.load(self.state_dir / "ledger.json")
         self.stop_grace_s = stop_grace_s
         self.fault_holddown_s = fault_holddown_s
@@ -190,6 +190,8 @@ class Reconciler:
     # --- start-up -------------------------------------------------------------------------------------
     async def recover(self) -> None:
         """Re-adopt processes from the ledger and from tagged processes missing in it; start MPS."""
+        if self.runner.fence_s > 0:
+            self.runner.touch_alive()  # back in time: the shims that still run keep their workloads
         await asyncio.to_thread(self.mps.start)
         tagged = await asyncio.to_thread(find_tagged, str(self.state_dir))
         known = {(e.base_job_id, e.placement_id) for e in self.ledger.entries.values()}  # tags name the real job
@@ -225,6 +227,13 @@ class Reconciler:
     def nudge(self) -> None:
         """Ask the loop for a pass now (Sync does its own pass; this is for other callers)."""
         self._wake.set()
+
+    async def keep_alive(self) -> None:
+        """While this agent runs: touch the liveness file its workloads' shims fence on (``Runner.fence_s`` > 0)."""
+        every = min(1.0, self.runner.fence_s / 4)
+        while True:
+            self.runner.touch_alive()
+            await asyncio.sleep(every)
 
     async def run_forever(self, interval_s: float) -> None:
         """Reconcile every ``interval_s`` (or when nudged); a Redis outage is logged and retried."""
@@ -377,10 +386,12 @@ class Reconciler:
                      pod_uid=uid, gpus=list(gone.gpu_indices))
 
     def _classify(self, e: LedgerEntry, now: float) -> LedgerEntry:
-        code, message = self.runner.exit_status(e)
+        code, message, fenced = self.runner.exit_status(e)
         if e.stop_requested:
             status, reason = "killed", StateReason.PREEMPTED
             message = f"stopped by the node agent ({message})"
+        elif fenced:
+            status, reason = "killed", StateReason.NODE_LOST
         elif e.cotenant_fault and code != 0:
             status, reason = "failed", StateReason.COTENANT_FAULT
             message = f"MPS server fault on GPU {','.join(map(str, e.gpu_indices))} ({message}); requeue without penalty"

@@ -135,6 +135,9 @@ class LedgerEntry:
         return str(Path(self.workdir) / "rate")
 
 
+ALIVE_FILE = "agent.alive"  # touched by the agent while it lives; the shims' fence reads its age
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Write-then-rename with fsync: a crash leaves the old or the new file, never half of one."""
     tmp = path.with_name(path.name + ".tmp")
@@ -269,9 +272,14 @@ def free_loopback_port() -> int:
 class Runner:
     """Starts, observes and stops workload processes for one agent (one state dir)."""
 
-    def __init__(self, state_dir: Path, policy: WorkloadPolicy | None = None) -> None:
+    def __init__(self, state_dir: Path, policy: WorkloadPolicy | None = None, fence_s: float = 0.0,
+                 stop_grace_s: float = 10.0) -> None:
+        """``fence_s`` > 0: each shim stops its workload once the agent has not touched :attr:`alive_file` for that
+        long (``shim.py``); the agent keeps it fresh with :meth:`touch_alive`."""
         self.state_dir = Path(state_dir)
         self.policy = policy or WorkloadPolicy.default()
+        self.fence_s, self.stop_grace_s = fence_s, stop_grace_s
+        self.alive_file = self.state_dir / ALIVE_FILE
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # shims we started: reaped by poll()
 
     def start(self, entry: LedgerEntry, argv: list[str], extra_env: dict[str, str], drop: bool = True) -> LedgerEntry:
@@ -301,6 +309,9 @@ class Runner:
         env["PYTHONUNBUFFERED"] = "1"
         env.update(HOME=policy.home, USER=policy.user, LOGNAME=policy.user)
         opts = ["--cwd", str(workdir / WORK_DIR), *(f"--rlimit={n}={v}" for n, v in policy.rlimits)]
+        if self.fence_s > 0:
+            self.touch_alive()
+            opts += ["--fence", str(self.alive_file), f"--fence-s={self.fence_s:g}", f"--stop-grace-s={self.stop_grace_s:g}"]
         if policy.drops_privileges and drop:
             opts += ["--uid", str(policy.uid), "--gid", str(policy.gid)]
         with open(entry.log_path, "ab") as logf:
@@ -310,6 +321,14 @@ class Runner:
         self._children[proc.pid] = proc
         ticks = proc_start_ticks(proc.pid) or 0
         return replace(entry, status="running", pid=proc.pid, pid_start_ticks=ticks, started_at_s=time.time())
+
+    def touch_alive(self) -> None:
+        """The agent's sign of life for the shims' fence (a file's modification time)."""
+        try:
+            self.alive_file.touch()
+        except FileNotFoundError:  # before the state directory's first use
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self.alive_file.touch()
 
     def reap(self) -> None:
         """Collect exit statuses of our own children so none lingers as a zombie."""
@@ -321,21 +340,22 @@ class Runner:
         self.reap()
         return is_alive(entry.pid, entry.pid_start_ticks)
 
-    def exit_status(self, entry: LedgerEntry) -> tuple[int | None, str]:
-        """(exit code or None if unknown, message) of an ended workload, from the shim's exit file."""
+    def exit_status(self, entry: LedgerEntry) -> tuple[int | None, str, bool]:
+        """(exit code or None if unknown, message, whether its shim stopped it for its silent agent) of an ended
+        workload, from the shim's exit file."""
         try:
             data = json.loads((Path(entry.workdir) / "exit.json").read_text())
         except (OSError, ValueError):
-            return None, "workload supervisor ended without an exit status"
-        code = int(data["exit_code"])
+            return None, "workload supervisor ended without an exit status", False
+        code, fenced = int(data["exit_code"]), bool(data.get("fenced"))
         if data.get("message"):
-            return code, data["message"]
+            return code, data["message"], fenced
         if code < 0:
             sig = -code
             name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
             hint = " (OOM killer?)" if sig == signal.SIGKILL else ""
-            return code, f"killed by {name}{hint}"
-        return code, f"exit {code}"
+            return code, f"killed by {name}{hint}", fenced
+        return code, f"exit {code}", fenced
 
     def log_mentions_oom(self, entry: LedgerEntry, tail_bytes: int = 16384) -> bool:
         try:

@@ -134,6 +134,10 @@ class NodeAgentSettings(Settings):
     state_dir: str = ""  # ledger, workload logs and MPS pipes; "" = $XDG_STATE_HOME/elastico/<node_id> (root: /var/lib/elastico/<node_id>)
     reconcile_interval_s: float = 2.0  # desired-state poll period (a Sync call reconciles at once)
     stop_grace_s: float = 10.0  # SIGTERM -> SIGKILL delay when stopping a workload
+    # a workload's supervisor stops it once this agent has shown no sign of life (stopped, dead) for this long, s;
+    # keep it below the allocator's ELASTICO_NODE_STALE_S + ELASTICO_NODE_GRACE_S (45 s), after which the job is
+    # placed elsewhere; 0 = never (a silent agent's workloads may then run twice)
+    fence_s: float = 30.0
     mps: str = "auto"  # auto (real MPS on NVML GPUs, simulated on simulated GPUs), real, simulated, off
     mps_pipe_dir: str = ""  # CUDA_MPS_PIPE_DIRECTORY; "" = <state_dir>/mps/pipe
     mps_log_dir: str = ""  # CUDA_MPS_LOG_DIRECTORY; "" = <state_dir>/mps/log
@@ -177,6 +181,8 @@ class NodeAgentSettings(Settings):
             raise ConfigError(f"ELASTICO_RECONCILE_INTERVAL_S={self.reconcile_interval_s}: must be in [0.05, 300]")
         if not 0 <= self.stop_grace_s <= 600:
             raise ConfigError(f"ELASTICO_STOP_GRACE_S={self.stop_grace_s}: must be in [0, 600]")
+        if not (self.fence_s == 0 or 2 <= self.fence_s <= 3600):
+            raise ConfigError(f"ELASTICO_FENCE_S={self.fence_s}: must be 0 (off) or in [2, 3600]")
         if self.mps not in MPS_MODES:
             raise ConfigError(f"ELASTICO_MPS={self.mps!r}: must be one of {', '.join(MPS_MODES)}")
         if self.mps_control_timeout_s <= 0:

@@ -7,6 +7,11 @@ and when it ends writes ``WORKDIR/exit.json`` (exit code, negative = signal) ato
 agent that re-adopts the workload cannot ``wait()`` for a process that is not its child, so that file is
 how it learns the outcome. The child's pid goes to ``WORKDIR/child.json`` (the pid NVML and MPS report).
 
+With ``--fence FILE --fence-s S`` the shim also stops the command (SIGTERM, SIGKILL after ``--stop-grace-s``)
+once FILE, which the agent touches every second while it lives, is older than S: an agent that is stopped or
+dead for that long will see its node declared lost and the job placed elsewhere, and the job must not run twice.
+The exit file then says ``"fenced": true``.
+
 The shim keeps the agent's user (it writes those files, and the agent finds it by uid after a restart);
 the command runs as ``--uid``/``--gid`` (no supplementary groups, umask 077, no privilege gain through
 setuid binaries) under the ``--rlimit`` limits, in ``--cwd``. Options, not environment variables, so the
@@ -56,6 +61,9 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--rlimit", type=_rlimit, action="append", default=[], metavar="NAME=VALUE",
                     help=f"soft and hard limit of the command; NAME in {', '.join(RLIMITS)} (sizes in bytes)")
     ap.add_argument("--cwd", help="working directory of the command (default: the shim's)")
+    ap.add_argument("--fence", help="the agent's liveness file (module docstring)")
+    ap.add_argument("--fence-s", type=float, default=0.0, help="stop the command once --fence is older than this")
+    ap.add_argument("--stop-grace-s", type=float, default=10.0, help="SIGTERM -> SIGKILL delay of a fenced stop")
     ap.add_argument("workdir")
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         ap.error("missing -- ARGV...")
@@ -116,14 +124,43 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the agent's terminal going away must not end workloads
     _write_json(os.path.join(args.workdir, "child.json"), {"pid": child.pid})
+    silent = _wait(child, args.fence, args.fence_s, args.stop_grace_s) if args.fence and args.fence_s > 0 else None
+    code = child.wait()
+    out: dict = {"exit_code": code, "finished_at_s": time.time()}
+    if silent is not None:
+        out.update(fenced=True, message=f"stopped by its supervisor: the node agent showed no sign of life for "
+                                        f"{silent:.0f} s (ELASTICO_FENCE_S {args.fence_s:g}), so the job may run elsewhere")
+    _write_json(exit_file, out)
+    return code if code >= 0 else 128 - code
+
+
+def _silent_for(fence: str) -> float:
+    """Seconds since the agent last touched its liveness file (a missing file counts as long silent)."""
+    try:
+        return time.time() - os.stat(fence).st_mtime
+    except OSError:
+        return float("inf")
+
+
+def _wait(child: subprocess.Popen, fence: str, fence_s: float, grace_s: float) -> float | None:
+    """Wait for ``child``; stop it once the agent has been silent for ``fence_s`` (returns that silence, s)."""
+    poll = min(1.0, fence_s / 4)
     while True:
         try:
-            code = child.wait()
+            child.wait(timeout=poll)
+            return None
+        except subprocess.TimeoutExpired:
+            pass
+        silent = _silent_for(fence)
+        if silent > fence_s:
             break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries wait() already
-            continue
-    _write_json(exit_file, {"exit_code": code, "finished_at_s": time.time()})
-    return code if code >= 0 else 128 - code
+    print(f"shim: the node agent showed no sign of life for {silent:.0f} s; stopping the workload (fence)", flush=True)
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+    return silent
 
 
 if __name__ == "__main__":

@@ -342,6 +342,40 @@ async def test_outcomes_are_classified_and_never_rerun(agent):
     assert find_tagged(str(a.state_dir.resolve())) == {}
 
 
+@pytest.mark.parametrize("workload_env", [{**synthetic_workload_env(), "ELASTICO_FENCE_S": "2"}])
+async def test_a_workload_whose_agent_is_silent_past_the_fence_is_stopped_by_its_supervisor(agent):
+    """An agent stopped (SIGSTOP) longer than ELASTICO_FENCE_S: each workload's shim stops its workload before
+    the allocator would place the job elsewhere; the agent, back, reports it killed for NODE_LOST."""
+    a, store = agent
+    epoch = await registered(store)
+    job = await place(store, epoch, 0, 50.0, 1024, "ResNet-18", 16)
+
+    async def running():
+        w = (await workloads(store)).get(job)
+        return w if w is not None and w.status == "running" else None
+
+    child = child_of((await eventually(running)).pid)
+    await asyncio.sleep(3.0)  # longer than the fence while the agent lives: nothing is stopped
+    assert Path(f"/proc/{child}").exists() and (await workloads(store))[job].status == "running"
+    assert a.proc is not None
+    os.kill(a.proc.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert not Path(f"/proc/{child}").exists(), "the workload kept running under a silent agent"
+    finally:
+        os.kill(a.proc.pid, signal.SIGCONT)
+
+    async def ended():
+        w = (await workloads(store)).get(job)
+        return w if w is not None and w.status == "killed" else None
+
+    w = await eventually(ended)
+    assert w.reason is StateReason.NODE_LOST and "no sign of life" in w.message
+    assert "stopping the workload (fence)" in Path(w.log_path).read_text()
+
+
 def test_nvml_backend_on_a_driverless_machine_is_a_clear_error(redis_server):
     try:
         import pynvml
