@@ -23,7 +23,8 @@ lost nudge, a restart or a Redis blip can delay but never lose or duplicate work
    ``stop_grace_s``. Ended workloads that are no longer desired are forgotten. Shrinks apply before the
    stops, growths only after them: a service grows into the share a co-tenant relaunched smaller gives up,
    so its larger capacity must not be accounted (or emulated) while the old co-tenant still runs.
-5. **Start** what is desired and has no workload yet, as the unprivileged workload user (``WorkloadPolicy``).
+5. **Start** what is desired and has no workload yet, as the unprivileged workload user (``WorkloadPolicy``);
+   what goes on GPUs that no stopping workload holds starts right after the SIGTERMs, the rest once they exited.
    A placement that already ran here (same ``placement_id``) is never started again, whatever its outcome:
    the allocator re-places a job to run it again, which gives it a new placement id. A job whose command
    cannot start (unparsable, or commands refused by ``ELASTICO_ALLOW_COMMANDS=0``) is reported failed.
@@ -278,9 +279,15 @@ class Reconciler:
         self._update_drains(now)
         stopped = await self._keep_moving(desired)
         resized = self._resize_in_place(desired, grow=False)
-        stopped += await self._stop_unwanted(desired)
+        victims, started = self._unwanted(desired), 0
+        if victims:
+            # a workload may take up to stop_grace_s to exit: what goes on GPUs none of them holds starts right after
+            # the SIGTERMs; the rest once they have exited
+            await self._signal_stop(victims)
+            started = await self._start_missing(desired, avoid_gpus={g for e in victims for g in e.gpu_indices})
+            stopped += await self._reap(victims)
         resized += self._resize_in_place(desired, grow=True)  # after the stops: see the module docstring, step 4
-        started = await self._start_missing(desired)
+        started += await self._start_missing(desired)
         await self._measure(now)
         await self._scrape_due()
         self.ledger.applied_generation = gen
@@ -478,6 +485,12 @@ class Reconciler:
         return resized
 
     async def _stop_unwanted(self, desired: dict[str, Placement]) -> int:
+        victims = self._unwanted(desired)
+        return await self._stop(victims) if victims else 0
+
+    def _unwanted(self, desired: dict[str, Placement]) -> list[LedgerEntry]:
+        """The running entries to stop (not desired, or desired with another placement); ended ones that are not
+        desired any more are forgotten, and so are pod entries (never signalled)."""
         victims = []
         for e in list(self.ledger.entries.values()):
             want = desired.get(e.job_id)
@@ -490,7 +503,7 @@ class Reconciler:
                 victims.append(e)
             else:
                 del self.ledger.entries[e.job_id]  # outcome acknowledged by the allocator: forget it
-        return await self._stop(victims) if victims else 0
+        return victims
 
     def _forget_pod(self, e: LedgerEntry) -> None:
         """A pod entry no longer desired is forgotten, never signalled: kubelet owns its containers, and the extender
@@ -505,10 +518,17 @@ class Reconciler:
 
     async def _stop(self, victims: list[LedgerEntry]) -> int:
         """Stop ``victims`` (running ledger entries) and forget them; returns once every one has exited."""
+        await self._signal_stop(victims)
+        return await self._reap(victims)
+
+    async def _signal_stop(self, victims: list[LedgerEntry]) -> None:
         for e in victims:
             self.ledger.entries[e.job_id] = replace(e, stop_requested=True)
             self.runner.signal_group(e, signal.SIGTERM)
         await asyncio.to_thread(self.ledger.save)  # a crash mid-stop still classifies them as stopped
+
+    async def _reap(self, victims: list[LedgerEntry]) -> int:
+        """Wait for signalled ``victims`` (SIGKILL after ``stop_grace_s``), then classify and forget them."""
         deadline = time.monotonic() + self.stop_grace_s
         while any(self.runner.alive(e) for e in victims) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -527,7 +547,8 @@ class Reconciler:
         return len(victims)
 
     # --- 5. start -------------------------------------------------------------------------------------
-    async def _start_missing(self, desired: dict[str, Placement]) -> int:
+    async def _start_missing(self, desired: dict[str, Placement], avoid_gpus: set[int] | frozenset[int] = frozenset()) -> int:
+        """Start what is desired and has no entry, except on ``avoid_gpus`` (a workload there is still stopping)."""
         started = 0
         for job_id, p in sorted(desired.items()):
             if job_id in self.ledger.entries or job_id.endswith(DRAIN_SUFFIX):
@@ -536,6 +557,8 @@ class Reconciler:
             if not slices:
                 continue
             gpus = tuple(s.gpu_index for s in slices)
+            if avoid_gpus.intersection(gpus):
+                continue
             # MPS not ready, or wait for the GPU to come back (or for the allocator to move the job); following a
             # pod starts nothing, so pod jobs get their entries whatever the state of MPS
             held = self.mps_state != "ok" or any(g in self.ledger.drained for g in gpus)

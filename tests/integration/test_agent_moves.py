@@ -350,3 +350,44 @@ async def test_a_service_grows_into_a_relaunched_co_tenants_share_only_after_it_
     early = [rate for rate, trainer_alive in samples if trainer_alive and rate > rate_before * 1.001]
     assert not early, f"the service's larger rate was written while the old trainer still ran: {early[:3]}"
     assert samples[-1][0] == pytest.approx(rate_after)
+
+
+async def test_a_start_on_another_gpu_does_not_wait_for_a_slow_stop(cluster):
+    """A workload that takes its whole SIGTERM grace to exit holds up only what goes on its own GPU: in one pass,
+    the job placed on the other GPU starts right after the SIGTERM, the one taking its GPU once it has exited."""
+    from tests.integration.test_node_agent_process import WORKLOAD_PY
+
+    store, epoch, state = cluster["store"], cluster["epoch"], cluster["states"]["n1"].parent / "n3"
+    await store.put_node(make_node("n3", gpus=2))
+    agent = Reconciler(store, SimulatedBackend("n3", "v100", 2, 16384), SimulatedMps(state / "mps" / "pipe", state / "mps" / "log"),
+                       "n3", state, stop_grace_s=3.0, policy=cluster["policy"])
+    cluster["agents"]["n3"], cluster["states"]["n3"] = agent, state
+    await agent.recover()
+
+    def on(gpu: int) -> Placement:
+        return Placement("", 0, Shape(1, 50.0, 1024), (GpuSlice("n3", gpu, 50.0, 1024),))
+
+    stubborn = make_spec(command=f"{WORKLOAD_PY} -c 'import signal, time; signal.signal(signal.SIGTERM, lambda *_: None); "
+                                 f"print(\"ready\", flush=True); time.sleep(120)'")
+    slow, _ = await store.create_job(make_job(spec=stubborn))
+    [slow] = await store.commit_placements(epoch, [(slow, on(0))])
+    assert (await agent.reconcile()).started == 1
+    log = Path(agent.ledger.entries[slow.job_id].log_path)
+    for _ in range(200):  # its SIGTERM handler is installed
+        if "ready" in log.read_text():
+            break
+        await asyncio.sleep(0.05)
+    await store.release_job(epoch, await store.get_job(slow.job_id), JobState.PENDING, StateReason.PREEMPTED)
+    other, _ = await store.create_job(make_job())
+    same, _ = await store.create_job(make_job())
+    await store.commit_placements(epoch, [(other, on(1)), (same, on(0))])
+    t0 = time.monotonic()
+    sync = asyncio.create_task(agent.reconcile())
+    while other.job_id not in agent.ledger.entries and not sync.done():
+        await asyncio.sleep(0.02)
+    took_other = time.monotonic() - t0
+    assert same.job_id not in agent.ledger.entries and slow.job_id in agent.ledger.entries  # GPU 0 still stopping
+    res = await sync
+    took_same = time.monotonic() - t0
+    assert took_other < 1.5 and took_same >= 3.0, (took_other, took_same)
+    assert (res.started, res.stopped) == (2, 1) and {w.job_id for w in res.workloads} == {other.job_id, same.job_id}

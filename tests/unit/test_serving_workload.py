@@ -189,3 +189,22 @@ def test_service_model_bounds_its_queue_and_waits_out_zero_capacity():
     assert 'elastico_serving_dropped_total{model_name="x"} 50.0' in m.exposition("x")
     with pytest.raises(ValueError, match="time_scale"):
         ServiceModel("x", time_scale=0.0)
+
+
+def test_sigterm_exits_at_once_while_a_client_holds_a_keep_alive_connection(serving):
+    """A load generator keeps one HTTP/1.1 connection open between batches: the stop must not wait for it
+    (the agent's stop would otherwise run into its SIGKILL grace, and every start on the node waits with it)."""
+    import http.client
+
+    s = serving(rate=1000.0)
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+    conn.request("POST", "/v1/requests", body=json.dumps({"arrivals_s": [time.time()]}),
+                 headers={"Content-Type": "application/json"})
+    assert conn.getresponse().read()  # the connection stays open, idle
+    try:
+        t = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(10) == 143
+        assert time.monotonic() - t < 1.0
+    finally:
+        conn.close()
