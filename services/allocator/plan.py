@@ -588,9 +588,10 @@ def _nodes(p: Placement | None) -> set[str]:
 
 def still_running(jobs: Sequence[Job], nodes: Mapping[str, NodeInfo], workloads: Mapping[str, Mapping[str, Workload]],
                   now_s: float, lost_after_s: float, watched_since_s: float = -math.inf) -> set[str]:
-    """Ids of PENDING jobs that an agent of a node not lost (:func:`node_lost`) still reports starting or running: an earlier placement whose stop is not done yet. They are kept out of the round's view,
-    so that no job is placed while it runs elsewhere; a same-node relaunch needs no wait (the agent stops before
-    it starts), a relaunch on another node does (:func:`translate`)."""
+    """Ids of PENDING jobs that an agent of a node not lost (:func:`node_lost`) still reports starting or running:
+    an earlier placement whose stop is not done yet. They are kept out of the round's view, so that no job is
+    placed while it runs elsewhere; a same-node relaunch needs no wait (the agent stops before it starts), a
+    relaunch on another node does (:func:`translate`)."""
     pending = {j.job_id for j in jobs if j.state is JobState.PENDING}
     return {job_id for node_id, ws in workloads.items()
             if not node_lost(nodes.get(node_id), now_s, lost_after_s, watched_since_s)
