@@ -161,7 +161,7 @@ async def pod_job(store, uid: str):
     return None
 
 
-async def until(cond, timeout_s: float = 15.0, what: str = ""):
+async def until(cond, timeout_s: float = 30.0, what: str = ""):  # generous: a loaded CI box runs the chain slowly
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         v = await cond()
