@@ -391,3 +391,24 @@ async def test_a_start_on_another_gpu_does_not_wait_for_a_slow_stop(cluster):
     took_same = time.monotonic() - t0
     assert took_other < 1.5 and took_same >= 3.0, (took_other, took_same)
     assert (res.started, res.stopped) == (2, 1) and {w.job_id for w in res.workloads} == {other.job_id, same.job_id}
+
+
+async def test_a_workload_s_end_is_reported_at_once_not_at_the_next_interval(cluster):
+    """The agent watches each supervisor's exit (pidfd): a pass follows an end at once, whatever the interval."""
+    store, epoch, agent = cluster["store"], cluster["epoch"], cluster["agents"]["n1"]
+    loop = asyncio.create_task(agent.run_forever(30.0))  # a pass now, then only when nudged (or in 30 s)
+    try:
+        job, _ = await store.create_job(make_job(spec=make_spec(command="sleep 1")))
+        await store.commit_placements(epoch, [(job, slice_placement("n1", 50.0))])
+        assert (await agent.reconcile()).started == 1
+        t0 = time.monotonic()
+        for _ in range(200):
+            w = (await store.get_workloads("n1"))[1].get(job.job_id)
+            if w is not None and w.status == "succeeded":
+                break
+            await asyncio.sleep(0.05)
+        assert w is not None and w.status == "succeeded", w
+        assert time.monotonic() - t0 < 3.0  # the command's second, and the pass its end triggered
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
