@@ -134,24 +134,29 @@ def main(argv: list[str]) -> int:
     return code if code >= 0 else 128 - code
 
 
-def _silent_for(fence: str) -> float:
-    """Seconds since the agent last touched its liveness file (a missing file counts as long silent)."""
+def _mtime(path: str) -> float | None:
     try:
-        return time.time() - os.stat(fence).st_mtime
+        return os.stat(path).st_mtime
     except OSError:
-        return float("inf")
+        return None
 
 
 def _wait(child: subprocess.Popen, fence: str, fence_s: float, grace_s: float) -> float | None:
-    """Wait for ``child``; stop it once the agent has been silent for ``fence_s`` (returns that silence, s)."""
+    """Wait for ``child``; stop it once the agent has not touched ``fence`` for ``fence_s`` (returns that silence,
+    s). Silence is timed on this process's monotonic clock from the last change of the file's modification time,
+    so a step of the wall clock neither fences a live agent nor spares a dead one."""
     poll = min(1.0, fence_s / 4)
+    seen, changed_at = _mtime(fence), time.monotonic()
     while True:
         try:
             child.wait(timeout=poll)
             return None
         except subprocess.TimeoutExpired:
             pass
-        silent = _silent_for(fence)
+        now, m = time.monotonic(), _mtime(fence)
+        if m != seen:
+            seen, changed_at = m, now
+        silent = now - changed_at
         if silent > fence_s:
             break
     print(f"shim: the node agent showed no sign of life for {silent:.0f} s; stopping the workload (fence)", flush=True)
