@@ -135,8 +135,8 @@ class NodeAgentSettings(Settings):
     reconcile_interval_s: float = 2.0  # desired-state poll period (a Sync call reconciles at once)
     stop_grace_s: float = 10.0  # SIGTERM -> SIGKILL delay when stopping a workload
     # a workload's supervisor stops it once this agent has shown no sign of life (stopped, dead) for this long, s;
-    # keep it below the allocator's ELASTICO_NODE_STALE_S + ELASTICO_NODE_GRACE_S (45 s), after which the job is
-    # placed elsewhere; 0 = never (a silent agent's workloads may then run twice)
+    # keep it plus stop_grace_s below the allocator's ELASTICO_NODE_STALE_S + ELASTICO_NODE_GRACE_S (45 s), after
+    # which the job is placed elsewhere; 0 = never (a silent agent's workloads may then run twice)
     fence_s: float = 30.0
     mps: str = "auto"  # auto (real MPS on NVML GPUs, simulated on simulated GPUs), real, simulated, off
     mps_pipe_dir: str = ""  # CUDA_MPS_PIPE_DIRECTORY; "" = <state_dir>/mps/pipe
