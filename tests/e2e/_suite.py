@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -31,3 +32,14 @@ def fast_suite(run_dir: Path, monkeypatch: pytest.MonkeyPatch, nodes: int, scale
         yield state
     finally:
         cluster.down(quiet=True)
+
+
+def until(what, timeout_s: float, every_s: float = 0.05):
+    """Poll ``what()`` until it returns something truthy (returned), or fail after ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        got = what()
+        if got:
+            return got
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s} s")

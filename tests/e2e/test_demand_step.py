@@ -16,7 +16,7 @@ from devtools.loadgen import LoadGenerator, ProfileArrivals
 from devtools.service_metrics import scrape_metrics
 from elastico.client import AllocatorClient, NodeAgentClient
 from elastico.domain import InferenceWork, JobKind, JobSpec, JobState, Shape, TrainingWork, placement_id
-from tests.e2e._suite import fast_suite
+from tests.e2e._suite import fast_suite, until
 
 SCALE = 60.0  # policy seconds per wall second: a 60-s demand bin is one wall second
 ROUND_S, SCRAPE_S = 0.5, 0.25  # wall seconds
@@ -29,16 +29,6 @@ def suite(open_tmp: Path, monkeypatch: pytest.MonkeyPatch):
     with fast_suite(open_tmp / "run", monkeypatch, 1, SCALE, {
             "ELASTICO_ROUND_INTERVAL_S": repr(ROUND_S), "ELASTICO_SIM_GPU_COUNT": "1", "ELASTICO_SCRAPE_INTERVAL_S": repr(SCRAPE_S)}) as state:
         yield state
-
-
-def _until(what, timeout_s: float, every_s: float = 0.05):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        got = what()
-        if got:
-            return got
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s} s")
 
 
 def test_a_demand_step_grows_the_share_within_two_rounds_without_restarting_the_service(suite):
@@ -60,12 +50,12 @@ def test_a_demand_step_grows_the_share_within_two_rounds_without_restarting_the_
     rate = np.array([3.0])
     gen = LoadGenerator(ProfileArrivals(rate, seed=1), endpoint, SCALE, name="svc").start()
     try:
-        _until(lambda: api.get(svc.job_id).state is JobState.RUNNING and api.get(train.job_id).state is JobState.RUNNING, 30)
+        until(lambda: api.get(svc.job_id).state is JobState.RUNNING and api.get(train.job_id).state is JobState.RUNNING, 30)
         time.sleep(2.0)  # settled at the low rate (measured windows replace the declared rate)
         before = api.get(svc.job_id)
         share0, pid0 = before.placement.slices[0].compute_share_pct, placement_id(before.placement)
         proc0 = next(w.pid for w in agent.workloads([svc.job_id]))
-        train0 = _until(lambda: (j := api.get(train.job_id)).placement is not None and j, 10).placement.slices[0].compute_share_pct
+        train0 = until(lambda: (j := api.get(train.job_id)).placement is not None and j, 10).placement.slices[0].compute_share_pct
         assert share0 + train0 <= 100.0 and share0 < 70.0
 
         rate[0] = 12.0  # the step: 3 -> 12 requests per policy second (load 0.15 -> 0.6 of a GPU)
@@ -81,7 +71,7 @@ def test_a_demand_step_grows_the_share_within_two_rounds_without_restarting_the_
             return j.placement.slices[0].compute_share_pct >= 70.0 and j
 
         try:
-            grown = _until(grew, 10)
+            grown = until(grew, 10)
         except AssertionError:
             raise AssertionError(f"share never reached 70 %: {sorted(set(seen[::5]))}") from None
         took = time.monotonic() - t_step
@@ -96,7 +86,7 @@ def test_a_demand_step_grows_the_share_within_two_rounds_without_restarting_the_
         # the backlog queued while the share was still the old one drains at the new capacity (bounded time), and its
         # last requests complete within a window; from then on every window keeps the SLO (mean latency, model time;
         # the policy's criterion)
-        _until(lambda: scrape_metrics(endpoint(), svc.job_id).waiting <= 5, 10)
+        until(lambda: scrape_metrics(endpoint(), svc.job_id).waiting <= 5, 10)
         time.sleep(1.0)
         prev = scrape_metrics(endpoint(), svc.job_id)
         means = []

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from devtools import cluster
 from elastico.client import AllocatorClient, NodeAgentClient
 from elastico.domain import JobKind, JobSpec, JobState, TrainingWork
-from tests.e2e._suite import fast_suite
+from tests.e2e._suite import fast_suite, until
 
 # fence 2 s + stop grace 2 s (the suite's) < node stale 2 s + grace 3 s: the workload is gone before the job moves
 TIMERS = {"ELASTICO_NODE_STALE_S": "2", "ELASTICO_NODE_GRACE_S": "3", "ELASTICO_FENCE_S": "2", "ELASTICO_SIM_GPU_COUNT": "1"}
@@ -24,16 +23,6 @@ TIMERS = {"ELASTICO_NODE_STALE_S": "2", "ELASTICO_NODE_GRACE_S": "3", "ELASTICO_
 def suite(open_tmp: Path, monkeypatch: pytest.MonkeyPatch):
     with fast_suite(open_tmp / "run", monkeypatch, 2, 1.0, TIMERS) as state:
         yield state
-
-
-def _until(what, timeout_s: float, every_s: float = 0.05):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        got = what()
-        if got:
-            return got
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s} s")
 
 
 def _children(pid: int) -> list[int]:
@@ -50,15 +39,15 @@ def test_a_frozen_agents_workload_is_stopped_before_its_job_runs_elsewhere(suite
     agents = {n: NodeAgentClient(procs[n]["address"], tls=tls) for n in ("node-1", "node-2")}
     job = api.submit(JobSpec(name="train", tenant="demo", kind=JobKind.TRAINING, model_family="ResNet-18", batch_size=64,
                              training=TrainingWork(total_steps=10**9)))
-    first = _until(lambda: (j := api.get(job.job_id)).state is JobState.RUNNING and j, 30)
+    first = until(lambda: (j := api.get(job.job_id)).state is JobState.RUNNING and j, 30)
     home = first.placement.slices[0].node_id
     other = next(n for n in agents if n != home)
     [w] = [w for w in agents[home].workloads([job.job_id]) if w.status == "running"]
-    [child] = _until(lambda: _children(w.pid), 5)
+    [child] = until(lambda: _children(w.pid), 5)
 
     os.kill(procs[home]["pid"], signal.SIGSTOP)
     try:
-        seen_elsewhere = _until(lambda: [x for x in agents[other].workloads([job.job_id]) if x.status in ("starting", "running")],
+        seen_elsewhere = until(lambda: [x for x in agents[other].workloads([job.job_id]) if x.status in ("starting", "running")],
                                 30, every_s=0.02)
         assert not Path(f"/proc/{child}").exists(), "the job started on the other node while its old run still lived"
         assert seen_elsewhere[0].placement_id != w.placement_id
@@ -69,9 +58,9 @@ def test_a_frozen_agents_workload_is_stopped_before_its_job_runs_elsewhere(suite
         return [x for x in agents[home].workloads([job.job_id]) if x.placement_id == w.placement_id and x.status == "killed"]
 
     # back, the agent finds its workload stopped by the fence (or has already forgotten it: the job left its node)
-    gone = _until(lambda: ended_at_home() or not agents[home].workloads([job.job_id]), 15)
+    gone = until(lambda: ended_at_home() or not agents[home].workloads([job.job_id]), 15)
     if isinstance(gone, list):
         assert "no sign of life" in gone[0].message
-    moved = _until(lambda: (j := api.get(job.job_id)).state is JobState.RUNNING and j, 15)
+    moved = until(lambda: (j := api.get(job.job_id)).state is JobState.RUNNING and j, 15)
     assert moved.placement.slices[0].node_id == other and moved.restarts >= 1
     assert not [x for x in agents[home].workloads([job.job_id]) if x.status in ("starting", "running")]
