@@ -170,10 +170,10 @@ class Scheduler:
         self._tasks: list[asyncio.Task] = []
         self._bg: set[asyncio.Task] = set()
         self._term: int | None = None
-        # when this replica could start to see nodes' heartbeats: its term's start, or the store's return after an
-        # outage (no heartbeat lands while Redis is down); a node's silence before it is not held against it
-        self._watched_since = -math.inf
-        self._store_lost = False
+        # since when this replica sees nodes' heartbeats: the first read of its term, or the store's return after an
+        # outage (no heartbeat lands while Redis is down); a node's silence before it is not held against it.
+        # inf = not watching (no term yet, or the store unreachable): set at the next successful read
+        self._watched_since = math.inf
         self._policies: dict[str, Policy] = {}
         self._policy_key = 0  # names the current policy for the decide worker process (bumped on every new one)
         self._spec: PolicySpec | None = None  # how the worker builds the current policy; None = decide in a thread
@@ -372,17 +372,16 @@ class Scheduler:
             log.info("leading: scheduling rounds start", epoch=epoch, holder=self.lease.holder, policy=self.s.policy)
             self._term = epoch
             self._policies = {}
-            self._watched_since = now
+            self._watched_since = math.inf
         self.metrics.started(epoch)
         rep = RoundReport(epoch=epoch)
         try:
             try:
                 cluster = await self._read()
             except Unavailable:
-                self._store_lost = True
+                self._watched_since = math.inf
                 raise
-            if self._store_lost:
-                self._store_lost, self._watched_since = False, now
+            self._watched_since = min(self._watched_since, now)
             await self._consume_reports(epoch, cluster, now, rep)
             decided = await self._decide(epoch, cluster, now, rep)
             if decided.decision is not None:

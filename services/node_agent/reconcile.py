@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import signal
 import sys
 import time
@@ -97,6 +96,7 @@ from services.node_agent.pods import (
     sum_counters,
 )
 from services.node_agent.runner import (
+    ExitWatcher,
     LedgerEntry,
     LedgerFile,
     Runner,
@@ -176,7 +176,7 @@ class Reconciler:
         self._sink = observation_sink
         self._truth = truth
         self._lock = asyncio.Lock()
-        self._exit_fds: dict[int, int] = {}  # supervisor pid -> pidfd watched for its exit (_watch_exits)
+        self._exits = ExitWatcher(self.nudge)  # a supervisor's exit asks for a pass at once
         self._wake = asyncio.Event()
         self._samples: dict[str, _Samples] = {}
         self._last_observed: dict[tuple[str, str], float] = {}
@@ -230,36 +230,6 @@ class Reconciler:
     def nudge(self) -> None:
         """Ask the loop for a pass now (Sync does its own pass; this is for other callers)."""
         self._wake.set()
-
-    def _watch_exits(self) -> None:
-        """A pass as soon as a running workload's supervisor exits, not at the next interval: each one's pid is
-        watched through a pidfd (Linux >= 5.3; elsewhere the interval alone notices ends)."""
-        if not hasattr(os, "pidfd_open"):
-            return
-        loop = asyncio.get_running_loop()
-        live = {e.pid for e in self.ledger.entries.values() if e.running and not e.is_pod and e.pid > 0}
-        for pid in [p for p in self._exit_fds if p not in live]:
-            self._unwatch(loop, pid)
-        for pid in live - self._exit_fds.keys():
-            try:
-                fd = os.pidfd_open(pid)
-            except ProcessLookupError:  # already gone: the next pass classifies it
-                self.nudge()
-                continue
-            except OSError:  # e.g. no pidfd support in this kernel
-                return
-            self._exit_fds[pid] = fd
-            loop.add_reader(fd, self._exited, pid)
-
-    def _exited(self, pid: int) -> None:
-        self._unwatch(asyncio.get_running_loop(), pid)
-        self.nudge()
-
-    def _unwatch(self, loop: asyncio.AbstractEventLoop, pid: int) -> None:
-        fd = self._exit_fds.pop(pid, None)
-        if fd is not None:
-            loop.remove_reader(fd)
-            os.close(fd)
 
     async def keep_alive(self) -> None:
         """While this agent runs: touch the liveness file its workloads' shims fence on (``Runner.fence_s`` > 0)."""
@@ -323,7 +293,7 @@ class Reconciler:
         await self._measure(now)
         await self._scrape_due()
         self.ledger.applied_generation = gen
-        self._watch_exits()
+        self._exits.watch({e.pid for e in self.ledger.entries.values() if e.running and not e.is_pod and e.pid > 0})
         await asyncio.to_thread(self.ledger.save)
         workloads = self.workloads()
         await self.store.report_workloads(self.node_id, gen, workloads)
@@ -516,10 +486,6 @@ class Reconciler:
                 resized += 1
             self.ledger.entries[e.job_id] = replace(e, compute_share_pct=share, placement=want)
         return resized
-
-    async def _stop_unwanted(self, desired: dict[str, Placement]) -> int:
-        victims = self._unwanted(desired)
-        return await self._stop(victims) if victims else 0
 
     def _unwanted(self, desired: dict[str, Placement]) -> list[LedgerEntry]:
         """The running entries to stop (not desired, or desired with another placement); ended ones that are not
@@ -895,9 +861,7 @@ class Reconciler:
     # --- shutdown -------------------------------------------------------------------------------------
     async def aclose(self) -> None:
         """Stop following pods and release the scraper's HTTP session (workloads keep running)."""
-        loop = asyncio.get_running_loop()
-        for pid in list(self._exit_fds):
-            self._unwatch(loop, pid)
+        self._exits.close()
         if self.pods is not None:
             await asyncio.to_thread(self.pods.stop)
         await self._scraper.close()
@@ -905,7 +869,8 @@ class Reconciler:
     async def stop_all(self) -> int:
         """Stop every workload and quit MPS (``stop_workloads_on_exit``; the default leaves them running)."""
         async with self._lock:
-            n = await self._stop_unwanted({})
+            victims = self._unwanted({})
+            n = await self._stop(victims) if victims else 0
             await asyncio.to_thread(self.ledger.save)
             await asyncio.to_thread(self.mps.stop)
             return n

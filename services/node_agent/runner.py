@@ -24,6 +24,7 @@ restarted agent still finds it by that tag instead of starting a duplicate.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
@@ -33,6 +34,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -269,6 +271,48 @@ def free_loopback_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class ExitWatcher:
+    """Calls ``on_exit`` as soon as one of the watched processes exits, on the running event loop: each pid is
+    watched through a pidfd (Linux >= 5.3; where there is none, nothing is watched and callers keep polling)."""
+
+    def __init__(self, on_exit: Callable[[], None]) -> None:
+        self._on_exit = on_exit
+        self._fds: dict[int, int] = {}  # pid -> its pidfd
+
+    def watch(self, pids: set[int]) -> None:
+        """Watch exactly ``pids`` from now on (new ones added, others dropped)."""
+        if not hasattr(os, "pidfd_open"):
+            return
+        loop = asyncio.get_running_loop()
+        for pid in [p for p in self._fds if p not in pids]:
+            self._drop(loop, pid)
+        for pid in pids - self._fds.keys():
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:  # already gone
+                self._on_exit()
+                continue
+            except OSError:  # e.g. no pidfd support in this kernel
+                return
+            self._fds[pid] = fd
+            loop.add_reader(fd, self._exited, pid)
+
+    def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for pid in list(self._fds):
+            self._drop(loop, pid)
+
+    def _exited(self, pid: int) -> None:
+        self._drop(asyncio.get_running_loop(), pid)
+        self._on_exit()
+
+    def _drop(self, loop: asyncio.AbstractEventLoop, pid: int) -> None:
+        fd = self._fds.pop(pid, None)
+        if fd is not None:
+            loop.remove_reader(fd)
+            os.close(fd)
+
+
 class Runner:
     """Starts, observes and stops workload processes for one agent (one state dir)."""
 
@@ -310,7 +354,6 @@ class Runner:
         env.update(HOME=policy.home, USER=policy.user, LOGNAME=policy.user)
         opts = ["--cwd", str(workdir / WORK_DIR), *(f"--rlimit={n}={v}" for n, v in policy.rlimits)]
         if self.fence_s > 0:
-            self.touch_alive()
             opts += ["--fence", str(self.alive_file), f"--fence-s={self.fence_s:g}", f"--stop-grace-s={self.stop_grace_s:g}"]
         if policy.drops_privileges and drop:
             opts += ["--uid", str(policy.uid), "--gid", str(policy.gid)]
