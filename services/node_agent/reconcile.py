@@ -31,7 +31,7 @@ lost nudge, a restart or a Redis blip can delay but never lose or duplicate work
    An inference job without a command runs the built-in serving workload (``serving.py``) on a loopback
    port the agent picks.
 6. **Measure and report**: emulated rates (simulated GPUs), progress, throughput, co-tenants; the metrics
-   of inference services whose scrape is due (``scrape.py``; concurrently, each bounded by a timeout) become
+   of inference services whose scrape is due (``service_demand.py``; concurrently, each bounded by a timeout) become
    their ``Workload.demand`` (a previous replica still serving is not scraped: only the current one's demand
    counts); the ledger is saved atomically, the node's actual state goes to the store,
    co-located observations to the predictor.
@@ -52,20 +52,16 @@ take no new process workload. A pod job on an agent not following pods is report
 from __future__ import annotations
 
 import asyncio
-import math
 import signal
 import sys
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from elastico.domain import (
     DRAIN_SUFFIX,
-    MAX_DEMAND_WINDOW_S,
     POD_UID_LABEL,
-    DemandReport,
     GpuCounters,
     JobKind,
     JobSpec,
@@ -107,15 +103,11 @@ from services.node_agent.runner import (
     synthetic_argv,
     workload_dir,
 )
-from services.node_agent.scrape import ScrapeError, Scraper, Snapshot, demand_between, parse_snapshot
+from services.node_agent.service_demand import ServiceScrapes
 from services.node_agent.settings import WorkloadPolicy
 
 log = get_logger(component="reconcile")
 MAX_SYNC_WAIT_S = 5.0  # a Sync waits at most this long for the generation it asks for (the allocator asks for one it just wrote)
-RECENT_DEMAND_WINDOWS = 64  # scraped windows a workload report carries (Workload.recent_demand)
-SCRAPE_ERROR_LOG_S = 60.0  # at most one logged scrape failure per job per this many seconds
-SCRAPE_STARTUP_GRACE_S = 10.0  # a service that has not answered yet this soon after its start is still starting
-SCRAPE_FIRST_RETRY_S = 1.0  # until its first answer, a service is scraped at least this often
 
 # receives measured co-located pairs (a, b, node_id); services/node_agent/observations.PredictorReporter is one
 ObservationSink = Callable[[list[tuple[LedgerEntry, LedgerEntry, str]]], Awaitable[None]]
@@ -139,20 +131,6 @@ class _Samples:
     key: tuple = ()
     first: tuple[float, float] | None = None  # (time, steps)
     last: tuple[float, float] | None = None
-
-
-@dataclass
-class _Scrape:
-    """Metrics scrape state of one running inference workload (one placement)."""
-
-    placement_id: str
-    due_at: float = 0.0  # time.monotonic() of the next scrape
-    prev: Snapshot | None = None  # the last successful scrape
-    report: DemandReport | None = None  # the last window measured; kept when a scrape fails
-    # the last windows, newest last: every one reaches the allocator however seldom its rounds read the reports
-    recent: deque[DemandReport] = field(default_factory=lambda: deque(maxlen=RECENT_DEMAND_WINDOWS))
-    failures: int = 0  # failures since the last logged one
-    logged_at: float = -math.inf  # time.monotonic() of the last logged failure
 
 
 class Reconciler:
@@ -183,9 +161,7 @@ class Reconciler:
         self._child_pids: dict[str, int] = {}
         self._drain_clear_at: dict[int, float] = {}  # gpu -> when its last faulted client was seen gone
         self.mps_state = "ok"
-        self.scrape_interval_s = scrape_interval_s  # services whose endpoint names no interval
-        self._scraper = Scraper()
-        self._scrapes: dict[str, _Scrape] = {}  # job_id -> scrape state of its running service
+        self.scrapes = ServiceScrapes(node_id, scrape_interval_s)  # the demand its running services measure
         self.pods = pods  # None = pod jobs are not followed (not Kubernetes mode)
         self._pod_procs: dict[str, list[PodProcess]] = {}  # pod uid -> its live processes, this pass's scan
         self._blocked_logged: set[str] = set()  # jobs whose wait for a lingering pod's GPUs was logged
@@ -291,7 +267,7 @@ class Reconciler:
         resized += self._resize_in_place(desired, grow=True)  # after the stops: see the module docstring, step 4
         started += await self._start_missing(desired)
         await self._measure(now)
-        await self._scrape_due()
+        await self.scrapes.scrape_due(list(self.ledger.entries.values()))
         self.ledger.applied_generation = gen
         self._exits.watch({e.pid for e in self.ledger.entries.values() if e.running and not e.is_pod and e.pid > 0})
         await asyncio.to_thread(self.ledger.save)
@@ -384,7 +360,7 @@ class Reconciler:
                 log.info("pod workload ended", job_id=e.job_id, pod=pod_name(pod) if pod else e.pod_uid, status=e.status,
                          reason=reason.value if reason else "", detail=message)
                 self._samples.pop(e.job_id, None)
-                self._scrapes.pop(e.job_id, None)
+                self.scrapes.forget(e.job_id)
             elif out.status == "running" and e.status != "running":
                 e = replace(e, status="running", started_at_s=now)
                 log.info("pod workload running", job_id=e.job_id, pod=pod_name(pod) if pod else e.pod_uid, pid=e.pid,
@@ -417,7 +393,7 @@ class Reconciler:
         log.info("workload ended", job_id=e.job_id, status=status, reason=reason.value, detail=message)
         self._samples.pop(e.job_id, None)
         self._child_pids.pop(e.job_id, None)
-        self._scrapes.pop(e.job_id, None)
+        self.scrapes.forget(e.job_id)
         return ended
 
     # --- 3. moving services --------------------------------------------------------------------------
@@ -453,7 +429,7 @@ class Reconciler:
                 self._samples[key] = self._samples.pop(e.job_id)
             if e.job_id in self._child_pids:
                 self._child_pids[key] = self._child_pids.pop(e.job_id)
-            self._scrapes.pop(e.job_id, None)  # the job's demand is the new replica's from here
+            self.scrapes.forget(e.job_id)  # the job's demand is the new replica's from here
             log.info("service moving: keeping its previous replica until the new one runs", job_id=e.job_id,
                      pid=e.pid, placement_id=e.placement_id, drain_key=key)
         if moves:
@@ -509,7 +485,7 @@ class Reconciler:
         evicts pods. While its processes still run it lingers (unreported): its GPUs take no new process workload."""
         del self.ledger.entries[e.job_id]
         self._samples.pop(e.job_id, None)
-        self._scrapes.pop(e.job_id, None)
+        self.scrapes.forget(e.job_id)
         if self._pod_procs.get(e.pod_uid):
             self.ledger.lingering[e.pod_uid] = e
             log.info("pod job no longer desired but its pod's processes still run; keeping its GPUs from new process "
@@ -689,11 +665,11 @@ class Reconciler:
 
     def _load(self, e: LedgerEntry) -> float | None:
         """A service's measured load (its last window's request rate / its full-GPU rate); None = not measured."""
-        st = self._scrapes.get(e.job_id)
-        if e.kind != JobKind.INFERENCE.value or st is None or st.report is None or st.placement_id != e.placement_id:
+        report = self.scrapes.report(e) if e.kind == JobKind.INFERENCE.value else None
+        if report is None:
             return None
         full = self._full_gpu_rps(e)
-        return st.report.request_rate_rps / full if full > 0 else None
+        return report.request_rate_rps / full if full > 0 else None
 
     def _cotenants(self, e: LedgerEntry) -> tuple[str, ...]:
         return tuple(sorted(o.job_id for o in self.ledger.entries.values()
@@ -728,53 +704,6 @@ class Reconciler:
             self.ledger.entries[e.job_id] = replace(e, progress_steps=progress[0] if progress else e.progress_steps,
                                                     throughput=throughput, norm_throughput=norm)
 
-    async def _scrape_due(self) -> None:
-        """Scrape every running service whose scrape is due, concurrently; forget the state of ended ones."""
-        # a previous replica still serving during a move is not scraped: the job's demand is its current replica's
-        live = {e.job_id: e for e in self.ledger.entries.values()
-                if e.running and not e.draining and e.endpoint}  # a pod's endpoint needs its IP from the watch
-        for job_id in [j for j, st in self._scrapes.items() if j not in live or st.placement_id != live[j].placement_id]:
-            del self._scrapes[job_id]
-        mono = time.monotonic()
-        due = []
-        for e in live.values():
-            st = self._scrapes.setdefault(e.job_id, _Scrape(e.placement_id))
-            if mono >= st.due_at:
-                due.append(e)
-        results = await asyncio.gather(*(self._scrape_one(e, self._scrapes[e.job_id]) for e in due), return_exceptions=True)
-        for e, res in zip(due, results, strict=True):
-            if isinstance(res, Exception):  # a bug in one scrape must not fail the pass: demand is best effort
-                log.error("metrics scrape crashed", job_id=e.job_id, error=f"{type(res).__name__}: {res}")
-
-    async def _scrape_one(self, e: LedgerEntry, st: _Scrape) -> None:
-        m = e.metrics
-        assert m is not None
-        interval = m.scrape_interval_s or self.scrape_interval_s
-        st.due_at = time.monotonic() + (interval if st.prev is not None else min(interval, SCRAPE_FIRST_RETRY_S))
-        try:
-            text = await self._scraper.fetch(m.port, m.path, e.pod_ip if e.is_pod else "127.0.0.1")
-            t = time.time()
-            snap = await asyncio.to_thread(parse_snapshot, text, t, m.format, m.model)
-        except ScrapeError as exc:
-            self._scrape_failed(e, st, str(exc))
-            return
-        if st.prev is not None and 0 < snap.t - st.prev.t <= MAX_DEMAND_WINDOW_S:
-            st.report = replace(demand_between(st.prev, snap, e.job_id, m.format), source=f"node:{self.node_id}")
-            st.recent.append(st.report)
-        st.prev = snap  # a longer gap (agent paused) is no window: measure afresh from here
-
-    def _scrape_failed(self, e: LedgerEntry, st: _Scrape, error: str) -> None:
-        """Log a failed scrape, at most once per job per ``SCRAPE_ERROR_LOG_S``; the last report stays."""
-        if st.prev is None and time.time() - e.started_at_s < SCRAPE_STARTUP_GRACE_S:
-            log.debug("service not answering metrics scrapes yet", job_id=e.job_id, error=error)
-            return
-        st.failures += 1
-        mono = time.monotonic()
-        if mono - st.logged_at >= SCRAPE_ERROR_LOG_S:
-            log.warning("metrics scrape failed; keeping the last demand report", job_id=e.job_id, endpoint=e.endpoint,
-                        error=error, failures=st.failures)
-            st.logged_at, st.failures = mono, 0
-
     def workloads(self) -> list[Workload]:
         """The node's actual state (every ledger entry) as domain objects."""
         counters = self.backend.process_counters()
@@ -787,8 +716,8 @@ class Reconciler:
                 placement_id=e.placement_id, reason=e.reason, exit_code=e.exit_code, message=e.message,
                 cotenants=self._cotenants(e) if e.running else (), norm_throughput=e.norm_throughput if e.running else None,
                 counters=self._counters(e, counters) if e.running else GpuCounters(), log_path=e.log_path,
-                ended_at_s=e.ended_at_s, endpoint=e.endpoint if e.running else "", demand=self._demand(e),
-                recent_demand=self._recent_demand(e)))
+                ended_at_s=e.ended_at_s, endpoint=e.endpoint if e.running else "", demand=self.scrapes.report(e),
+                recent_demand=self.scrapes.recent(e)))
         return out
 
     def _counters(self, e: LedgerEntry, counters: dict[int, GpuCounters]) -> GpuCounters:
@@ -801,19 +730,9 @@ class Reconciler:
     def _status(self, e: LedgerEntry) -> str:
         """A service with a metrics endpoint is "starting" until its endpoint first answers: the allocator marks it
         RUNNING (and finishes a make-before-break move, stopping the previous replica) only once it serves."""
-        if e.running and e.metrics is not None and not e.draining:
-            st = self._scrapes.get(e.job_id)
-            if st is None or st.placement_id != e.placement_id or st.prev is None:
-                return "starting"
+        if e.running and e.metrics is not None and not e.draining and not self.scrapes.answered(e):
+            return "starting"
         return e.status
-
-    def _recent_demand(self, e: LedgerEntry) -> tuple[DemandReport, ...]:
-        st = self._scrapes.get(e.job_id)
-        return tuple(st.recent) if e.running and st is not None and st.placement_id == e.placement_id else ()
-
-    def _demand(self, e: LedgerEntry) -> DemandReport | None:
-        st = self._scrapes.get(e.job_id)
-        return st.report if e.running and st is not None and st.placement_id == e.placement_id else None
 
     def drained_gpus(self) -> frozenset[int]:
         return frozenset(self.ledger.drained)
@@ -864,7 +783,7 @@ class Reconciler:
         self._exits.close()
         if self.pods is not None:
             await asyncio.to_thread(self.pods.stop)
-        await self._scraper.close()
+        await self.scrapes.close()
 
     async def stop_all(self) -> int:
         """Stop every workload and quit MPS (``stop_workloads_on_exit``; the default leaves them running)."""

@@ -142,7 +142,7 @@ async def test_builtin_service_is_served_scraped_and_resized_in_place(agent):
 
     await a["store"].release_job(a["epoch"], await a["store"].get_job(job.job_id), JobState.PENDING, StateReason.PREEMPTED)
     res = await r.reconcile()
-    assert res.stopped == 1 and res.workloads == () and job.job_id not in r._scrapes
+    assert res.stopped == 1 and res.workloads == () and job.job_id not in r.scrapes.states
 
 
 async def test_a_command_with_declared_metrics_gets_an_agent_picked_port(agent):

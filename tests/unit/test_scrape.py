@@ -174,9 +174,9 @@ async def reconciler(tmp_path: Path):
 
 
 async def _scrape(r: Reconciler) -> None:
-    for st in r._scrapes.values():
+    for st in r.scrapes.states.values():
         st.due_at = 0.0  # due now, whatever the interval
-    await r._scrape_due()
+    await r.scrapes.scrape_due(list(r.ledger.entries.values()))
 
 
 def _demand(r: Reconciler, job_id: str):
@@ -205,15 +205,15 @@ async def test_reconciler_scrapes_a_changing_page_and_keeps_the_last_report_on_f
     assert any(e["event"].startswith("metrics scrape failed") and "malformed" in e["error"] for e in logs)
 
     state.stall.set()  # the service accepts the connection and never answers
-    r._scraper.timeout_s = 0.3
-    r._scrapes["svc"].logged_at = -1e9  # past the per-job log rate limit
+    r.scrapes.scraper.timeout_s = 0.3
+    r.scrapes.states["svc"].logged_at = -1e9  # past the per-job log rate limit
     with capture_logs() as logs:
         await _scrape(r)
     assert _demand(r, "svc") == first
     assert any("no answer within" in e.get("error", "") for e in logs)
     with capture_logs() as logs:
         await _scrape(r)  # rate-limited: counted, not logged again
-    assert not logs and r._scrapes["svc"].failures == 1
+    assert not logs and r.scrapes.states["svc"].failures == 1
 
     state.stall.clear()
     state.body = vllm_text({"a": (260, 0, 0, (0, 260, 0, 0))})
@@ -222,7 +222,7 @@ async def test_reconciler_scrapes_a_changing_page_and_keeps_the_last_report_on_f
 
     r.ledger.entries["svc"] = replace(r.ledger.entries["svc"], status="succeeded")
     await _scrape(r)
-    assert "svc" not in r._scrapes and _demand(r, "svc") is None  # forgotten once it ended
+    assert "svc" not in r.scrapes.states and _demand(r, "svc") is None  # forgotten once it ended
 
 
 async def test_closed_port_and_oversized_body_are_scrape_errors(page):
