@@ -54,7 +54,7 @@ from elastico.domain import Job, JobKind, JobState, NodeInfo, Placement, StateRe
 from elastico.errors import Conflict, ElasticoError, InvalidSpec, StaleEpoch, Unavailable, WrongState
 from elastico.logging import get_logger
 from elastico.state.store import PreparedUpdates, Store
-from services.allocator import demand
+from services.allocator import demand, triggers
 from services.allocator import metrics as m
 from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient, pool_names
 from services.allocator.decider import Decided, PolicySpec, ProcessDecider, run_policy
@@ -79,11 +79,9 @@ log = get_logger(component="rounds")
 
 STATUS_NAME = "allocator"  # Store.put_status key of the leader's last round
 # Reasons a round writes on a job it leaves queued; their events must not wake another round.
-_QUEUE_NOTES = (StateReason.UNSCHEDULABLE_NOW, StateReason.NEVER_SCHEDULABLE)
 UNSCHEDULABLE_NOW_MESSAGE = "no capacity for it in the last round; retried every round"
 
 
-SWEEP_PAUSE_S = 0.2  # between two job-retention steps while a backlog drains (each step one bounded Redis call)
 GC_THRESHOLDS = (20_000, 20, 20)  # gen0 allocations, gen1 and gen2 collection multipliers
 
 
@@ -184,7 +182,6 @@ class Scheduler:
         self._matrix_at = 0.0
         self._matrix_tried = 0.0
         self._estimate_note = ""
-        self._report_sig: frozenset = frozenset()
         self._demand_seen: dict[str, float] = {}  # inference job id -> newest window end taken from its agents
         self._p99: dict[str, float] = {}  # inference job id -> p99 latency of its newest report, ms
         self._history = demand.History()  # active services' recent demand reports (read incrementally)
@@ -203,11 +200,16 @@ class Scheduler:
     def start(self) -> None:
         if self._decider is not None:
             self._decider.start()  # spawn and warm the worker now, not in the first round
+        s, leading = self.s, lambda: self.lease.epoch is not None
         self._tasks = [asyncio.create_task(self.run(), name="rounds"),
-                       asyncio.create_task(self._watch_events(), name="watch-events"),
-                       asyncio.create_task(self._watch_reports(), name="watch-reports")]
-        if self.s.job_retention_sweep_s > 0:
-            self._tasks.append(asyncio.create_task(self._sweep_finished(), name="job-retention"))
+                       asyncio.create_task(triggers.watch_events(self.store, s.round_min_gap_s, self.wake), name="watch-events"),
+                       asyncio.create_task(triggers.watch_reports(self.store, s.report_poll_s,
+                                                                  lambda: self._node_ids if leading() else None, self.wake),
+                                           name="watch-reports")]
+        if s.job_retention_sweep_s > 0:
+            self._tasks.append(asyncio.create_task(
+                triggers.sweep_finished(self.store, s.job_retention_sweep_s, s.job_retention_s, s.job_retention_max, leading),
+                name="job-retention"))
 
     async def stop(self) -> None:
         tasks = [*self._tasks, *self._bg]
@@ -249,59 +251,6 @@ class Scheduler:
                 self.metrics.failed("error")
                 log.exception("round failed")
                 await asyncio.sleep(min(1.0, self.s.round_interval_s))
-
-    # --- triggers ---------------------------------------------------------------------------------------
-    async def _watch_events(self) -> None:
-        """Arrivals, requeues and cancellations (from any replica) wake a round."""
-        after = ""
-        while True:
-            try:
-                if not after:
-                    after = await self.store.last_event_id()
-                events = await self.store.read_events(after, limit=1000, block_s=1.0)
-            except Unavailable:
-                await asyncio.sleep(1.0)
-                continue
-            if events:
-                after = events[-1].event_id
-                if any(e.state is JobState.CANCELLED or (e.state is JobState.PENDING and e.reason not in _QUEUE_NOTES)
-                       for e in events):
-                    self.wake("event")
-                # rounds coalesce events within round_min_gap_s anyway: read the stream in batches, not per event
-                await asyncio.sleep(self.s.round_min_gap_s)
-
-    async def _watch_reports(self) -> None:
-        """Workload starts/ends reported by node agents wake a round (completions free capacity)."""
-        while True:
-            await asyncio.sleep(self.s.report_poll_s)
-            if self.lease.epoch is None or not self._node_ids:
-                continue
-            try:
-                reports = await self.store.get_all_workloads(self._node_ids)
-            except Unavailable:
-                continue
-            sig = frozenset((n, j, w.placement_id, w.status) for n, (_, ws) in reports.items() for j, w in ws.items())
-            if sig != self._report_sig:
-                self._report_sig = sig
-                self.wake("reports")
-
-    async def _sweep_finished(self) -> None:
-        """While leading, every ``job_retention_sweep_s``: delete finished jobs past their retention
-        (``Store.sweep_finished_jobs``: ``job_retention_s``, ``job_retention_max``). Each step is one bounded
-        store call; while a step says more is due (a backlog), the next follows after a short pause."""
-        while True:
-            await asyncio.sleep(self.s.job_retention_sweep_s)
-            while self.lease.epoch is not None:
-                try:
-                    res = await self.store.sweep_finished_jobs(self.s.job_retention_s, self.s.job_retention_max)
-                except Exception as exc:  # noqa: BLE001 - Unavailable, a refused command: retried next period
-                    log.warning("job retention sweep failed", error=str(exc))
-                    break
-                if res.deleted or res.indexed:
-                    log.info("job retention sweep", deleted=res.deleted, indexed=res.indexed, more=res.more)
-                if not res.more:
-                    break
-                await asyncio.sleep(SWEEP_PAUSE_S)
 
     # --- estimate and policy ------------------------------------------------------------------------------
     async def _estimate(self) -> tuple[np.ndarray | None, str]:

@@ -17,6 +17,7 @@ from elastico.errors import StaleEpoch, Unavailable
 from elastico.rpc.server import ServiceBinding, create_server
 from elastico.state.memory import MemoryStore
 from elastico.v1 import allocator_pb2, predictor_pb2_grpc, pricer_pb2_grpc
+from services.allocator import triggers
 from services.allocator.clients import GrpcSolver, PredictorClient
 from services.allocator.leader import LeaderLease
 from services.allocator.plan import build_view
@@ -253,7 +254,7 @@ async def test_reason_marks_do_not_wake_rounds(store):
     lease, epoch = await leader(store, "a")
     sch = Scheduler(store, settings(round_interval_s=30.0), lease)
     job, _ = await store.create_job(make_job())
-    watcher = asyncio.create_task(sch._watch_events())
+    watcher = asyncio.create_task(triggers.watch_events(store, sch.s.round_min_gap_s, sch.wake))
     try:
         await asyncio.sleep(0.2)
         sch._wake.clear()
