@@ -31,7 +31,7 @@ One round (:meth:`Scheduler.round`), run by the leader only, every write fenced 
    (:class:`round_metrics.RoundMetrics`) and **publish** its status (prices, gap, degradations) to Redis
    for ``GetClusterState`` on any replica.
 
-Rounds run on an interval (``round_interval_s``) and on events (arrivals, cancellations: the event
+Rounds run on an interval (``round_interval_s``) and on events (``triggers.py``; arrivals, cancellations: the event
 stream; completions, starts, failures: agent reports polled every ``report_poll_s``), coalesced.
 """
 
