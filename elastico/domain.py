@@ -321,13 +321,23 @@ TENANT_RE = re.compile(rf"^[A-Za-z0-9._-]{{1,{L.TENANT_MAX_CHARS}}}$")
 MAX_GPUS_PER_JOB = 1024
 
 
-def _finite_positive(value: float, path: str, *, upper: float | None = None) -> None:
+def _finite_positive(value: float, path: str, *, upper: float | None = None, lower: float | None = None) -> None:
     if not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
         raise InvalidSpec(path, f"must be a finite number, got {value!r}")
     if value <= 0:
         raise InvalidSpec(path, f"must be > 0, got {value!r}")
+    if lower is not None and value < lower:
+        raise InvalidSpec(path, f"must be >= {lower:g}, got {value!r}")
     if upper is not None and value > upper:
-        raise InvalidSpec(path, f"must be <= {upper}, got {value!r}")
+        raise InvalidSpec(path, f"must be <= {upper:g}, got {value!r}")
+
+
+def _rate_or_zero(value: float, path: str) -> None:
+    """A rate that may be 0 (unknown, or nothing measured); otherwise within [RATE_MIN, RATE_MAX]."""
+    if isinstance(value, (int, float)) and value == 0:
+        return
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or not L.RATE_MIN <= value <= L.RATE_MAX:
+        raise InvalidSpec(path, f"must be 0 or a number in [{L.RATE_MIN:g}, {L.RATE_MAX:g}], got {value!r}")
 
 
 def validate_request_id(request_id: str, path: str = "request_id") -> None:
@@ -345,8 +355,7 @@ def validate_shape(shape: Shape, path: str) -> None:
         raise InvalidSpec(f"{path}.mem_mib", f"must be > 0, got {shape.mem_mib}")
     if shape.batch_size < 0:
         raise InvalidSpec(f"{path}.batch_size", f"must be >= 0, got {shape.batch_size}")
-    if math.isnan(shape.throughput) or math.isinf(shape.throughput) or shape.throughput < 0:
-        raise InvalidSpec(f"{path}.throughput", f"must be a finite number >= 0, got {shape.throughput!r}")
+    _rate_or_zero(shape.throughput, f"{path}.throughput")
     _max_chars(shape.gpu_type, L.GPU_TYPE_MAX_CHARS, f"{path}.gpu_type")
 
 
@@ -380,7 +389,8 @@ def validate_demand_report(r: DemandReport, now_s: float, path: str = "report") 
         raise InvalidSpec(f"{path}.window_end", f"is {r.window_end_s - now_s:.0f} s in the future (at most "
                                                 f"{MAX_DEMAND_FUTURE_S:.0f} s of clock skew)")
     _finite_positive(r.window_s, f"{path}.window_s", upper=MAX_DEMAND_WINDOW_S)
-    for name in ("request_rate_rps", "p50_latency_ms", "p99_latency_ms", "queue_length"):
+    _rate_or_zero(r.request_rate_rps, f"{path}.request_rate_rps")
+    for name in ("p50_latency_ms", "p99_latency_ms", "queue_length"):
         v = getattr(r, name)
         if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise InvalidSpec(f"{path}.{name}", f"must be a finite number >= 0, got {v!r}")
@@ -434,8 +444,9 @@ def validate_job_spec(spec: JobSpec, path: str = "spec") -> None:
             raise InvalidSpec(f"{path}.inference", "is required for an inference job")
         if spec.training is not None:
             raise InvalidSpec(f"{path}.training", "must be unset for an inference job")
-        _finite_positive(spec.inference.demand_rps, f"{path}.inference.demand_rps")
-        _finite_positive(spec.inference.latency_slo_ms, f"{path}.inference.latency_slo_ms")
+        _finite_positive(spec.inference.demand_rps, f"{path}.inference.demand_rps", lower=L.RATE_MIN, upper=L.RATE_MAX)
+        _finite_positive(spec.inference.latency_slo_ms, f"{path}.inference.latency_slo_ms", lower=L.LATENCY_SLO_MS_MIN,
+                         upper=L.LATENCY_SLO_MS_MAX)
         if spec.inference.metrics is not None:
             validate_metrics_endpoint(spec.inference.metrics, f"{path}.inference.metrics")
     else:  # pragma: no cover - enum exhausts the cases

@@ -43,6 +43,11 @@ Limit                           Value       Field(s)                            
 ``OBSERVATIONS_PER_CALL_MAX``   10,000      ``ReportObservationRequest              one stream append
                                             .observations``
 ``ERROR_QUOTE_MAX_CHARS``       64          user text quoted in an error message    :func:`clip`
+``RATE_MIN`` / ``RATE_MAX``     1e-6 / 1e9  ``spec.shapes[i].throughput`` (or 0),   steps/s, requests/s;
+                                            ``spec.inference.demand_rps``,          beyond them a rate is a
+                                            ``DemandReport.request_rate_rps``       typo, and overflows the
+                                            (or 0)                                  allocator's arithmetic
+``LATENCY_SLO_MS_MIN`` / _MAX   1e-3 / 8.64e7  ``spec.inference.latency_slo_ms``    a microsecond to a day
 ==============================  ==========  ======================================  ========================
 
 ``JOB_SPEC_MAX_BYTES``: the per-field limits alone would allow a ~160 KiB spec (64 labels of 1.3 KiB,
@@ -83,6 +88,10 @@ PRICER_MAX_JOBS = 200_000
 PRICER_MAX_CELLS = 8_000_000
 OBSERVATIONS_PER_CALL_MAX = 10_000
 ERROR_QUOTE_MAX_CHARS = 64
+RATE_MIN = 1e-6  # steps/s or requests/s: the smallest non-zero declared or measured rate
+RATE_MAX = 1e9
+LATENCY_SLO_MS_MIN = 1e-3
+LATENCY_SLO_MS_MAX = 86_400_000.0
 
 _FIELD_KEY_MAX_CHARS = 32
 

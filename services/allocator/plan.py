@@ -211,7 +211,7 @@ def inference_load(spec: JobSpec, iso_rps: float, forecast_rps: float | None = N
         return math.nan
     if iso_rps > 0 and math.isfinite(iso_rps):
         rps = forecast_rps if forecast_rps is not None and math.isfinite(forecast_rps) else spec.inference.demand_rps
-        return float(rps / iso_rps)
+        return float(rps) / float(iso_rps)  # (Python floats: a job stored before the rate bounds overflows to inf, no warning)
     return 1.0 - slo_margin(10.0)
 
 
@@ -282,10 +282,10 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
     queued_since = np.zeros(N)
     remaining = np.full(N, np.nan)
     for r, j in enumerate(rows):
-        done_s = j.progress_steps / iso[r] if iso[r] > 0 else 0.0  # isolated-equivalent seconds already served
+        done_s = j.progress_steps / float(iso[r]) if iso[r] > 0 else 0.0  # isolated-equivalent seconds already served
         attained[r] = num_gpus[r] * done_s
         if kind[r] == TRAINING and j.spec.training is not None and iso[r] > 0:
-            remaining[r] = max(0.0, j.spec.training.total_steps - j.progress_steps) / iso[r]
+            remaining[r] = max(0.0, j.spec.training.total_steps - j.progress_steps) / float(iso[r])
         p = j.placement
         if p is None:
             queued_since[r] = (j.queued_at_s or j.updated_at_s or j.submitted_at_s) * ts  # a reason update is no requeue

@@ -108,6 +108,7 @@ async def test_forecast_from_live_reports_equals_the_simulators():
 @pytest.mark.parametrize("field,value,why", [
     ("window_s", 0.0, "report.window_s"), ("window_s", 7200.0, "report.window_s"),
     ("request_rate_rps", -1.0, "report.request_rate_rps"), ("request_rate_rps", float("nan"), "report.request_rate_rps"),
+    ("request_rate_rps", 1e300, "report.request_rate_rps"), ("request_rate_rps", 1e-300, "report.request_rate_rps"),
     ("p99_latency_ms", 1.0, "report.p99_latency_ms"), ("queue_length", float("inf"), "report.queue_length"),
     ("job_id", "", "report.job_id"),
 ])

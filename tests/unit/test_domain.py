@@ -47,6 +47,13 @@ BAD_SPECS = [
     (make_spec(shapes=(Shape(1, math.inf, 100),)), "spec.shapes[0].compute_share_pct"),
     (make_spec(shapes=(Shape(1, 50, 0),)), "spec.shapes[0].mem_mib"),
     (make_spec(shapes=(Shape(1, 50, 10, throughput=-1),)), "spec.shapes[0].throughput"),
+    # rates and latencies beyond any real service (they overflowed the allocator's arithmetic)
+    (make_spec(shapes=(Shape(1, 50, 10, throughput=1e-300),)), "spec.shapes[0].throughput"),
+    (make_spec(shapes=(Shape(1, 50, 10, throughput=1e300),)), "spec.shapes[0].throughput"),
+    (make_spec(JobKind.INFERENCE, inference=InferenceWork(demand_rps=1e300, latency_slo_ms=10)), "spec.inference.demand_rps"),
+    (make_spec(JobKind.INFERENCE, inference=InferenceWork(demand_rps=1e-300, latency_slo_ms=10)), "spec.inference.demand_rps"),
+    (make_spec(JobKind.INFERENCE, inference=InferenceWork(demand_rps=5, latency_slo_ms=1e-300)), "spec.inference.latency_slo_ms"),
+    (make_spec(JobKind.INFERENCE, inference=InferenceWork(demand_rps=5, latency_slo_ms=1e300)), "spec.inference.latency_slo_ms"),
     (make_spec(model_family=""), "spec.model_family"),
     (make_spec(batch_size=-3), "spec.batch_size"),
     # size limits (elastico.limits)
@@ -112,7 +119,8 @@ def test_terminal_states():
 
 
 shapes = st.builds(Shape, num_gpus=st.integers(1, 8), compute_share_pct=st.floats(1, 100), mem_mib=st.integers(1, 80_000),
-                   batch_size=st.integers(0, 512), gpu_type=st.sampled_from(["", "v100", "k80"]), throughput=st.floats(0, 1e4))
+                   batch_size=st.integers(0, 512), gpu_type=st.sampled_from(["", "v100", "k80"]),
+                   throughput=st.one_of(st.just(0.0), st.floats(L.RATE_MIN, 1e4)))
 
 
 @given(shape=shapes, state=st.sampled_from(list(JobState)), reason=st.sampled_from(list(StateReason)),
