@@ -125,7 +125,7 @@ def opted_in(pod: Mapping[str, Any]) -> bool:
 def pod_ref(pod: Mapping[str, Any]) -> tuple[str, str, str]:
     """(namespace, name, uid) of a pod."""
     meta = pod.get("metadata") or {}
-    return meta.get("namespace") or "default", meta.get("name", ""), meta.get("uid", "")
+    return meta.get("namespace") or "default", meta.get("name") or "", meta.get("uid") or ""
 
 
 def finished(pod: Mapping[str, Any]) -> bool:

@@ -1,7 +1,8 @@
 """HTTP(S) front end of the extender and the webhook (aiohttp): routing, JSON, metrics; no decisions here.
 
 Routes: ``POST /filter``, ``/prioritize``, ``/bind`` (extender; ``urlPrefix`` in the scheduler config),
-``POST /mutate`` (webhook), ``GET /healthz``. A body that is not JSON answers 400; an unexpected error answers
+``POST /mutate`` (webhook), ``GET /healthz``. A body that is not JSON, or whose fields the handlers read have the
+wrong JSON types (``schema.py``), answers 400 naming the field; an unexpected error answers
 500 with an incident id (the traceback is in the log) — kube-scheduler then treats the extender call as failed.
 
 Client certificates (TLS on, not ``ELASTICO_INSECURE``): the handshake verifies any presented one against
@@ -22,7 +23,7 @@ from prometheus_client import Counter, Histogram
 
 from elastico.logging import get_logger
 from elastico.rpc.security import file_stamp
-from services.kube import webhook
+from services.kube import schema, webhook
 from services.kube.extender import Extender
 from services.kube.settings import KubeSettings
 
@@ -112,6 +113,7 @@ def build_app(settings: KubeSettings, extender: Extender | None) -> web.Applicat
                 REQUESTS.labels(name, "bad_request").inc()
                 return web.json_response({"error": "body must be JSON"}, status=400)
             try:
+                schema.check(name, body)
                 answer = await handler(body)
             except ValueError as exc:
                 REQUESTS.labels(name, "bad_request").inc()

@@ -180,7 +180,7 @@ class Extender:
 
     # --------------------------------------------------------------------------------------------- bind
     async def bind(self, args: Mapping[str, Any]) -> dict:
-        ns, name, uid, node = (str(args.get(k, "")) for k in ("PodNamespace", "PodName", "PodUID", "Node"))
+        ns, name, uid, node = (str(args.get(k) or "") for k in ("PodNamespace", "PodName", "PodUID", "Node"))
         if not (ns and name and uid and node):
             return {"Error": "elastico: ExtenderBindingArgs needs PodName, PodNamespace, PodUID and Node"}
         try:

@@ -13,6 +13,7 @@ import copy
 import datetime
 import ipaddress
 import json
+import random
 import ssl
 import uuid
 from collections.abc import AsyncIterator
@@ -688,3 +689,85 @@ async def test_https_certificate_rotation_needs_no_restart(tmp_path):
         assert (await health(old.ca_file), await health(new.ca_file)) == ("untrusted", 200)
     finally:
         await runner.cleanup()
+
+
+# ------------------------------------------------------------------------------------------- hostile bodies
+# a field of the wrong JSON type is HTTP 400 naming it (services/kube/schema.py); seeded random mutations of
+# real-shaped requests never get a 5xx
+
+# values a broken or hostile client might put anywhere
+JUNK = [None, 0, -1, 2**63, 1e308, "", "x" * 5000, "ü", [], {}, [1, 2], {"a": 1}, True, "1e309"]
+
+
+def _paths(o, pre=()):
+    yield pre
+    if isinstance(o, dict):
+        for k, v in o.items():
+            yield from _paths(v, (*pre, k))
+    elif isinstance(o, list):
+        for i, v in enumerate(o):
+            yield from _paths(v, (*pre, i))
+
+
+def mutated(o, rnd: random.Random):
+    """``o`` with one to three values (or the whole body) replaced by junk, or dict keys deleted."""
+    o = copy.deepcopy(o)
+    where = list(_paths(o))
+    for _ in range(rnd.choice([1, 1, 2, 3])):
+        path = rnd.choice(where)
+        if not path:
+            return copy.deepcopy(rnd.choice(JUNK))
+        parent = o
+        try:
+            for k in path[:-1]:
+                parent = parent[k]
+            if isinstance(parent, dict) and rnd.random() < 0.15:
+                del parent[path[-1]]
+            else:
+                parent[path[-1]] = copy.deepcopy(rnd.choice(JUNK))
+        except (KeyError, IndexError, TypeError):
+            pass  # an earlier replacement removed this path
+    return o
+
+
+@pytest.mark.parametrize("verb,body,named", [
+    ("bind", -1, "(body): must be object"),
+    ("bind", {"PodName": 3, "PodNamespace": "a", "PodUID": "u", "Node": "n"}, "PodName: must be string"),
+    ("filter", {"Pod": {"metadata": {"labels": "x"}}, "NodeNames": ["n"]}, "Pod.metadata.labels: must be object"),
+    ("filter", {"Pod": None, "NodeNames": [1]}, "NodeNames[0]: must be string"),
+    ("prioritize", {"Pod": {"spec": {"containers": [{"resources": "big"}]}}}, "Pod.spec.containers[0].resources"),
+])
+async def test_a_field_of_the_wrong_type_is_400_naming_it(cluster, verb, body, named):
+    async with cluster["http"].post(f"{cluster['url']}/{verb}", json=body) as r:
+        assert r.status == 400 and named in (await r.json())["error"]
+
+
+async def test_mutated_extender_requests_never_get_a_server_error(cluster):
+    rnd = random.Random(1)
+    names = [*GPU_NODES, CPU_NODE]
+    bases = {"filter": [{"Pod": pod(), "NodeNames": names},
+                        {"Pod": pod(), "Nodes": {"kind": "NodeList", "apiVersion": "v1", "items": [node_obj(n) for n in names]}}],
+             "prioritize": [{"Pod": pod(), "NodeNames": names}],
+             "bind": [{"PodName": "train-1", "PodNamespace": "team-a", "PodUID": "u-1", "Node": "gpu-node-1"}]}
+    failed = []
+    for _ in range(300):
+        verb = rnd.choice(sorted(bases))
+        body = mutated(rnd.choice(bases[verb]), rnd)
+        async with cluster["http"].post(f"{cluster['url']}/{verb}", json=body) as r:
+            if r.status >= 500:
+                failed.append((verb, r.status, str(body)[:200]))
+    assert not failed, failed[:3]
+
+
+async def test_mutated_admission_reviews_never_get_a_server_error(webhook):
+    url, ctx = webhook
+    rnd = random.Random(2)
+    base = admission_review(pod())
+    failed = []
+    async with aiohttp.ClientSession() as http:
+        for _ in range(300):
+            body = mutated(base, rnd)
+            async with http.post(f"{url}/mutate", json=body, ssl=ctx) as r:
+                if r.status >= 500:
+                    failed.append((r.status, str(body)[:200]))
+    assert not failed, failed[:3]
