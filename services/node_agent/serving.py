@@ -342,8 +342,15 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"serving workload: cannot listen on 127.0.0.1:{port}: {exc}", file=sys.stderr)
         return 1
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _s, _f: stop.set())
+    # a plain flag, not a threading.Event: the handler runs in the main thread between two bytecodes, possibly
+    # inside Event.wait/set holding its lock, and SIGTERM comes twice (to the group, and forwarded by the shim)
+    stopping = False
+
+    def on_term(_sig: int, _frm: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
     server.tick()
     thread = threading.Thread(target=server.httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
     thread.start()
@@ -352,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
           f"mps_share={os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE', '')} "
           f"mps_mem={os.environ.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT', '')}", flush=True)
     last_progress = 0.0
-    while not stop.wait(TICK_S):
+    while not stopping:
+        time.sleep(TICK_S)
         server.tick()
         if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
             server.write_progress()

@@ -208,3 +208,62 @@ def test_sigterm_exits_at_once_while_a_client_holds_a_keep_alive_connection(serv
         assert time.monotonic() - t < 1.0
     finally:
         conn.close()
+
+
+
+async def test_sigterm_to_the_shim_s_group_under_load_always_exits(tmp_path: Path):
+    """The agent's stop: SIGTERM to the shim's process group, which forwards it, so the workload gets it twice.
+    A handler that set a threading.Event could run inside the main thread's own Event.wait/set and deadlock on its
+    lock: 7 of 40 such stops hung under keep-alive load (this test failed in 3 of 3 runs on that code); a plain
+    flag cannot. Ten stops, one workload at a time."""
+    import asyncio
+
+    import aiohttp
+
+    async def one(i: int, http: aiohttp.ClientSession) -> int | None:
+        wd = tmp_path / f"w{i}"
+        wd.mkdir()
+        port = free_loopback_port()
+        (wd / "rate").write_text("50\n")
+        env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "ELASTICO_SERVE_PORT": str(port),
+               "ELASTICO_SIM_RATE_FILE": str(wd / "rate"), "ELASTICO_TIME_SCALE": "200", "ELASTICO_JOB_ID": "svc"}
+        shim = subprocess.Popen([sys.executable, "-m", "services.node_agent.shim", str(wd), "--", sys.executable, "-S",
+                                 "-m", "services.node_agent.serving"], env=env, cwd=REPO, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            try:
+                async with http.get(f"{url}/healthz") as r:
+                    if r.status == 200:
+                        break
+            except aiohttp.ClientError:
+                await asyncio.sleep(0.02)
+
+        async def load() -> None:  # batches and scrapes over keep-alive connections until the workload goes away
+            while True:
+                try:
+                    async with http.post(f"{url}/v1/requests", json={"arrivals_s": [time.time()] * 5}) as r:
+                        await r.read()
+                    async with http.get(f"{url}/metrics") as r:
+                        await r.read()
+                except aiohttp.ClientError:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.001)
+
+        loaders = [asyncio.create_task(load()) for _ in range(4)]
+        await asyncio.sleep(0.5 + 0.1 * (i % 4))
+        os.killpg(shim.pid, signal.SIGTERM)
+        t = time.monotonic()
+        while shim.poll() is None and time.monotonic() - t < 5:
+            await asyncio.sleep(0.01)
+        for task in loaders:
+            task.cancel()
+        if shim.poll() is None:
+            os.killpg(shim.pid, signal.SIGKILL)
+            shim.wait()
+            return None
+        return shim.returncode
+
+    async with aiohttp.ClientSession() as http:
+        codes = [await one(i, http) for i in range(10)]
+    assert None not in codes, f"{codes.count(None)} of {len(codes)} stops hung"
