@@ -22,12 +22,14 @@ SCALE = 60.0  # policy seconds per wall second: a 60-s demand bin is one wall se
 ROUND_S, SCRAPE_S = 0.5, 0.25  # wall seconds
 MU_FULL = 20.0  # the service's full-GPU rate, requests per policy second; SLO = 10 / MU_FULL = 500 ms
 SLO_MS = 10 * 1000 / MU_FULL
+FORECAST_WINDOW_S = 900.0  # policy seconds (15 wall s): a burst before the step leaves the forecast soon
 
 
 @pytest.fixture
 def suite(open_tmp: Path, monkeypatch: pytest.MonkeyPatch):
     with fast_suite(open_tmp / "run", monkeypatch, 1, SCALE, {
-            "ELASTICO_ROUND_INTERVAL_S": repr(ROUND_S), "ELASTICO_SIM_GPU_COUNT": "1", "ELASTICO_SCRAPE_INTERVAL_S": repr(SCRAPE_S)}) as state:
+            "ELASTICO_ROUND_INTERVAL_S": repr(ROUND_S), "ELASTICO_SIM_GPU_COUNT": "1", "ELASTICO_SCRAPE_INTERVAL_S": repr(SCRAPE_S),
+            "ELASTICO_FORECAST_WINDOW_S": repr(FORECAST_WINDOW_S)}) as state:
         yield state
 
 
@@ -51,12 +53,21 @@ def test_a_demand_step_grows_the_share_within_two_rounds_without_restarting_the_
     gen = LoadGenerator(ProfileArrivals(rate, seed=1), endpoint, SCALE, name="svc").start()
     try:
         until(lambda: api.get(svc.job_id).state is JobState.RUNNING and api.get(train.job_id).state is JobState.RUNNING, 30)
-        time.sleep(2.0)  # settled at the low rate (measured windows replace the declared rate)
-        before = api.get(svc.job_id)
+        time.sleep(2.0)  # measured windows replace the declared rate
+
+        # settled at the low rate. A load generator starved of CPU (a busy machine) posts its backlog at once: the
+        # service grows for that burst, the trainer gives way, and both stay so until the burst leaves the forecast
+        # window and the policy's shrink hold (1,800 policy s) has passed -- wait for that instead of failing
+        def settled():
+            s, t = api.get(svc.job_id), api.get(train.job_id)
+            ok = s.placement is not None and t.placement is not None and s.placement.slices[0].compute_share_pct < 70.0
+            return ok and (s, t)
+
+        before, tjob = until(settled, 45)
         share0, pid0 = before.placement.slices[0].compute_share_pct, placement_id(before.placement)
         proc0 = next(w.pid for w in agent.workloads([svc.job_id]))
-        train0 = until(lambda: (j := api.get(train.job_id)).placement is not None and j, 10).placement.slices[0].compute_share_pct
-        assert share0 + train0 <= 100.0 and share0 < 70.0
+        train0, restarts0 = tjob.placement.slices[0].compute_share_pct, tjob.restarts
+        assert share0 + train0 <= 100.0
 
         rate[0] = 12.0  # the step: 3 -> 12 requests per policy second (load 0.15 -> 0.6 of a GPU)
         t_step = time.monotonic()
@@ -81,7 +92,8 @@ def test_a_demand_step_grows_the_share_within_two_rounds_without_restarting_the_
         assert next(w.pid for w in agent.workloads([svc.job_id])) == proc0  # the same serving process
         t = api.get(train.job_id)  # the co-tenant gave way first: relaunched smaller, or preempted and waiting
         assert t.state is JobState.PENDING or share1 + t.placement.slices[0].compute_share_pct <= 100.0
-        assert t.restarts >= 1 or t.state is JobState.PENDING
+        if share1 + train0 > 100.0:  # its share before the step no longer fits: it was relaunched or preempted
+            assert t.restarts > restarts0 or t.state is JobState.PENDING
 
         # the backlog queued while the share was still the old one drains at the new capacity (bounded time), and its
         # last requests complete within a window; from then on every window keeps the SLO (mean latency, model time;
