@@ -208,5 +208,3 @@ def test_sigterm_exits_at_once_while_a_client_holds_a_keep_alive_connection(serv
         assert time.monotonic() - t < 1.0
     finally:
         conn.close()
-
-
