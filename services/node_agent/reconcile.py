@@ -55,7 +55,6 @@ import asyncio
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -81,6 +80,7 @@ from elastico.state.store import Store
 from services.node_agent.coloc import DEFAULT_ISOLATED_STEPS_PER_S, ColocationTruth
 from services.node_agent.gpu import GpuBackend, Tenant
 from services.node_agent.mps import MpsController, MpsFault
+from services.node_agent.pairs import ObservationSink, PairObserver, Samples
 from services.node_agent.pods import (
     PodProcess,
     PodSource,
@@ -109,10 +109,6 @@ from services.node_agent.settings import WorkloadPolicy
 log = get_logger(component="reconcile")
 MAX_SYNC_WAIT_S = 5.0  # a Sync waits at most this long for the generation it asks for (the allocator asks for one it just wrote)
 
-# receives measured co-located pairs (a, b, node_id); services/node_agent/observations.PredictorReporter is one
-ObservationSink = Callable[[list[tuple[LedgerEntry, LedgerEntry, str]]], Awaitable[None]]
-
-
 @dataclass(frozen=True)
 class SyncResult:
     """Outcome of one reconcile pass."""
@@ -122,15 +118,6 @@ class SyncResult:
     stopped: int
     workloads: tuple[Workload, ...]
     resized: int = 0  # inference services resized in place
-
-
-@dataclass
-class _Samples:
-    """Progress samples since the workload's co-tenants last changed (throughput = their slope)."""
-
-    key: tuple = ()
-    first: tuple[float, float] | None = None  # (time, steps)
-    last: tuple[float, float] | None = None
 
 
 class Reconciler:
@@ -150,14 +137,12 @@ class Reconciler:
         self.ledger = LedgerFile.load(self.state_dir / "ledger.json")
         self.stop_grace_s = stop_grace_s
         self.fault_holddown_s = fault_holddown_s
-        self.observation_interval_s = observation_interval_s
-        self._sink = observation_sink
+        self.pairs = PairObserver(node_id, observation_interval_s, observation_sink)  # co-located pairs -> predictor
         self._truth = truth
         self._lock = asyncio.Lock()
         self._exits = ExitWatcher(self.nudge)  # a supervisor's exit asks for a pass at once
         self._wake = asyncio.Event()
-        self._samples: dict[str, _Samples] = {}
-        self._last_observed: dict[tuple[str, str], float] = {}
+        self._samples: dict[str, Samples] = {}
         self._child_pids: dict[str, int] = {}
         self._drain_clear_at: dict[int, float] = {}  # gpu -> when its last faulted client was seen gone
         self.mps_state = "ok"
@@ -273,7 +258,7 @@ class Reconciler:
         await asyncio.to_thread(self.ledger.save)
         workloads = self.workloads()
         await self.store.report_workloads(self.node_id, gen, workloads)
-        await self._observe_pairs(now)
+        await self.pairs.observe(self.ledger.entries.values(), self._samples, now)
         if started or stopped or resized:
             log.info("reconciled", generation=gen, started=started, stopped=stopped, resized=resized,
                      running=sum(1 for w in workloads if w.status == "running"))
@@ -688,7 +673,7 @@ class Reconciler:
             if e.job_id in rates and not e.is_pod:  # a pod's real program sets its own pace
                 await asyncio.to_thread(self.runner.write_rate, e, rates[e.job_id][0])
             progress = self.runner.read_progress(e.progress_file) if e.progress_file else None
-            s = self._samples.setdefault(e.job_id, _Samples())
+            s = self._samples.setdefault(e.job_id, Samples())
             key = (self._cotenants(e), rates.get(e.job_id, (None,))[0])
             if key != s.key:  # co-tenants (hence speed) changed: measure afresh from here
                 s.key, s.first, s.last = key, None, None
@@ -742,40 +727,6 @@ class Reconciler:
         drained = self.drained_gpus()
         gpus = tuple(replace(g, healthy=False) if g.index in drained else g for g in node.gpus)
         return replace(node, gpus=gpus, ready=node.ready and self.mps_state == "ok")
-
-    async def _observe_pairs(self, now: float) -> None:
-        """Hand each measured co-located pair (two single-GPU tenants of one GPU) to the sink, rate-limited."""
-        if self._sink is None:
-            return
-        by_gpu: dict[int, list[LedgerEntry]] = {}
-        for e in self.ledger.entries.values():
-            if e.running and len(e.gpu_indices) == 1:
-                by_gpu.setdefault(e.gpu_indices[0], []).append(e)
-        pairs = []
-        seen: set[tuple[str, str]] = set()
-        for tenants in by_gpu.values():
-            if len(tenants) != 2 or any(e.draining for e in tenants):
-                continue  # a previous replica of a moving service runs only for the move: no steady pair
-            a, b = sorted(tenants, key=lambda x: x.job_id)
-            if a.norm_throughput is None or b.norm_throughput is None:
-                continue
-            sa, sb = self._samples.get(a.job_id), self._samples.get(b.job_id)
-            if not (sa and sb and sa.first and sa.last and sb.first and sb.last) or min(
-                    sa.last[0] - sa.first[0], sb.last[0] - sb.first[0]) < 2.0:
-                continue  # too short a window to be a measurement
-            key = (f"{a.job_id}@{a.placement_id}", f"{b.job_id}@{b.placement_id}")
-            seen.add(key)
-            if now - self._last_observed.get(key, 0.0) < self.observation_interval_s:
-                continue
-            self._last_observed[key] = now
-            pairs.append((a, b, self.node_id))
-        for key in [k for k in self._last_observed if k not in seen]:
-            del self._last_observed[key]  # the pair no longer runs together
-        if pairs:
-            try:
-                await self._sink(pairs)
-            except Exception as exc:  # noqa: BLE001 - observations are best effort
-                log.warning("reporting observations failed", error=str(exc))
 
     # --- shutdown -------------------------------------------------------------------------------------
     async def aclose(self) -> None:

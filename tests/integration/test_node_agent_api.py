@@ -111,7 +111,7 @@ async def test_sync_starts_and_stops_and_list_filters(node):
     # observations of the co-located pair reach the predictor (or are dropped quietly if UNIMPLEMENTED)
     for _ in range(40):
         await stub.Sync(node_agent_pb2.SyncRequest(), timeout=10)
-        if node["predictor"].received or (not node["predictor"].implemented and node["reconciler"]._last_observed):
+        if node["predictor"].received or (not node["predictor"].implemented and node["reconciler"].pairs.last):
             break
         await asyncio.sleep(0.1)
     if node["predictor"].implemented:
@@ -119,7 +119,7 @@ async def test_sync_starts_and_stops_and_list_filters(node):
         assert {obs.a.job_id, obs.b.job_id} == {a, b} and obs.node_id == NODE and obs.a.gpu_type == "v100"
         assert 0 < obs.norm_tput_a <= 1.5 and {obs.a.mps_share_pct, obs.b.mps_share_pct} == {60.0, 40.0}
     else:
-        assert node["reconciler"]._last_observed and node["reporter"].sent == 0
+        assert node["reconciler"].pairs.last and node["reporter"].sent == 0
 
     job = await store.get_job(b)
     await store.release_job(epoch, job, JobState.PENDING, StateReason.PREEMPTED)
