@@ -299,7 +299,6 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
     budget = p.defrag_moves
     moved = False
     nodes = None  # the nodes' tenants (_node_tenants), recomputed after each move
-    failed = np.zeros(topo.num_nodes, bool)  # nodes whose tenants found no room elsewhere, until a move
     for neg_saving, j, n in offers:
         if j in touched:  # moved out of the way of an earlier gang of this pass
             continue
@@ -308,28 +307,31 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
             ntenants, need, node_empty = nodes.ntenants.tolist(), nodes.need.tolist(), nodes.node_empty.tolist()
             clearable = nodes.clearable.tolist()
             n_empty = sum(node_empty)
-            # clearable nodes whose tenants fit the empty GPUs of the other nodes, by (moves, GPUs out, node)
-            order = sorted((nd for nd in range(topo.num_nodes) if clearable[nd] and need[nd] <= n_empty - node_empty[nd]),
-                           key=lambda nd: (ntenants[nd], need[nd]))
+            # (moves, GPUs out, node) of the clearable nodes within the move budget whose tenants fit the empty
+            # GPUs of the other nodes, ascending; a node whose tenants find no room leaves it until a move
+            order = sorted((ntenants[nd], need[nd], nd) for nd in range(topo.num_nodes)
+                           if clearable[nd] and ntenants[nd] <= budget and need[nd] <= n_empty - node_empty[nd])
             # fewest moves any node may cost (a gang's own node counts one tenant less); none: nobody moves
             low = min((ntenants[nd] - 1 for nd in range(topo.num_nodes) if clearable[nd]), default=math.inf)
         saving = -neg_saving
         if saving <= cost * (1 + max(low, 0)):
             break  # (offers come by decreasing saving: no later gang pays for a move either)
-        home = int(node_of[np.asarray(jobs.gpus[j])[0]])
-        # (moves, GPUs out, node) of each node the gang might take: its own node without it counted
-        tries = [(ntenants[nd], need[nd], nd) for nd in order if nd != home and not failed[nd]]
-        if clearable[home] and need[home] - held[j] <= n_empty - node_empty[home]:
+        home = int(node_of[jobs.gpus[j][0]])
+        # the nodes the gang might take: its own node without it counted
+        tries = [t for t in order if t[2] != home]
+        if clearable[home] and need[home] - held[j] <= n_empty - node_empty[home] and ntenants[home] - 1 <= budget:
             tries.append((ntenants[home] - 1, need[home] - held[j], home))
             tries.sort()
-        for moves, _, nd in tries:
-            if moves > budget or topo.node_size[nd] < n:
+        for t in tries:
+            moves, nd = t[0], t[2]
+            if topo.node_size[nd] < n:
                 continue
             if saving <= cost * (1 + moves):
                 break
             plan = _evacuate(nodes, jobs, topo, nd, [o for o in nodes.tenants[nd] if o != j])
             if plan is None:  # (the same for every other gang of the pass, until something moves)
-                failed[nd] |= nd != home
+                if nd != home:
+                    order.remove(t)
                 continue
             for o, target in plan:
                 relaunch(view, gj, gs, d, o, target)
@@ -338,7 +340,6 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
             touched.update([j, *nodes.tenants[nd]])
             budget -= moves
             moved = True
-            failed[:] = False
             nodes = None
             break
         if budget <= 0:
