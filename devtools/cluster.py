@@ -180,7 +180,7 @@ def up(nodes: int, timeout_s: float = 30.0, monitoring: bool | None = None) -> d
                    "ELASTICO_PORT": str(port), "ELASTICO_NODE_ID": name,
                    "ELASTICO_GPU_BACKEND": os.environ.get("ELASTICO_GPU_BACKEND", "simulated"),
                    "ELASTICO_STATE_DIR": str(nodes_dir / name), "ELASTICO_STOP_WORKLOADS_ON_EXIT": "1",
-                   "ELASTICO_PREDICTOR_ADDRESS": addr["predictor"]}
+                   "ELASTICO_PREDICTOR_ADDRESS": addr["predictor"], "ELASTICO_ALLOCATOR_ADDRESSES": addr["allocator"]}
             if metrics:
                 env["ELASTICO_METRICS_PORT"] = str(metrics[len(SERVICES) + i])
                 targets.append((name, "node-agent", metrics[len(SERVICES) + i]))

@@ -16,6 +16,11 @@ from elastico.config import Settings
 from elastico.errors import ConfigError
 from elastico.rpc.security import ClientTLS
 
+#: Health-service name a scheduling allocator answers SERVING while it reaches the store (Redis), NOT_SERVING while
+#: it does not: a node agent cut off from the store asks it whether the outage is everyone's (no allocator can then
+#: declare the node lost) or only its own (services/node_agent/liveness.py).
+STORE_SERVICE = "elastico.store"
+
 
 def health_status(address: str, service: str = "", timeout_s: float = 1.0, tls: ClientTLS | None = None) -> str:
     """SERVING / NOT_SERVING / UNREACHABLE for ``service`` ("" = the whole server) at ``address``."""

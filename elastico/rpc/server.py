@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from elastico.rpc.security import Access, TLSFiles, server_credentials
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+HEALTH_PROBE_INTERVAL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class ServiceBinding:
     servicer: Any
     add_to_server: Callable[[Any, grpc.aio.Server], None]
     access: Access = field(default_factory=Access)  # who may call it (default: any certificate of the CA)
+    # further health-service names this process answers, each SERVING while its probe returns True (polled every
+    # HEALTH_PROBE_INTERVAL_S while serving), e.g. the allocator's view of the store (elastico.healthcheck.STORE_SERVICE)
+    health_probes: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
 
 
 @dataclass
@@ -51,11 +55,31 @@ class ElasticoServer:
     service_names: tuple[str, ...]
     metrics_port: int | None = None
     interceptor: ErrorMappingInterceptor | None = None
+    probes: Mapping[str, Callable[[], bool]] = field(default_factory=dict)  # ServiceBinding.health_probes, merged
     _metrics_http: Any = field(default=None, repr=False)
+    _probe_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     async def start(self) -> None:
         await self.grpc_server.start()
         await self.set_serving(True)
+        if self.probes:
+            await self.poll_probes()
+            self._probe_task = asyncio.create_task(self._probe_forever())
+
+    async def poll_probes(self) -> None:
+        """Set each probed health name from its probe (a probe that raises reads as NOT_SERVING)."""
+        for name, probe in self.probes.items():
+            try:
+                ok = bool(probe())
+            except Exception:  # noqa: BLE001 - a broken probe must not stop the others or the server
+                get_logger(component="health").exception("health probe failed", service=name)
+                ok = False
+            await self.health.set(name, SERVING if ok else NOT_SERVING)
+
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.sleep(HEALTH_PROBE_INTERVAL_S)
+            await self.poll_probes()
 
     async def set_serving(self, serving: bool) -> None:
         """Flip every service's health status (the overall "" service included)."""
@@ -65,6 +89,9 @@ class ElasticoServer:
 
     async def stop(self, grace_s: float, drain_s: float = 0.0) -> None:
         """NOT_SERVING and streams ended, ``drain_s`` still serving, then in-flight calls get ``grace_s``, then close."""
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            self._probe_task = None
         await self.set_serving(False)
         if self.interceptor is not None:
             self.interceptor.drain()
@@ -106,8 +133,9 @@ async def create_server(settings: Settings, bindings: Sequence[ServiceBinding]) 
         port = server.add_secure_port(address, server_credentials(files, settings.tls_require_client_cert))
     if port == 0:
         raise OSError(f"could not bind {settings.host}:{settings.port}")
-    es = ElasticoServer(grpc_server=server, health=health, service_names=names, interceptor=interceptor)
-    for name in ("", *names):
+    probes = {name: probe for b in bindings for name, probe in b.health_probes.items()}
+    es = ElasticoServer(grpc_server=server, health=health, service_names=names, interceptor=interceptor, probes=probes)
+    for name in ("", *names, *probes):
         await health.set(name, NOT_SERVING)
     if settings.metrics_port >= 0:
         http, _thread = start_http_server(settings.metrics_port, addr=settings.host)

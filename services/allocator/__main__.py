@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from elastico.healthcheck import STORE_SERVICE
 from elastico.logging import get_logger
 from elastico.rpc.security import ClientTLS
 from elastico.rpc.server import ServiceBinding, run_main
@@ -40,8 +41,11 @@ def build(settings: AllocatorSettings):
         access = api_access(settings)
         if access.tokens is None:
             log.warning("no ELASTICO_AUTH_TOKENS_FILE: the Allocator API takes calls without tokens (ELASTICO_INSECURE=1)")
+        # a scheduling replica reports whether it reaches the store: node agents cut off from it ask, to tell their
+        # own partition (their workloads must stop: this replica may requeue them) from an outage of everyone's
+        probes = {STORE_SERVICE: lease.store_reachable} if lease is not None else {}
         binding = ServiceBinding(allocator_pb2.DESCRIPTOR.services_by_name["Allocator"].full_name,
-                                 servicer, allocator_pb2_grpc.add_AllocatorServicer_to_server, access)
+                                 servicer, allocator_pb2_grpc.add_AllocatorServicer_to_server, access, probes)
         tune_gc()  # start-up objects frozen: a full collection no longer walks them inside a round
 
         async def cleanup() -> None:

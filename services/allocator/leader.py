@@ -32,6 +32,7 @@ class LeaderLease:
         self._epoch: int | None = None
         self._valid_until = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._store_answered = -float("inf")  # clock of the last lease round trip the store answered
         self.changed = asyncio.Event()  # set whenever leadership is gained or lost
 
     @property
@@ -40,6 +41,11 @@ class LeaderLease:
         if self._epoch is not None and self._clock() < self._valid_until:
             return self._epoch
         return None
+
+    def store_reachable(self) -> bool:
+        """The store answered a lease round trip (won or not) within the last ``ttl_s``: this replica, leader or
+        standby, sees the store -- what the store health name reports to node agents cut off from it."""
+        return self._clock() - self._store_answered <= self.ttl_s
 
     async def try_acquire(self) -> int | None:
         """One acquire-or-renew attempt; returns the epoch when leading."""
@@ -51,6 +57,7 @@ class LeaderLease:
             epoch = None if self._clock() >= self._valid_until else self._epoch
             self._set(epoch, self._valid_until)
             return self.epoch
+        self._store_answered = self._clock()
         # the lease is valid for ttl from when the request was sent, not from when it returned
         self._set(epoch, started + self.ttl_s if epoch is not None else 0.0)
         return self.epoch

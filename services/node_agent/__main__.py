@@ -21,6 +21,7 @@ from elastico.rpc.server import ServiceBinding, run_main
 from elastico.state.redis_store import RedisStore
 from elastico.v1 import node_agent_pb2, node_agent_pb2_grpc
 from services.node_agent.gpu import make_backend
+from services.node_agent.liveness import StoreFence
 from services.node_agent.mps import make_mps
 from services.node_agent.observations import PredictorReporter
 from services.node_agent.pods import PodSource
@@ -82,12 +83,17 @@ def build(settings: NodeAgentSettings):
                                 policy=settings.workload_policy, scrape_interval_s=settings.scrape_interval_s, pods=pods,
                                 fence_s=settings.fence_s)
         await reconciler.recover()
-        agent = NodeAgent(store, backend, node_id, address, reconciler)
+        fence = StoreFence(settings.allocator_address_list, tls, silence_s=settings.heartbeat_interval_s + 1.0)
+        agent = NodeAgent(store, backend, node_id, address, reconciler, fence)
         await agent.heartbeat()  # register before serving, so the allocator sees the GPUs at once
         tasks = [asyncio.create_task(agent.heartbeat_forever(settings.heartbeat_interval_s)),
                  asyncio.create_task(reconciler.run_forever(settings.reconcile_interval_s))]
         if settings.fence_s > 0:
-            tasks.append(asyncio.create_task(reconciler.keep_alive()))
+            if not fence.allocators:
+                log.warning("no ELASTICO_ALLOCATOR_ADDRESSES: this agent cannot tell a store outage from being cut off "
+                            "from the store, so an outage longer than ELASTICO_FENCE_S stops its workloads",
+                            fence_s=settings.fence_s)
+            tasks.append(asyncio.create_task(reconciler.keep_alive(fence.may_run)))
 
         async def cleanup() -> None:
             for task in tasks:

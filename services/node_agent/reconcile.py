@@ -55,6 +55,7 @@ import asyncio
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -192,11 +193,13 @@ class Reconciler:
         """Ask the loop for a pass now (Sync does its own pass; this is for other callers)."""
         self._wake.set()
 
-    async def keep_alive(self) -> None:
-        """While this agent runs: touch the liveness file its workloads' shims fence on (``Runner.fence_s`` > 0)."""
+    async def keep_alive(self, may_run: Callable[[], Awaitable[bool]]) -> None:
+        """While this agent runs and ``may_run()`` (the store fence, ``liveness.StoreFence``): touch the liveness
+        file its workloads' shims fence on (``Runner.fence_s`` > 0)."""
         every = min(1.0, self.runner.fence_s / 4)
         while True:
-            self.runner.touch_alive()
+            if await may_run():
+                self.runner.touch_alive()
             await asyncio.sleep(every)
 
     async def run_forever(self, interval_s: float) -> None:

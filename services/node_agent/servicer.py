@@ -22,6 +22,7 @@ from elastico.state.store import Store
 from elastico.v1 import node_agent_pb2 as npb
 from elastico.v1 import node_agent_pb2_grpc
 from services.node_agent.gpu import GpuBackend
+from services.node_agent.liveness import StoreFence
 from services.node_agent.reconcile import Reconciler
 
 log = get_logger(component="node_agent")
@@ -35,12 +36,13 @@ class NodeAgent:
     """State of one node: its GPU backend, its identity, its reconciler, and the heartbeat it writes."""
 
     def __init__(self, store: Store, backend: GpuBackend, node_id: str, address: str,
-                 reconciler: Reconciler | None = None) -> None:
+                 reconciler: Reconciler | None = None, fence: StoreFence | None = None) -> None:
         self.store = store
         self.backend = backend
         self.node_id = node_id
         self.address = address
         self.reconciler = reconciler
+        self.fence = fence  # told of every successful heartbeat (the store fence)
 
     def snapshot(self) -> NodeInfo:
         node = NodeInfo(node_id=self.node_id, address=self.address, gpu_backend=self.backend.name,
@@ -53,6 +55,8 @@ class NodeAgent:
     async def heartbeat(self) -> None:
         """Report GPUs (drained ones unhealthy: the store then gives them no capacity) and counters."""
         await self.store.put_node(self.snapshot())
+        if self.fence is not None:
+            self.fence.store_answered()
 
     async def heartbeat_forever(self, interval_s: float) -> None:
         """Report status every ``interval_s``; a Redis outage is logged and retried, never fatal."""

@@ -134,10 +134,16 @@ class NodeAgentSettings(Settings):
     state_dir: str = ""  # ledger, workload logs and MPS pipes; "" = $XDG_STATE_HOME/elastico/<node_id> (root: /var/lib/elastico/<node_id>)
     reconcile_interval_s: float = 2.0  # desired-state poll period (a Sync call reconciles at once)
     stop_grace_s: float = 10.0  # SIGTERM -> SIGKILL delay when stopping a workload
-    # a workload's supervisor stops it once this agent has shown no sign of life (stopped, dead) for this long, s;
-    # keep it plus stop_grace_s below the allocator's ELASTICO_NODE_STALE_S + ELASTICO_NODE_GRACE_S (45 s), after
-    # which the job is placed elsewhere; 0 = never (a silent agent's workloads may then run twice)
-    fence_s: float = 30.0
+    # a workload's supervisor stops it once this agent has shown no sign of life (stopped, dead, or cut off from the
+    # store while an allocator sees it: services/node_agent/liveness.py) for this long, s; keep heartbeat_interval_s
+    # + 1 + fence_s + stop_grace_s below the allocator's ELASTICO_NODE_STALE_S + ELASTICO_NODE_GRACE_S (45 s), after
+    # which the job is placed elsewhere, and fence_s above the allocator's ELASTICO_LEASE_TTL_S (10 s), within which
+    # it reports a store outage; 0 = never (a silent agent's workloads may then run twice)
+    fence_s: float = 25.0
+    # host:port of each allocator replica that schedules, comma-separated: asked whether they reach the store when
+    # this agent does not (an outage of everyone's keeps the workloads running); "" = none, so a store outage longer
+    # than fence_s stops this node's workloads
+    allocator_addresses: str = ""
     mps: str = "auto"  # auto (real MPS on NVML GPUs, simulated on simulated GPUs), real, simulated, off
     mps_pipe_dir: str = ""  # CUDA_MPS_PIPE_DIRECTORY; "" = <state_dir>/mps/pipe
     mps_log_dir: str = ""  # CUDA_MPS_LOG_DIRECTORY; "" = <state_dir>/mps/log
@@ -195,6 +201,11 @@ class NodeAgentSettings(Settings):
             raise ConfigError(f"ELASTICO_OBSERVATION_INTERVAL_S={self.observation_interval_s}: must be >= 0")
         if not 0.1 <= self.scrape_interval_s <= 3600:
             raise ConfigError(f"ELASTICO_SCRAPE_INTERVAL_S={self.scrape_interval_s}: must be in [0.1, 3600]")
+        for a in self.allocator_address_list:
+            host, _, port = a.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"ELASTICO_ALLOCATOR_ADDRESSES={self.allocator_addresses!r}: {a!r} is not host:port "
+                                  "(give a comma-separated list of host:port)")
         if self.predictor_address and ":" not in self.predictor_address:
             raise ConfigError(f"ELASTICO_PREDICTOR_ADDRESS={self.predictor_address!r}: must be host:port")
         if self.kube_timeout_s <= 0:
@@ -230,6 +241,11 @@ class NodeAgentSettings(Settings):
                     ("as", self.workload_rlimit_as_mib * MIB))  # 0 = leave as is
         rlimits = (("core", self.workload_rlimit_core_mib * MIB), *((n, v) for n, v in optional if v))  # core 0 = none
         return WorkloadPolicy(uid, gid, user, home, rlimits, self.allow_commands, workload_python(uid, gid))
+
+    @property
+    def allocator_address_list(self) -> tuple[str, ...]:
+        """``allocator_addresses`` split at commas, blanks dropped."""
+        return tuple(a.strip() for a in self.allocator_addresses.split(",") if a.strip())
 
     @property
     def effective_node_id(self) -> str:

@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from elastico.config import Settings
+from elastico.healthcheck import STORE_SERVICE, health_status
 from elastico.rpc.server import ServiceBinding, create_server
 from elastico.state.redis_store import RedisStore
 from elastico.v1 import (
@@ -193,6 +194,36 @@ async def test_redis_outage_is_unavailable(redis_server):
         await expect_code(allocator_pb2_grpc.AllocatorStub(ch).GetJob(allocator_pb2.GetJobRequest(job_id="x"), timeout=5), grpc.StatusCode.UNAVAILABLE)
     await server.stop(0)
     await store.close()
+
+
+async def test_a_health_probe_name_follows_its_probe_and_a_broken_probe_reads_not_serving():
+    """What a scheduling allocator reports of the store (STORE_SERVICE): SERVING while the probe says so."""
+    seen = {"store": True}
+
+    def probe() -> bool:
+        if seen["store"] is None:
+            raise RuntimeError("probe broke")
+        return seen["store"]
+
+    binding = ServiceBinding("elastico.v1.Pricer", PricerServicer(PricerSettings.from_env({}, insecure=True)),
+                             pricer_pb2_grpc.add_PricerServicer_to_server, health_probes={STORE_SERVICE: probe})
+    server, port = await create_server(Settings(service_name="t", insecure=True), [binding])
+
+    async def status() -> str:
+        return await asyncio.to_thread(health_status, f"127.0.0.1:{port}", STORE_SERVICE, 2.0)
+
+    await server.start()
+    try:
+        assert await status() == "SERVING"  # set before the port is announced, not a poll later
+        for value, want in ((False, "NOT_SERVING"), (True, "SERVING"), (None, "NOT_SERVING")):
+            seen["store"] = value
+            for _ in range(40):
+                if await status() == want:
+                    break
+                await asyncio.sleep(0.05)
+            assert await status() == want, value
+    finally:
+        await server.stop(0)
 
 
 async def test_health_reflection_metrics_and_graceful_stop(suite):

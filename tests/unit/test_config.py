@@ -32,9 +32,13 @@ def test_defaults_and_overrides_parse_types():
         (NodeAgentSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_GPU_BACKEND": "cuda"}, "ELASTICO_GPU_BACKEND"),
         (NodeAgentSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_SIM_GPU_COUNT": "0"}, "ELASTICO_SIM_GPU_COUNT"),
         (Settings, {"ELASTICO_METRICS_PORT": "-5"}, "ELASTICO_METRICS_PORT"),
+        (NodeAgentSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_ALLOCATOR_ADDRESSES": "a:50050,b"},
+         "ELASTICO_ALLOCATOR_ADDRESSES"),
+        (NodeAgentSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_ALLOCATOR_ADDRESSES": "a:70000"},
+         "ELASTICO_ALLOCATOR_ADDRESSES"),
     ],
     ids=["port-not-int", "port-range", "log-level", "gap-tolerance", "redis-required", "redis-scheme", "gpu-backend",
-         "sim-gpu-count", "metrics-port"],
+         "sim-gpu-count", "metrics-port", "allocator-address", "allocator-port"],
 )
 def test_bad_settings_fail_fast_naming_the_variable(cls, env, var):
     with pytest.raises(ConfigError, match=var):
@@ -61,3 +65,10 @@ def test_service_refuses_to_start_on_bad_config(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "ELASTICO_REDIS_URL is required" in r.stderr
+
+
+def test_allocator_addresses_are_a_comma_separated_list():
+    s = NodeAgentSettings.from_env({**INSECURE, "ELASTICO_REDIS_URL": "redis://h:1",
+                                    "ELASTICO_ALLOCATOR_ADDRESSES": " alloc-0:50050, 10.0.0.2:50050 ,"})
+    assert s.allocator_address_list == ("alloc-0:50050", "10.0.0.2:50050")
+    assert NodeAgentSettings.from_env({**INSECURE, "ELASTICO_REDIS_URL": "redis://h:1"}).allocator_address_list == ()
