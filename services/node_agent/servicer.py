@@ -59,12 +59,15 @@ class NodeAgent:
             self.fence.store_answered()
 
     async def heartbeat_forever(self, interval_s: float) -> None:
-        """Report status every ``interval_s``; a Redis outage is logged and retried, never fatal."""
+        """Report status every ``interval_s``; a Redis outage (or any failed beat) is logged and retried, never
+        fatal: the loop must outlive a bad beat, or the node would look lost and its workloads be fenced."""
         while True:
             try:
                 await self.heartbeat()
             except Unavailable as exc:
                 log.warning("heartbeat failed; retrying", node_id=self.node_id, error=str(exc))
+            except Exception:  # noqa: BLE001 - see above
+                log.exception("heartbeat failed; retrying", node_id=self.node_id)
             await asyncio.sleep(interval_s)
 
 

@@ -117,3 +117,39 @@ async def test_the_lease_reports_the_store_reachable_until_ttl_after_its_last_an
     store.down = False
     await standby.try_acquire()
     assert standby.store_reachable() and not leader.store_reachable()
+
+
+class BrokenOnceStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.beats = 0
+
+    async def put_node(self, node) -> None:
+        self.beats += 1
+        if self.beats == 1:
+            raise RuntimeError("a bad beat")
+        if self.beats == 2:
+            raise Unavailable("redis unavailable: blip")
+        await super().put_node(node)
+
+
+async def test_the_heartbeat_loop_outlives_a_failed_beat_and_tells_the_fence_of_each_good_one():
+    import asyncio
+
+    from services.node_agent.servicer import NodeAgent
+    from services.node_agent.simulated import SimulatedBackend
+
+    clock = Clock()
+    f = StoreFence(("a",), None, silence_s=3.0, ask=Allocators(a="SERVING"), clock=clock)
+    store = BrokenOnceStore()
+    agent = NodeAgent(store, SimulatedBackend("n1", "v100", 1, 16384), "n1", "127.0.0.1:1", fence=f)
+    clock.t += 10.0  # silent long enough to be fenced...
+    assert not await f.may_run()
+    task = asyncio.create_task(agent.heartbeat_forever(0.01))
+    for _ in range(200):
+        if store.beats >= 3:
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    assert store.beats >= 3 and (await store.get_node("n1")).node_id == "n1"
+    assert await f.may_run()  # ...until a beat landed
