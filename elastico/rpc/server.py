@@ -116,7 +116,10 @@ async def create_server(settings: Settings, bindings: Sequence[ServiceBinding]) 
                                           secure=files is not None and settings.tls_require_client_cert)
     server = grpc.aio.server(
         interceptors=[interceptor],
-        options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", int(settings.max_request_mib * (1 << 20)))],
+        options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", int(settings.max_request_mib * (1 << 20))),
+                 # a burst of calls waits to be taken up instead of being refused (Settings.max_pending_rpcs)
+                 ("grpc.server.max_pending_requests", settings.max_pending_rpcs),
+                 ("grpc.server.max_pending_requests_hard_limit", 2 * settings.max_pending_rpcs)],
     )
     for b in bindings:
         b.add_to_server(b.servicer, server)

@@ -226,6 +226,29 @@ async def test_a_health_probe_name_follows_its_probe_and_a_broken_probe_reads_no
         await server.stop(0)
 
 
+async def test_a_burst_of_concurrent_calls_is_served_not_refused():
+    """More calls at once than gRPC's default pending-call limit (1,000): every one is answered (that default
+    refused ~1.5 % of them as CANCELLED; Settings.max_pending_rpcs raises it)."""
+    binding = ServiceBinding("elastico.v1.Pricer", PricerServicer(PricerSettings.from_env({}, insecure=True)),
+                             pricer_pb2_grpc.add_PricerServicer_to_server)
+    server, port = await create_server(Settings(service_name="t", insecure=True), [binding])
+    await server.start()
+    channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}") for _ in range(2)]
+    try:
+        stubs = [health_pb2_grpc.HealthStub(c) for c in channels]
+        for c in channels:
+            await c.channel_ready()
+        for _ in range(2):
+            got = await asyncio.gather(*(stubs[i % 2].Check(health_pb2.HealthCheckRequest(service=""), timeout=60)
+                                         for i in range(3000)), return_exceptions=True)
+            failed = [g.code().name for g in got if isinstance(g, grpc.aio.AioRpcError)]
+            assert not failed, f"{len(failed)} of {len(got)} refused: {sorted(set(failed))}"
+    finally:
+        for c in channels:
+            await c.close()
+        await server.stop(0)
+
+
 async def test_health_reflection_metrics_and_graceful_stop(suite):
     ch = suite["channel"]
     health = health_pb2_grpc.HealthStub(ch)
