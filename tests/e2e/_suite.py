@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from devtools import cluster
+from elastico.client import AllocatorClient, NodeAgentClient
+from elastico.domain import JobKind, JobSpec, JobState, TrainingWork
 from elastico.redis_embedded import free_port
 
 
@@ -43,3 +45,27 @@ def until(what, timeout_s: float, every_s: float = 0.05):
             return got
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s} s")
+
+
+def children(pid: int) -> list[int]:
+    """Child process ids of ``pid`` (a workload's supervisor: its workload), [] once it is gone."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def running_training_job(suite: dict):
+    """A long training job submitted to ``suite`` (two node agents) and RUNNING: (allocator client, node agent
+    clients by name, the job, its workload on its node, the workload process's pid)."""
+    tls = cluster.client_tls(suite)
+    procs = {p["name"]: p for p in suite["procs"]}
+    api = AllocatorClient(procs["allocator"]["address"], tls=tls)
+    agents = {n: NodeAgentClient(procs[n]["address"], tls=tls) for n in ("node-1", "node-2")}
+    job = api.submit(JobSpec(name="train", tenant="demo", kind=JobKind.TRAINING, model_family="ResNet-18", batch_size=64,
+                             training=TrainingWork(total_steps=10**9)))
+    first = until(lambda: (j := api.get(job.job_id)).state is JobState.RUNNING and j, 30)
+    home = first.placement.slices[0].node_id
+    [w] = [w for w in agents[home].workloads([job.job_id]) if w.status == "running"]
+    [child] = until(lambda: children(w.pid), 5)
+    return api, agents, first, w, child

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from devtools import cluster
-from elastico.client import AllocatorClient, NodeAgentClient
-from elastico.domain import JobKind, JobSpec, JobState, TrainingWork
-from tests.e2e._suite import fast_suite, until
+from elastico.domain import JobState
+from tests.e2e._suite import fast_suite, running_training_job, until
 
 # fence 2 s + stop grace 2 s (the suite's) < node stale 2 s + grace 3 s: the workload is gone before the job moves
 TIMERS = {"ELASTICO_NODE_STALE_S": "2", "ELASTICO_NODE_GRACE_S": "3", "ELASTICO_FENCE_S": "2", "ELASTICO_SIM_GPU_COUNT": "1"}
@@ -25,25 +23,11 @@ def suite(open_tmp: Path, monkeypatch: pytest.MonkeyPatch):
         yield state
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
 def test_a_frozen_agents_workload_is_stopped_before_its_job_runs_elsewhere(suite):
-    tls = cluster.client_tls(suite)
     procs = {p["name"]: p for p in suite["procs"]}
-    api = AllocatorClient(procs["allocator"]["address"], tls=tls)
-    agents = {n: NodeAgentClient(procs[n]["address"], tls=tls) for n in ("node-1", "node-2")}
-    job = api.submit(JobSpec(name="train", tenant="demo", kind=JobKind.TRAINING, model_family="ResNet-18", batch_size=64,
-                             training=TrainingWork(total_steps=10**9)))
-    first = until(lambda: (j := api.get(job.job_id)).state is JobState.RUNNING and j, 30)
-    home = first.placement.slices[0].node_id
+    api, agents, job, w, child = running_training_job(suite)
+    home = job.placement.slices[0].node_id
     other = next(n for n in agents if n != home)
-    [w] = [w for w in agents[home].workloads([job.job_id]) if w.status == "running"]
-    [child] = until(lambda: _children(w.pid), 5)
 
     os.kill(procs[home]["pid"], signal.SIGSTOP)
     try:

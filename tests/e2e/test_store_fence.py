@@ -18,11 +18,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from devtools import cluster
-from elastico.client import AllocatorClient, NodeAgentClient
-from elastico.domain import JobKind, JobSpec, JobState, TrainingWork
+from elastico.domain import JobState
 from elastico.redis_acl import node_user
-from tests.e2e._suite import fast_suite, until
+from tests.e2e._suite import fast_suite, running_training_job, until
 
 FENCE_S, STOP_GRACE_S = 6.0, 2.0
 # the agent stops touching its liveness file within heartbeat 0.5 + 1 s of its last heartbeat and its workloads are
@@ -38,35 +36,13 @@ def suite(open_tmp: Path, monkeypatch: pytest.MonkeyPatch):
         yield state
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _running_job(suite) -> tuple[AllocatorClient, dict[str, NodeAgentClient], object, object, int]:
-    """A long training job, RUNNING: (api, agents, job, its workload on its node, the workload process's pid)."""
-    tls = cluster.client_tls(suite)
-    procs = {p["name"]: p for p in suite["procs"]}
-    api = AllocatorClient(procs["allocator"]["address"], tls=tls)
-    agents = {n: NodeAgentClient(procs[n]["address"], tls=tls) for n in ("node-1", "node-2")}
-    job = api.submit(JobSpec(name="train", tenant="demo", kind=JobKind.TRAINING, model_family="ResNet-18", batch_size=64,
-                             training=TrainingWork(total_steps=10**9)))
-    first = until(lambda: (j := api.get(job.job_id)).state is JobState.RUNNING and j, 30)
-    home = first.placement.slices[0].node_id
-    [w] = [w for w in agents[home].workloads([job.job_id]) if w.status == "running"]
-    [child] = until(lambda: _children(w.pid), 5)
-    return api, agents, first, w, child
-
-
 def _admin(suite) -> redis.Redis:
     users = json.loads(Path(suite["redis_users_file"]).read_text())
     return redis.Redis.from_url(users["admin"])
 
 
 def test_an_agent_cut_off_from_redis_stops_its_workload_before_the_job_runs_elsewhere(suite):
-    api, agents, job, w, child = _running_job(suite)
+    api, agents, job, w, child = running_training_job(suite)
     home = job.placement.slices[0].node_id
     other = next(n for n in agents if n != home)
     admin = _admin(suite)
@@ -91,7 +67,7 @@ def test_an_agent_cut_off_from_redis_stops_its_workload_before_the_job_runs_else
 
 
 def test_a_redis_outage_longer_than_the_fence_stops_no_workload_and_requeues_nothing(suite):
-    api, agents, job, w, child = _running_job(suite)
+    api, agents, job, w, child = running_training_job(suite)
     home = job.placement.slices[0].node_id
     redis_pid = next(p["pid"] for p in suite["procs"] if p["name"] == "redis")
     os.kill(redis_pid, signal.SIGSTOP)
