@@ -93,7 +93,7 @@ def build(settings: NodeAgentSettings):
                 log.warning("no ELASTICO_ALLOCATOR_ADDRESSES: this agent cannot tell a store outage from being cut off "
                             "from the store, so an outage longer than ELASTICO_FENCE_S stops its workloads",
                             fence_s=settings.fence_s)
-            tasks.append(asyncio.create_task(reconciler.keep_alive(fence.may_run)))
+            tasks.append(asyncio.create_task(fence.keep_alive(reconciler.runner)))
 
         async def cleanup() -> None:
             for task in tasks:

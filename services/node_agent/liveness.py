@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from elastico.healthcheck import STORE_SERVICE, health_status
 from elastico.logging import get_logger
 from elastico.rpc.security import ClientTLS
+from services.node_agent.runner import Runner
 
 log = get_logger(component="liveness")
 
@@ -81,3 +82,12 @@ class StoreFence:
                               "that no job runs twice", silent_s=silent)
                 self._state = state
         return self._shared_outage
+
+    async def keep_alive(self, runner: Runner) -> None:
+        """While this agent runs and :meth:`may_run`: touch the liveness file its workloads' shims fence on
+        (``Runner.fence_s`` > 0)."""
+        every = min(1.0, runner.fence_s / 4)
+        while True:
+            if await self.may_run():
+                runner.touch_alive()
+            await asyncio.sleep(every)

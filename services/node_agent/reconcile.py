@@ -4,9 +4,8 @@ Every ``reconcile_interval_s`` (and at once on a Sync nudge) the agent reads the
 ``{job_id: Placement}`` and compares it with its ledger of workloads — never with a log of changes, so a
 lost nudge, a restart or a Redis blip can delay but never lose or duplicate work:
 
-1. **MPS**: probe the daemon (restart it if dead; start nothing while it is dead or stuck) and collect
-   fault events. A fault drains the GPUs it hit: they are reported ``healthy=False`` (the store then
-   gives them no capacity) until every client on them has exited and ``mps_fault_holddown_s`` passed.
+1. **MPS** (``mps_health.py``): probe the daemon (restart it if dead; start nothing while it is dead or stuck) and
+   drain the GPUs a fault hit until every client on them has exited and ``mps_fault_holddown_s`` passed.
 2. **Observe**: a workload whose process ended is classified — success (exit 0), own failure (non-zero
    exit, OOM), co-tenant fault (its GPU's MPS server failed while it ran: requeue without penalty), or
    stopped by us (no longer desired).
@@ -55,7 +54,6 @@ import asyncio
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -80,7 +78,8 @@ from elastico.state import codec
 from elastico.state.store import Store
 from services.node_agent.coloc import DEFAULT_ISOLATED_STEPS_PER_S, ColocationTruth
 from services.node_agent.gpu import GpuBackend, Tenant
-from services.node_agent.mps import MpsController, MpsFault
+from services.node_agent.mps import MpsController
+from services.node_agent.mps_health import MpsHealth
 from services.node_agent.pairs import ObservationSink, PairObserver, Samples
 from services.node_agent.pods import (
     PodProcess,
@@ -137,7 +136,7 @@ class Reconciler:
         self.runner = Runner(self.state_dir, policy, fence_s, stop_grace_s)  # None = the default policy (never root)
         self.ledger = LedgerFile.load(self.state_dir / "ledger.json")
         self.stop_grace_s = stop_grace_s
-        self.fault_holddown_s = fault_holddown_s
+        self.health = MpsHealth(mps, self.ledger, fault_holddown_s)  # the daemon's state, GPUs an MPS fault drained
         self.pairs = PairObserver(node_id, observation_interval_s, observation_sink)  # co-located pairs -> predictor
         self._truth = truth
         self._lock = asyncio.Lock()
@@ -145,8 +144,6 @@ class Reconciler:
         self._wake = asyncio.Event()
         self._samples: dict[str, Samples] = {}
         self._child_pids: dict[str, int] = {}
-        self._drain_clear_at: dict[int, float] = {}  # gpu -> when its last faulted client was seen gone
-        self.mps_state = "ok"
         self.scrapes = ServiceScrapes(node_id, scrape_interval_s)  # the demand its running services measure
         self.pods = pods  # None = pod jobs are not followed (not Kubernetes mode)
         self._pod_procs: dict[str, list[PodProcess]] = {}  # pod uid -> its live processes, this pass's scan
@@ -193,15 +190,6 @@ class Reconciler:
         """Ask the loop for a pass now (Sync does its own pass; this is for other callers)."""
         self._wake.set()
 
-    async def keep_alive(self, may_run: Callable[[], Awaitable[bool]]) -> None:
-        """While this agent runs and ``may_run()`` (the store fence, ``liveness.StoreFence``): touch the liveness
-        file its workloads' shims fence on (``Runner.fence_s`` > 0)."""
-        every = min(1.0, self.runner.fence_s / 4)
-        while True:
-            if await may_run():
-                self.runner.touch_alive()
-            await asyncio.sleep(every)
-
     async def run_forever(self, interval_s: float) -> None:
         """Reconcile every ``interval_s`` (or when nudged); a Redis outage is logged and retried."""
         while True:
@@ -239,10 +227,10 @@ class Reconciler:
 
     async def _pass(self, gen: int, desired: dict[str, Placement]) -> SyncResult:
         now = time.time()
-        await self._check_mps(now)
+        await self.health.check(now, self._client_pids)
         self._observe_ends(now)
         await self._observe_pods(now)
-        self._update_drains(now)
+        self.health.update_drains(now)
         stopped = await self._keep_moving(desired)
         resized = self._resize_in_place(desired, grow=False)
         victims, started = self._unwanted(desired), 0
@@ -267,52 +255,10 @@ class Reconciler:
                      running=sum(1 for w in workloads if w.status == "running"))
         return SyncResult(gen, started, stopped, tuple(workloads), resized)
 
-    # --- 1. MPS ---------------------------------------------------------------------------------------
-    async def _check_mps(self, now: float) -> None:
-        health = await asyncio.to_thread(self.mps.health)
-        if health.state == "dead":
-            log.warning("MPS control daemon is dead; restarting it", detail=health.detail)
-            try:
-                await asyncio.to_thread(self.mps.start)
-                health = await asyncio.to_thread(self.mps.health)
-            except Exception as exc:  # noqa: BLE001 - reported through mps_state and readiness
-                log.error("MPS control daemon restart failed", error=str(exc))
-        elif health.state == "stuck":
-            log.error("MPS control daemon is stuck; starting no workloads until it answers", detail=health.detail)
-        self.mps_state = health.state if health.state != "off" else "ok"
-        for fault in await asyncio.to_thread(self.mps.fault_events):
-            self._apply_fault(fault, now)
-
-    def _apply_fault(self, fault: MpsFault, now: float) -> None:
-        gpus = set(fault.gpu_indices)
-        for e in self.ledger.entries.values():
-            if not e.running:
-                continue
-            pids = {p.pid for p in self._pod_procs.get(e.pod_uid, [])} if e.is_pod else {self._child_pid(e)}
-            if gpus & set(e.gpu_indices) or (not fault.gpu_indices and pids & fault.client_pids):
-                gpus.update(e.gpu_indices)
-        for e in list(self.ledger.entries.values()):
-            if e.running and gpus & set(e.gpu_indices):
-                self.ledger.entries[e.job_id] = replace(e, cotenant_fault=True)
-        for g in gpus:
-            self.ledger.drained.setdefault(g, now)
-            self._drain_clear_at.pop(g, None)
-        log.error("MPS server fault: draining GPUs", gpus=sorted(gpus), detail=fault.detail,
-                  victims=sorted(e.job_id for e in self.ledger.entries.values() if e.cotenant_fault and e.running))
-
-    def _update_drains(self, now: float) -> None:
-        """A drained GPU returns once no workload of ours runs on it and the hold-down has passed."""
-        for g in list(self.ledger.drained):
-            busy = any(e.running and g in e.gpu_indices for e in self.ledger.entries.values()) or any(
-                g in e.gpu_indices for e in self.ledger.lingering.values())
-            if busy:
-                self._drain_clear_at.pop(g, None)
-                continue
-            clear_at = self._drain_clear_at.setdefault(g, now)
-            if now - clear_at >= self.fault_holddown_s:
-                del self.ledger.drained[g]
-                del self._drain_clear_at[g]
-                log.info("GPU back in service after MPS fault", gpu=g)
+    # --- 1. MPS: mps_health.MpsHealth -----------------------------------------------------------------
+    def _client_pids(self, e: LedgerEntry) -> set[int | None]:
+        """The processes of running workload ``e`` that are MPS clients (a pod's: its containers')."""
+        return {p.pid for p in self._pod_procs.get(e.pod_uid, [])} if e.is_pod else {self._child_pid(e)}
 
     # --- 2. ends --------------------------------------------------------------------------------------
     def _observe_ends(self, now: float) -> None:
@@ -524,7 +470,7 @@ class Reconciler:
                 continue
             # MPS not ready, or wait for the GPU to come back (or for the allocator to move the job); following a
             # pod starts nothing, so pod jobs get their entries whatever the state of MPS
-            held = self.mps_state != "ok" or any(g in self.ledger.drained for g in gpus)
+            held = self.health.holds(gpus)
             if held and self.pods is None:
                 continue
             try:
@@ -722,14 +668,9 @@ class Reconciler:
             return "starting"
         return e.status
 
-    def drained_gpus(self) -> frozenset[int]:
-        return frozenset(self.ledger.drained)
-
     def apply_health(self, node: NodeInfo) -> NodeInfo:
         """Mark drained GPUs unhealthy and the node not ready while MPS is dead or stuck."""
-        drained = self.drained_gpus()
-        gpus = tuple(replace(g, healthy=False) if g.index in drained else g for g in node.gpus)
-        return replace(node, gpus=gpus, ready=node.ready and self.mps_state == "ok")
+        return self.health.apply(node)
 
     # --- shutdown -------------------------------------------------------------------------------------
     async def aclose(self) -> None:
