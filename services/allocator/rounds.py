@@ -10,8 +10,8 @@ One round (:meth:`Scheduler.round`), run by the leader only, every write fenced 
    progress kept); a node silent past ``node_stale_s + node_grace_s`` -> its jobs PENDING (NODE_LOST). A
    Kubernetes pod's job ends terminally (COTENANT_FAULT -> FAILED, an evicted or deleted pod -> CANCELLED) and
    stays placed on a lost node until its pod is gone (:func:`plan.transitions`).
-3. **Decide**: inference demand first (:meth:`Scheduler._demand`: the windows the agents scraped are stored, and
-   every service is forecast from its history, ``demand.py``); the view (:func:`plan.build_view`: GPU rows of
+3. **Decide**: inference demand first (``demand_tracker.DemandTracker``: the windows the agents scraped are
+   stored, and every service is forecast from its history, ``demand.py``); the view (:func:`plan.build_view`: GPU rows of
    fresh, ready nodes' healthy GPUs only, services sized to their forecast); the
    pair matrix from the predictor service (cached, refreshed; unavailable -> degraded: whole GPUs only);
    ``policy.decide(view)`` in a worker process (``decider.py``; or a thread), the event loop serving
@@ -50,16 +50,17 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from elastico.coloc.profiles import TypeTable
-from elastico.domain import Job, JobKind, JobState, NodeInfo, Placement, StateReason, Workload, validate_demand_report
-from elastico.errors import Conflict, ElasticoError, InvalidSpec, StaleEpoch, Unavailable, WrongState
+from elastico.domain import Job, JobState, NodeInfo, Placement, StateReason, Workload
+from elastico.errors import Conflict, ElasticoError, StaleEpoch, Unavailable, WrongState
 from elastico.logging import get_logger
 from elastico.state.store import PreparedUpdates, Store
-from services.allocator import demand, triggers
-from services.allocator import metrics as m
+from services.allocator import triggers
 from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient, pool_names
 from services.allocator.decider import Decided, PolicySpec, ProcessDecider, run_policy
-from services.allocator.estimate import TypeResolver, default_kappa, default_types, exclusive_matrix, rule_matrix
+from services.allocator.demand_tracker import DemandTracker
+from services.allocator.estimate import TypeResolver, default_kappa, default_types, exclusive_matrix
 from services.allocator.leader import LeaderLease
+from services.allocator.pair_estimate import PairEstimate
 from services.allocator.plan import (
     Transition,
     ViewIndex,
@@ -178,19 +179,11 @@ class Scheduler:
         self._decider = ProcessDecider() if settings.decide_worker == "process" else None
         self._policy_attempts = 0  # the policy's per-round placement cap, as its last report gave it
         self.metrics = RoundMetrics()
-        self._matrix: np.ndarray | None = None
-        self._matrix_at = 0.0
-        self._matrix_tried = 0.0
-        self._estimate_note = ""
-        self._demand_seen: dict[str, float] = {}  # inference job id -> newest window end taken from its agents
-        self._p99: dict[str, float] = {}  # inference job id -> p99 latency of its newest report, ms
-        self._history = demand.History()  # active services' recent demand reports (read incrementally)
+        self.estimate = PairEstimate(settings.estimator, predictor, self.types, self.kappa, settings.estimate_refresh_s)
+        self.demand = DemandTracker(store, settings.forecast_window_s, settings.time_scale)  # stored, forecast
         self._node_ids: list[str] = []
         self.last: RoundReport | None = None
         self.rounds = 0
-        if settings.estimator == "rule":
-            self._matrix = rule_matrix(self.types, self.kappa)
-            self._matrix_at = time.monotonic()
 
     # --- lifecycle --------------------------------------------------------------------------------------
     def wake(self, why: str = "") -> None:
@@ -253,30 +246,6 @@ class Scheduler:
                 await asyncio.sleep(min(1.0, self.s.round_interval_s))
 
     # --- estimate and policy ------------------------------------------------------------------------------
-    async def _estimate(self) -> tuple[np.ndarray | None, str]:
-        """The pair matrix to use and a degradation note ("" = healthy)."""
-        if self.s.estimator == "rule":
-            return self._matrix, ""
-        now = time.monotonic()
-        due = self._matrix is None or now - self._matrix_at >= self.s.estimate_refresh_s
-        if due and self.predictor is not None and now - self._matrix_tried >= min(5.0, self.s.estimate_refresh_s):
-            self._matrix_tried = now
-            try:
-                self._matrix = await self.predictor.pair_matrix(self.types)
-                self._matrix_at = now
-                self._estimate_note = ""
-                log.info("interference estimate refreshed from the predictor", address=self.predictor.address)
-            except Unavailable as exc:
-                self._estimate_note = str(exc)
-        if self.predictor is None:
-            return None, "predictor not configured (ELASTICO_PREDICTOR_ADDRESS): no new co-location, whole GPUs only"
-        if self._matrix is None:
-            return None, f"predictor unavailable ({self._estimate_note}): no new co-location, whole GPUs only"
-        if self._estimate_note:
-            age = now - self._matrix_at
-            return self._matrix, f"predictor unavailable ({self._estimate_note}): using its pair matrix from {age:.0f}s ago"
-        return self._matrix, ""
-
     def _policy(self, matrix: np.ndarray | None) -> Policy:
         mode = "normal" if matrix is not None else "exclusive"
         key = f"{mode}:{id(matrix)}"
@@ -342,7 +311,7 @@ class Scheduler:
         rep.seconds = time.perf_counter() - t0
         fresh = [n for n in cluster.nodes if node_fresh(n, now, self.s.node_stale_s)]
         self.metrics.record(RoundOutcome(rep, decided.view, fresh, decided.observed, decided.predicted,
-                                         self._service_series(cluster.jobs, decided.demand), pending_reasons(cluster.jobs)))
+                                         self.demand.series(cluster.jobs, decided.demand), pending_reasons(cluster.jobs)))
         await self._publish(rep, now)
         self.last = rep
         self.rounds += 1
@@ -388,9 +357,9 @@ class Scheduler:
 
     async def _decide(self, epoch: int, cluster: _Cluster, now: float, rep: RoundReport) -> _RoundDecision:
         """View, estimate, the policy's decision (when jobs are pending) and its report."""
-        matrix, est_note = await self._estimate()
+        matrix, est_note = await self.estimate.current()
         policy = self._policy(matrix)
-        forecasts = await self._demand(cluster.jobs, cluster.workloads, now)
+        forecasts = await self.demand.forecasts(cluster.jobs, cluster.workloads, now)
         stopping = still_running(cluster.jobs, cluster.node_map, cluster.workloads, now,
                                  self.s.node_stale_s + self.s.node_grace_s, self._watched_since)
         if stopping:
@@ -411,46 +380,6 @@ class Scheduler:
             decided = await self._run_policy(policy, view, list(observed), decide=False)
         return _RoundDecision(view, index, decided.decision if decided else None, prepared, observed,
                               decided.report.predicted_norm if decided else {}, est_note, forecasts)
-
-    async def _demand(self, jobs: list[Job], workloads: dict[str, dict[str, Workload]], now: float) -> dict[str, float]:
-        """Store the demand windows the agents scraped since the last round, then forecast every active service
-        from its history (``demand.History``): two round trips, none without services."""
-        services = [j for j in jobs if j.spec.kind is JobKind.INFERENCE]
-        if not services:
-            self._demand_seen.clear()
-            return {}
-        keep = demand.keep_s(self.s.forecast_window_s, self.s.time_scale)
-        fresh = []
-        for r in demand.from_workloads(services, workloads, self._demand_seen):
-            try:
-                validate_demand_report(r, now)
-            except InvalidSpec as exc:  # an agent's bad window is its bug, not a reason to stop scheduling
-                log.warning("node agent demand report ignored", job_id=r.job_id, source=r.source, error=str(exc))
-                continue
-            fresh.append(r)
-        if fresh:
-            await self.store.record_demand(fresh, keep)
-            for r in fresh:
-                self._demand_seen[r.job_id] = max(self._demand_seen.get(r.job_id, 0.0), r.window_end_s)
-            m.DEMAND_REPORTS.labels("node").inc(len(fresh))
-        ids = [j.job_id for j in services]
-        hist = self._history
-        if hist.due_full(now):
-            hist.replace_all(await self.store.demand_history(ids, now - keep), now)
-        else:
-            hist.extend(await self.store.demand_after(hist.after(ids)))
-        live = set(ids)
-        hist.keep_only(live, now - keep)
-        self._demand_seen = {k: v for k, v in self._demand_seen.items() if k in live}
-        self._p99 = {j: h[-1].p99_latency_ms for j, h in hist.reports.items() if h and h[-1].p99_latency_ms > 0}
-        return hist.forecasts(services, now, self.s.forecast_window_s, self.s.time_scale)
-
-    def _service_series(self, jobs: list[Job], forecasts: dict[str, float]) -> dict[str, tuple[float, float, float, float]]:
-        """What the per-service metrics show (:meth:`RoundMetrics._record_services`)."""
-        nan = float("nan")
-        return {j.job_id: (j.placement.slices[0].compute_share_pct if j.placement else 0.0, forecasts.get(j.job_id, nan),
-                           self._p99.get(j.job_id, nan), j.spec.inference.latency_slo_ms if j.spec.inference else nan)
-                for j in jobs if j.spec.kind is JobKind.INFERENCE}
 
     async def _apply(self, epoch: int, cluster: _Cluster, decided: _RoundDecision, rep: RoundReport) -> None:
         """The decision as store writes (:func:`plan.translate`): releases (preemptions, resizes) in one batch,

@@ -58,7 +58,7 @@ async def test_predicted_speeds_come_from_the_deciding_policys_learnt_matrix(wor
         waiting, _ = await store.create_job(make_job(spec=make_spec(model_family="ResNet-18", batch_size=64)))
         view, _ = build_view(await store.list_active_jobs(), await store.list_nodes(), sch.types, sch.resolve,
                              sch.clock(), 5.0)
-        initial = [predicted_norm(sch._matrix, sch.kappa, view, r) for r in view.running]
+        initial = [predicted_norm(sch.estimate.matrix, sch.kappa, view, r) for r in view.running]
         assert all(p is not None and p > READING + 0.1 for p in initial)  # what the allocator's own copy would say
 
         pred, err = _hist("elastico_allocator_predicted_norm_throughput"), _hist("elastico_allocator_norm_throughput_error")

@@ -324,12 +324,12 @@ async def test_decide_worker_process_decides_as_a_thread_and_survives_its_death(
             await store.create_job(make_job(spec=make_spec(model_family="ResNet-18", batch_size=64)))
         jobs = await store.list_active_jobs()
         view, _ = build_view(jobs, await store.list_nodes(), sch.types, sch.resolve, time.time(), 5.0)
-        policy = sch._policy(sch._matrix)
+        policy = sch._policy(sch.estimate.matrix)
         assert sch._spec is not None
         _WORKER.clear()  # what the worker process does, here in-process: same decision as the thread's policy
         local = _decide_in_worker(sch._spec, view, (), True)[0].decision
         remote = (await sch._run_policy(policy, view, [])).decision
-        reference = threaded._policy(threaded._matrix).decide(view)
+        reference = threaded._policy(threaded.estimate.matrix).decide(view)
         for d in (local, remote):
             assert [(int(r), [int(g) for g in np.atleast_1d(gs)], float(sh)) for r, gs, sh in d.place] == \
                    [(int(r), [int(g) for g in np.atleast_1d(gs)], float(sh)) for r, gs, sh in reference.place]
