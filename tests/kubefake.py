@@ -651,7 +651,6 @@ class FakeKubelet:
             argv[0] = sys.executable
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOSTNAME": pod["metadata"]["name"],
                "KUBERNETES_POD_UID": pod["metadata"]["uid"], **resolve_env(pod, spec)}
-        procs_file = None
         if self.cg_root is not None:
             cg = self.cg_root / self.cgroup_path(pod, c.cid).lstrip("/")
             for parent in [*reversed(cg.relative_to(self.cg_root).parents), cg.relative_to(self.cg_root)]:
@@ -659,16 +658,17 @@ class FakeKubelet:
                 if str(parent) != "." and not d.exists():
                     d.mkdir()
                     self._cgroups.append(d)
-            procs_file = str(cg / "cgroup.procs")
-
-        def enter_cgroup() -> None:
-            if procs_file is not None:
-                with open(procs_file, "w") as f:
-                    f.write(str(os.getpid()))
-        c.proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=str(self.workdir), preexec_fn=enter_cgroup,
+            # the shell enters the cgroup, then execs the container's command (same pid): no Python code between
+            # fork and exec, which can crash the child of a process with threads (gRPC's)
+            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cg / "cgroup.procs"), *argv]
+        c.proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=str(self.workdir),
                                                       stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
                                                       start_new_session=True)
-        if self.cg_root is None:
+        if self.cg_root is not None:  # reported running only once inside its cgroup, as the kubelet's are
+            procs = cg / "cgroup.procs"
+            while c.proc.returncode is None and str(c.proc.pid) not in procs.read_text().split():
+                await asyncio.sleep(0.005)
+        else:
             d = self.overlay / str(c.proc.pid)
             d.mkdir(parents=True, exist_ok=True)
             (d / "cgroup").write_text(f"0::{self.cgroup_path(pod, c.cid)}\n")

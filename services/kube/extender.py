@@ -96,6 +96,7 @@ class Extender:
             AsyncAllocatorClient.over(allocator, deadline_s=settings.allocator_timeout_s, retries=0)
         self.predictor = predictor
         self.kube = kube  # services.kube.kubeapi.KubeApi (or a test double with the same methods)
+        self._finished_since: dict[str, float] = {}  # job id -> when the reaper first saw its pod finished (monotonic)
 
     # ------------------------------------------------------------------------------------------- filter
     async def filter(self, args: Mapping[str, Any]) -> dict:
@@ -286,15 +287,17 @@ class Extender:
 
     # ------------------------------------------------------------------------------------------- reaper
     async def reap_once(self) -> list[str]:
-        """Cancel active pod jobs whose pod is gone, finished, (placed but) still unbound after twice the bind or gang
-        timeout, or bound with another job's slice (a superseded gang coordination).
+        """Cancel active pod jobs whose pod is gone, finished for ``reap_finished_grace_s`` (its node agent reports
+        the outcome first), (placed but) still unbound after twice the bind or gang timeout, or bound with another
+        job's slice (a superseded gang coordination).
 
         Returns:
             the cancelled job ids.
         """
         cancelled: list[str] = []
-        now = time.time()
+        now, mono = time.time(), time.monotonic()
         unbound_grace_s = 2 * max(self.s.bind_timeout_s, self.s.gang_timeout_s)
+        finished_since, self._finished_since = self._finished_since, {}
         async for j in self.allocator.list(states=_ACTIVE, page_size=1000):
             uid, ref = label(j.spec, POD_UID_LABEL), label(j.spec, POD_LABEL)
             if not uid or not ref or "/" not in ref:
@@ -305,7 +308,9 @@ class Extender:
             if pod is None or (pod.get("metadata") or {}).get("uid") != uid:
                 why = "pod deleted"
             elif a.finished(pod):
-                why = f"pod {pod['status']['phase'].lower()}"
+                since = self._finished_since[j.job_id] = finished_since.get(j.job_id, mono)
+                if mono - since >= self.s.reap_finished_grace_s:
+                    why = f"pod {pod['status']['phase'].lower()} and no outcome reported"
             elif not (pod.get("spec") or {}).get("nodeName"):
                 if now - int(j.submitted_at_s) > unbound_grace_s:
                     why = "pod never bound"

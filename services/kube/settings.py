@@ -41,6 +41,9 @@ class KubeSettings(Settings):
     # how long a gang member's bind waits for every member to arrive and get its slice (< the scheduler's httpTimeout)
     gang_timeout_s: float = 20.0
     reap_interval_s: float = 30.0  # how often jobs of deleted or finished pods are cancelled; 0 = never
+    # how long a finished pod's job is left to its node agent, which reports SUCCEEDED / FAILED, before the reaper
+    # cancels it (a node agent that never reports); shorter, a pass between the pod's end and that report loses it
+    reap_finished_grace_s: float = 60.0
     # how often pod jobs the policy preempted or resized are evicted, and gangs with a failed member freed; 0 = never
     evict_interval_s: float = 5.0
 
@@ -66,7 +69,8 @@ class KubeSettings(Settings):
                        ("ELASTICO_KUBE_TIMEOUT_S", self.kube_timeout_s), ("ELASTICO_GANG_TIMEOUT_S", self.gang_timeout_s)):
             if not v > 0:
                 raise ConfigError(f"{var}={v}: must be > 0")
-        for var, v in (("ELASTICO_REAP_INTERVAL_S", self.reap_interval_s), ("ELASTICO_EVICT_INTERVAL_S", self.evict_interval_s)):
+        for var, v in (("ELASTICO_REAP_INTERVAL_S", self.reap_interval_s), ("ELASTICO_EVICT_INTERVAL_S", self.evict_interval_s),
+                       ("ELASTICO_REAP_FINISHED_GRACE_S", self.reap_finished_grace_s)):
             if v < 0:
                 raise ConfigError(f"{var}={v}: must be >= 0 (0 = never)")
         if not self.mps_pipe_dir.startswith("/"):

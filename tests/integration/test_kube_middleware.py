@@ -466,6 +466,24 @@ async def test_reaper_cancels_the_job_of_a_deleted_pod_and_keeps_live_ones(clust
     assert jobs[keep["metadata"]["uid"]].state in (types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_RUNNING)
 
 
+async def test_reaper_leaves_a_finished_pods_job_to_its_node_agent_for_the_grace(cluster):
+    """A pass between a pod's end and its node agent's SUCCEEDED report must not turn the job CANCELLED."""
+    fake, ext = cluster["fake"], cluster["extender"]
+    p = pod("ends")
+    fake.pods[("team-a", "ends")] = p
+    assert (await ext.bind({"PodName": "ends", "PodNamespace": "team-a", "PodUID": p["metadata"]["uid"],
+                            "Node": "gpu-node-1"}))["Error"] == ""
+    p["status"] = {"phase": "Succeeded"}
+    ext.s = KubeSettings.from_env({}, **{**cluster["settings"].__dict__, "reap_finished_grace_s": 0.5})
+    assert await ext.reap_once() == [] and await ext.reap_once() == []
+    (job,) = (await cluster["alloc"].ListJobs(allocator_pb2.ListJobsRequest())).jobs
+    assert job.state in (types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_RUNNING)
+    await asyncio.sleep(0.6)  # no report within the grace: the node agent is gone, the slice is freed
+    assert await ext.reap_once() == [job.job_id]
+    (job,) = (await cluster["alloc"].ListJobs(allocator_pb2.ListJobsRequest())).jobs
+    assert job.state == types_pb2.JOB_STATE_CANCELLED
+
+
 async def test_extender_answers_400_to_a_body_that_is_not_json(cluster):
     async with cluster["http"].post(f"{cluster['url']}/filter", data=b"{nope") as r:
         assert r.status == 400
@@ -479,6 +497,8 @@ def test_settings_fail_fast():
         KubeSettings.from_env({"ELASTICO_ROLE": "scheduler"})
     with pytest.raises(ConfigError, match="ELASTICO_BIND_TIMEOUT_S"):
         KubeSettings.from_env({"ELASTICO_ALLOCATOR_ADDRESS": "a:1", "ELASTICO_BIND_TIMEOUT_S": "0"})
+    with pytest.raises(ConfigError, match="ELASTICO_REAP_FINISHED_GRACE_S"):
+        KubeSettings.from_env({"ELASTICO_ALLOCATOR_ADDRESS": "a:1", "ELASTICO_REAP_FINISHED_GRACE_S": "-1"})
     assert asyncio.iscoroutinefunction(Extender.bind)
 
 
