@@ -122,8 +122,6 @@ class ClientTLS:
             return self._cache[1]
         chain, key, ca = self.files.read()
         creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=chain)
-        if self.token:
-            creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(self.token))
         self._cache = (stamp, creds)
         return creds
 
@@ -133,23 +131,25 @@ class ClientTLS:
             opts.append(("grpc.ssl_target_name_override", self.target_name))
         return opts
 
+    # The token goes as metadata added by an interceptor, not as call credentials: grpc's access-token
+    # credentials are a Python plugin whose destructor runs on a gRPC core thread under the GIL, and a channel
+    # closed from Python meanwhile deadlocks the process (grpc/grpc#42247: seen here, a test hung in close()).
     def channel(self, address: str, options: Sequence[tuple[str, object]] = ()) -> grpc.Channel:
         creds = self._credentials()
-        if creds is None:
-            ch = grpc.insecure_channel(address, options=self._options(options))
-            return grpc.intercept_channel(ch, _TokenInterceptor(self.token)) if self.token else ch
-        return grpc.secure_channel(address, creds, options=self._options(options))
+        ch = (grpc.insecure_channel(address, options=self._options(options)) if creds is None
+              else grpc.secure_channel(address, creds, options=self._options(options)))
+        return grpc.intercept_channel(ch, _TokenInterceptor(self.token)) if self.token else ch
 
     def aio_channel(self, address: str, options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Channel:
         creds = self._credentials()
+        interceptors = [_AioUnaryToken(self.token), _AioStreamToken(self.token)] if self.token else None
         if creds is None:
-            interceptors = [_AioTokenInterceptor(self.token)] if self.token else None
             return grpc.aio.insecure_channel(address, options=self._options(options), interceptors=interceptors)
-        return grpc.aio.secure_channel(address, creds, options=self._options(options))
+        return grpc.aio.secure_channel(address, creds, options=self._options(options), interceptors=interceptors)
 
 
 class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
-    """Adds the bearer token to calls on a plaintext channel (TLS channels carry it as call credentials)."""
+    """Adds the bearer token to every call (the suite's RPCs are unary or server-streaming)."""
 
     def __init__(self, token: str) -> None:
         self._md = ("authorization", f"Bearer {token}")
@@ -161,12 +161,21 @@ class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClient
         return continuation(_with_metadata(client_call_details, self._md), request)
 
 
-class _AioTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
+class _AioUnaryToken(grpc.aio.UnaryUnaryClientInterceptor):
+    """The token on unary calls of an aio channel (which files an interceptor under its first matching kind)."""
+
     def __init__(self, token: str) -> None:
         self._md = ("authorization", f"Bearer {token}")
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):
         return await continuation(_with_metadata(client_call_details, self._md), request)
+
+
+class _AioStreamToken(grpc.aio.UnaryStreamClientInterceptor):
+    """The token on server-streaming calls of an aio channel."""
+
+    def __init__(self, token: str) -> None:
+        self._md = ("authorization", f"Bearer {token}")
 
     async def intercept_unary_stream(self, continuation, client_call_details, request):
         return await continuation(_with_metadata(client_call_details, self._md), request)
