@@ -115,8 +115,16 @@ _WORKER: dict[str, Any] = {}
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    """Worker initializer: leave when the scheduler's process is gone (even SIGKILLed, which skips cleanup)."""
+    """Worker initializer: leave when the scheduler's process is gone (even SIGKILLed, which skips cleanup).
+
+    SIGTERM and SIGINT sent to the whole process group (``make down``, Ctrl-C) are ignored: the scheduler's
+    own shutdown stops the worker, after the round in flight, instead of breaking that round.
+    """
+    import signal
     import threading
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == parent_pid:

@@ -309,7 +309,8 @@ async def test_a_new_leader_continues_from_the_store_without_placing_twice(store
 
 async def test_decide_worker_process_decides_as_a_thread_and_survives_its_death(store):
     """decide_worker=process: the worker builds the same policy and returns the same decision as a thread
-    would; a killed worker costs nothing but a warning (that round decides in a thread)."""
+    would; a SIGTERM to the process group leaves it running; a killed worker costs nothing but a warning (that round
+    decides in a thread)."""
     import os
     import signal
 
@@ -335,6 +336,12 @@ async def test_decide_worker_process_decides_as_a_thread_and_survives_its_death(
                    [(int(r), [int(g) for g in np.atleast_1d(gs)], float(sh)) for r, gs, sh in reference.place]
         rep = await sch.round(epoch)
         assert len(rep.placed) == 6 and sch._decider.pid is not None
+        pid = sch._decider.pid
+        os.kill(pid, signal.SIGTERM)  # as the process group gets it at shutdown: the scheduler stops the worker
+        await asyncio.sleep(0.3)
+        await store.create_job(make_job(spec=make_spec(model_family="ResNet-18", batch_size=64)))
+        rep = await sch.round(epoch)
+        assert rep.placed and sch._decider.failures == 0 and sch._decider.pid == pid
         os.kill(sch._decider.pid, signal.SIGKILL)
         for _ in range(2):
             await store.create_job(make_job(spec=make_spec(model_family="ResNet-18", batch_size=64)))
