@@ -20,7 +20,9 @@ For each policy:
    share, scrape its vLLM metrics and report that demand too; the allocator forecasts from both and resizes
    the service in place;
 2. **simulated** -- the same jobs and services (same profiles, peak loads, phases, start and end) through
-   ``simulator`` with the live allocator's policy options, on the same node topology.
+   ``simulator`` with the live allocator's policy options, on the same node topology. Each job runs at its
+   requested GPU count on both sides: live, it declares shapes at that count only, and a gang changes count
+   only to counts it declares, so the simulated policy runs without GPU-count shapes (``elastic_gpus``).
 
 Then the simulator's metrics table, live next to simulated, the differences, the ElastiCo / FIFO ratios, each
 service's SLO attainment and p99 latency, and the plots. The estimate both sides decide on is the calibrated
@@ -503,7 +505,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{s.rates_rps.mean():.2f} req/s, phase {d.phase_bin} min, SLO {s.slo_ms:.0f} ms, mu_full "
               f"{a.mu_full:g} req/s, declared demand {s.spec.inference.demand_rps:.2f} req/s, alive [0, {end_s / 3600:.2f} h)")
     print("== simulator: same jobs and services, same policies, same estimate (in-process)")
-    sim = run_sim(w, policies, cfg, live_opts, a.mu_full)
+    # the trace jobs declare shapes at their requested GPU count only, so live no job changes its count (the live
+    # policy grows or shrinks a gang only to counts it declares); the simulated jobs get the same constraint
+    sim_opts = {**live_opts, "elastic_gpus": False}
+    print("   every job runs at its requested GPU count on both sides (its declared shapes): no GPU-count shapes")
+    sim = run_sim(w, policies, cfg, sim_opts, a.mu_full)
     sims = [s for _, s, _ in sim]
     for s in sims:
         s["policy"] = f"{s['policy']} (sim)"
