@@ -217,3 +217,16 @@ def test_a_job_seen_on_two_agents_read_one_after_another_is_a_double_run_only_if
     assert replay._overlap([agent(("j", "3:1.0")), agent()], "j", seen)  # still running its old placement on n1
     assert not replay._overlap([agent(), agent()], "j", seen)  # stopped on n1 meanwhile: a move, not a double run
     assert not replay._overlap([agent(("j", "3:9.0")), agent()], "j", seen)  # another placement (not the one seen)
+
+
+def test_live_trace_jobs_declare_only_their_requested_gpu_count() -> None:
+    """The demo's simulated side runs without GPU-count shapes because the live jobs cannot change count: each
+    declares shapes at its requested count only. Declaring more counts would need the simulated side changed too."""
+    from devtools.replay import trace_jobs
+    from simulator.run import build_workload
+
+    w = build_workload(demo.TRACE, 8, window=demo.DEFAULT_WINDOW, max_jobs=demo.DEFAULT_JOBS, estimator="rule")
+    jobs = trace_jobs(w, train_floor=0.7, min_speed=demo._slack_floor())
+    assert len(jobs) == demo.DEFAULT_JOBS
+    for j in jobs:
+        assert {s.num_gpus for s in j.spec.shapes} == {j.num_gpus}
