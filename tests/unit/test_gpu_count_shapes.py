@@ -132,6 +132,27 @@ def test_grows_a_running_gang_onto_idle_gpus_when_nobody_waits():
     assert _elastico(elastic_gpus=False).decide(v).place == []
 
 
+def test_a_declaring_gang_running_shrunk_regrows_only_to_a_declared_count_and_share():
+    """Live, a job declares the (GPU count, share) pairs it can run in and is requested at its largest count: one
+    running on 2 of its declared 2 / 4 GPUs grows to 4 when GPUs idle, keeping its share -- not to 8 (undeclared)."""
+    from elastico.domain import Shape
+    from tests.unit.test_policy_shapes import with_declared
+
+    def declaring(shapes):
+        v = view([{"type": 2, "n": 4, "remaining": 100 * H}], gpus=8, placed={0: ([0, 1], 100.0)}, now=10 * H)
+        v = with_declared(replace(v, types=_scalable_types()), {0: shapes})
+        return replace(v, jobs=replace(v.jobs, gang_sizes=(tuple(sorted({s.num_gpus for s in shapes})),)))
+
+    d = _elastico().decide(declaring((Shape(2, 100.0, 16384), Shape(4, 100.0, 16384))))
+    assert d.preempt == [0]
+    (j, g, share), = d.place
+    assert j == 0 and len(g) == 4 and {0, 1} <= set(g.tolist()) and share == 100.0
+    assert check(d, declaring((Shape(2, 100.0, 16384), Shape(4, 100.0, 16384))))[1] == []
+    # its share is not declared on 4 GPUs: it stays as it runs
+    d = _elastico().decide(declaring((Shape(2, 100.0, 16384), Shape(4, 50.0, 8192))))
+    assert d.preempt == [] and d.place == []
+
+
 def test_a_job_started_while_gpus_idle_starts_on_its_grown_gang():
     v = replace(view([{"type": 2, "n": 1, "remaining": 100 * H}], gpus=8, now=10 * H), types=_scalable_types())
     d = _elastico().decide(v)

@@ -16,6 +16,7 @@ from services.allocator.policy.shapes import (
     count_options,
     count_speed,
     declared_counts,
+    declared_shares,
     grow_options,
     min_count,
     shapes_of,
@@ -204,12 +205,15 @@ def _growth_offers(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, cand:
     cnt, spd = cnt_u[row], spd_u[row]
     at_cur = cnt == cur[:, None]
     ok = at_cur.any(axis=1)
-    if any_declared(jobs):  # (a declaring job never grows beyond the gangs it declares)
-        ok &= np.array([not shapes_of(jobs, j) for j in cand.tolist()], bool)
     bigger = ok[:, None] & (cnt > cur[:, None]) & (cnt <= cur[:, None] + n_empty)
     if jobs.gang_sizes is not None:
         bigger &= np.array([[size_allowed(jobs, j, c) for c in counts] for j, counts in zip(cand.tolist(), cnt.tolist())],
                            bool).reshape(cnt.shape)
+    if any_declared(jobs):  # a declaring job grows only to a count on which it declares the share it runs at
+        for i, j in enumerate(cand.tolist()):
+            if shapes_of(jobs, j):
+                share = float(jobs.share_pct[j])  # (0 for a job placed this round: it starts as placed)
+                bigger[i] &= [share > 0 and share in declared_shares(jobs, j, c) for c in cnt[i].tolist()]
     s_cur = np.where(at_cur, spd, 0.0).sum(axis=1)
     s_cur[~ok] = 1.0
     r = np.where(ok, rem, 0.0)[:, None]
