@@ -213,7 +213,8 @@ def _growth_offers(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, cand:
         for i, j in enumerate(cand.tolist()):
             if shapes_of(jobs, j):
                 share = float(jobs.share_pct[j])  # (0 for a job placed this round: it starts as placed)
-                bigger[i] &= [share > 0 and share in declared_shares(jobs, j, c) for c in cnt[i].tolist()]
+                bigger[i] &= [share > 0 and any(abs(x - share) < 1e-6 for x in declared_shares(jobs, j, c))
+                              for c in cnt[i].tolist()]
     s_cur = np.where(at_cur, spd, 0.0).sum(axis=1)
     s_cur[~ok] = 1.0
     r = np.where(ok, rem, 0.0)[:, None]
