@@ -658,14 +658,14 @@ class FakeKubelet:
                 if str(parent) != "." and not d.exists():
                     d.mkdir()
                     self._cgroups.append(d)
+            procs = cg / "cgroup.procs"
             # the shell enters the cgroup, then execs the container's command (same pid): no Python code between
             # fork and exec, which can crash the child of a process with threads (gRPC's)
-            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cg / "cgroup.procs"), *argv]
+            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *argv]
         c.proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=str(self.workdir),
                                                       stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
                                                       start_new_session=True)
         if self.cg_root is not None:  # reported running only once inside its cgroup, as the kubelet's are
-            procs = cg / "cgroup.procs"
             while c.proc.returncode is None and str(c.proc.pid) not in procs.read_text().split():
                 await asyncio.sleep(0.005)
         else:

@@ -148,43 +148,38 @@ class ClientTLS:
         return grpc.aio.secure_channel(address, creds, options=self._options(options), interceptors=interceptors)
 
 
-class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+class _BearerToken:
+    """The ``authorization`` metadata the interceptors below add to each call's details."""
+
+    def __init__(self, token: str) -> None:
+        self._md = ("authorization", f"Bearer {token}")
+
+    def _details(self, details):
+        return details._replace(metadata=[*(details.metadata or ()), self._md])
+
+
+class _TokenInterceptor(_BearerToken, grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
     """Adds the bearer token to every call (the suite's RPCs are unary or server-streaming)."""
 
-    def __init__(self, token: str) -> None:
-        self._md = ("authorization", f"Bearer {token}")
-
     def intercept_unary_unary(self, continuation, client_call_details, request):
-        return continuation(_with_metadata(client_call_details, self._md), request)
+        return continuation(self._details(client_call_details), request)
 
     def intercept_unary_stream(self, continuation, client_call_details, request):
-        return continuation(_with_metadata(client_call_details, self._md), request)
+        return continuation(self._details(client_call_details), request)
 
 
-class _AioUnaryToken(grpc.aio.UnaryUnaryClientInterceptor):
+class _AioUnaryToken(_BearerToken, grpc.aio.UnaryUnaryClientInterceptor):
     """The token on unary calls of an aio channel (which files an interceptor under its first matching kind)."""
 
-    def __init__(self, token: str) -> None:
-        self._md = ("authorization", f"Bearer {token}")
-
     async def intercept_unary_unary(self, continuation, client_call_details, request):
-        return await continuation(_with_metadata(client_call_details, self._md), request)
+        return await continuation(self._details(client_call_details), request)
 
 
-class _AioStreamToken(grpc.aio.UnaryStreamClientInterceptor):
+class _AioStreamToken(_BearerToken, grpc.aio.UnaryStreamClientInterceptor):
     """The token on server-streaming calls of an aio channel."""
 
-    def __init__(self, token: str) -> None:
-        self._md = ("authorization", f"Bearer {token}")
-
     async def intercept_unary_stream(self, continuation, client_call_details, request):
-        return await continuation(_with_metadata(client_call_details, self._md), request)
-
-
-def _with_metadata(details, md: tuple[str, str]):
-    metadata = list(details.metadata or ())
-    metadata.append(md)
-    return details._replace(metadata=metadata)
+        return await continuation(self._details(client_call_details), request)
 
 
 def read_token(path: str) -> str:
