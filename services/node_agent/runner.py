@@ -190,16 +190,20 @@ class LedgerFile:
 
 
 # --- /proc -----------------------------------------------------------------------------------------
-def proc_start_ticks(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot, or None when the process is gone or a zombie."""
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields 3 onwards of ``/proc/<pid>/stat``, or None when the process is gone or a zombie."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             rest = f.read().rsplit(") ", 1)[1].split()
     except (OSError, IndexError):
         return None
-    if rest[0] in ("Z", "X"):
-        return None
-    return int(rest[19])  # field 22 of stat; rest starts at field 3
+    return None if rest[0] in ("Z", "X") else rest
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot, or None when the process is gone or a zombie."""
+    rest = _proc_stat(pid)
+    return None if rest is None else int(rest[19])  # field 22 of stat
 
 
 def is_alive(pid: int, start_ticks: int) -> bool:
@@ -211,7 +215,7 @@ def find_tagged(state_dir: str) -> dict[tuple[str, str], int]:
     """Shims started by an agent with this state dir: (job_id, placement_id) -> pid."""
     uid = os.getuid()
     prefix = f"{state_dir}|"
-    out: dict[tuple[str, str], int] = {}
+    found: dict[tuple[str, str], dict[int, int]] = {}  # key -> {pid: parent pid}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -223,7 +227,8 @@ def find_tagged(state_dir: str) -> dict[tuple[str, str], int]:
         pid = int(entry.name)
         env = read_environ(pid)
         tag = (env or {}).get(TAG_VAR, "")
-        if not tag.startswith(prefix) or proc_start_ticks(pid) is None:
+        stat = _proc_stat(pid) if tag.startswith(prefix) else None
+        if stat is None:
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -232,8 +237,9 @@ def find_tagged(state_dir: str) -> dict[tuple[str, str], int]:
         except OSError:
             continue
         _, job_id, pid_placement = tag.split("|", 2)
-        out[(job_id, pid_placement)] = pid
-    return out
+        found.setdefault((job_id, pid_placement), {})[pid] = int(stat[1])  # field 4: parent pid
+    # a shim's child between fork and exec still shows the shim's command line and tag: keep the ancestor
+    return {key: next(p for p, parent in procs.items() if parent not in procs) for key, procs in found.items()}
 
 
 def kill_tagged(state_dir: str, sig: int = signal.SIGKILL) -> list[int]:

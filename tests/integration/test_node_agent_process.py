@@ -394,3 +394,18 @@ def test_nvml_backend_on_a_driverless_machine_is_a_clear_error(redis_server):
     assert res.returncode == 3, res.stderr
     assert "NVML unavailable" in res.stderr and "ELASTICO_GPU_BACKEND=simulated" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_shims_child_between_fork_and_exec_is_not_taken_for_the_shim(tmp_path):
+    """Until it execs, a shim's forked child shows the shim's command line and tag; the scan keeps the shim."""
+    code = "import os, sys, time; os.fork() or print(os.getpid(), flush=True); time.sleep(60)"
+    tag = f"{tmp_path}|job-1|1:2.5"
+    shim = subprocess.Popen([sys.executable, "-c", code, "services.node_agent.shim"], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "ELASTICO_WORKLOAD_TAG": tag}, start_new_session=True)
+    try:
+        child = int(shim.stdout.readline())
+        assert child != shim.pid and read_environ(child).get("ELASTICO_WORKLOAD_TAG") == tag
+        assert find_tagged(str(tmp_path)) == {("job-1", "1:2.5"): shim.pid}
+    finally:
+        os.killpg(shim.pid, signal.SIGKILL)
+        shim.wait()
