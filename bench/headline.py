@@ -82,26 +82,28 @@ ABLATIONS = (("elastico/no-mps-shapes", {"shares_pct": (100,)}, None),
              ("elastico/rule-estimate", {}, "rule"))
 #: both ends of the objective knob (ELASTICO_MIN_COUNT_SPEED: how far a queued gang may shrink), run beside them
 KNOB_ENDS = (("elastico/jct-end", {"min_count_speed": 0.5}, None), ("elastico/work-end", {"min_count_speed": 0.1}, None))
+VARIANTS = ABLATIONS + KNOB_ENDS
 
 
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def run_cell(spec: dict, common: dict) -> dict:
-    """Every policy (and, when asked, the ablations) on one cell's workload; picklable result."""
+def run_part(spec: dict, common: dict, variant: int | None) -> dict:
+    """One task of a cell, picklable: every policy (``variant`` None, with the cell's ceiling and heading) or
+    ElastiCo variant ``VARIANTS[variant]`` alone -- a cell's variants spread over the workers."""
     w = build_workload(common["trace"], spec["gpus"], common["inference"], common["seed"], spec["load"], None,
                        spec["jobs"], inference_fraction=spec["share"], estimator=common["estimator"],
                        pairs=common["pairs"])
     cfg = SimConfig(gpus=spec["gpus"], node_gpus=common["node_gpus"], max_tenants=common["max_tenants"])
+    if variant is not None:
+        label, opts, est = VARIANTS[variant]
+        if est == "rule":
+            w = dataclasses.replace(w, estimate=RuleEstimator(kappa=w.truth.kappa).pair_matrix(w.types))
+        (r,), (s,) = run_policies(w, ["elastico"], cfg, {**common["options"], **opts})
+        r.policy = s["policy"] = label
+        return {"results": [r], "sums": [s]}
     results, sums = run_policies(w, list(POLICY_NAMES), cfg, common["options"])
-    if spec["ablations"]:
-        rule = dataclasses.replace(w, estimate=RuleEstimator(kappa=w.truth.kappa).pair_matrix(w.types))
-        for label, opts, est in ABLATIONS + KNOB_ENDS:
-            (r,), (s,) = run_policies(rule if est == "rule" else w, ["elastico"], cfg, {**common["options"], **opts})
-            r.policy = s["policy"] = label
-            results.append(r)
-            sums.append(s)
     ceiling = throughput_ceiling(w.train, w.types, results[0].window_end_s, spec["gpus"], w.inf)
     ninf = 0 if w.inf is None else len(w.inf.start_s)
     head = (f"== {spec['gpus']} GPUs (nodes of {common['node_gpus']}), inference share {spec['share']:.2f}"
@@ -110,6 +112,26 @@ def run_cell(spec: dict, common: dict) -> dict:
             f"{w.train.offered_load:.2f} on the {w.training_gpus:.1f} GPUs left to training; estimate: "
             f"{w.estimator_name}; ground truth: {w.truth.measured_pairs} measured pairs")
     return {**spec, "head": head, "sums": sums, "results": results, "ceiling": ceiling}
+
+
+def submit_cells(pool: ProcessPoolExecutor, specs: list[dict], common: dict) -> list[list]:
+    """Every cell's tasks, the all-policy ones first (the longest), then the variants: per cell, its futures in
+    the order the cell's table lists them."""
+    cells = [[pool.submit(run_part, s, common, None)] for s in specs]
+    for s, futures in zip(specs, cells):
+        if s["ablations"]:
+            futures += [pool.submit(run_part, s, common, k) for k in range(len(VARIANTS))]
+    return cells
+
+
+def gather_cell(futures: list) -> dict:
+    """A cell's result from its tasks' (:func:`submit_cells`)."""
+    cell = futures[0].result()
+    for fut in futures[1:]:
+        part = fut.result()
+        cell["results"] += part["results"]
+        cell["sums"] += part["sums"]
+    return cell
 
 
 def _ratio(e: float, other: float, higher: bool) -> float:
@@ -279,10 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     cells, misses, report = [], [], {}
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=max(1, a.workers), mp_context=ctx) as pool:
-        futures = [pool.submit(run_cell, s, common) for s in specs]
-        for fut in futures:
+        for futures in submit_cells(pool, specs, common):
             try:
-                cell = fut.result()
+                cell = gather_cell(futures)
             except (TraceError, OSError) as exc:
                 ap.error(str(exc))
             lines, checks = evaluate(cell)
