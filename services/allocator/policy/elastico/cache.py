@@ -19,11 +19,49 @@ import numpy as np
 from services.allocator.policy.placement import TenantState
 
 
+class TypeRows:
+    """A table with one row per (job type, requested GPU count), built once per row and stacked, so that a
+    pass reads the rows of many jobs with one fancy index instead of a lookup per distinct pair."""
+
+    def __init__(self, pads: tuple) -> None:
+        self.pads = pads  # per column: the value padding a row shorter than the widest (its dtype: the column's)
+        self.index = np.full((0, 0), -1, np.int64)  # [type, requested count] -> row; -1 = not built
+        self.built: list[tuple] = []
+        self.stack: tuple[np.ndarray, ...] | None = None
+
+    def lookup(self, types: np.ndarray, reqs: np.ndarray,
+               build: Callable[[int, int], tuple]) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+        """(the stacked columns [R, K], the row of each job): ``build(type, req)`` gives a row's columns."""
+        types, reqs = np.asarray(types, np.int64), np.asarray(reqs, np.int64)
+        if len(types):
+            shape = (max(self.index.shape[0], int(types.max()) + 1), max(self.index.shape[1], int(reqs.max()) + 1))
+            if shape != self.index.shape:
+                grown = np.full(shape, -1, np.int64)
+                grown[: self.index.shape[0], : self.index.shape[1]] = self.index
+                self.index = grown
+        rows = self.index[types, reqs]
+        if (rows < 0).any():
+            for t, n in sorted(set(zip(types[rows < 0].tolist(), reqs[rows < 0].tolist()))):
+                self.index[t, n] = len(self.built)
+                self.built.append(build(t, n))
+            self.stack = None
+            rows = self.index[types, reqs]
+        if self.stack is None:
+            width = max((len(b[0]) for b in self.built), default=0)
+            self.stack = tuple(np.array([list(b[k]) + [pad] * (width - len(b[k])) for b in self.built],
+                                        np.asarray(pad).dtype).reshape(len(self.built), width)
+                               for k, pad in enumerate(self.pads))
+        return self.stack, rows
+
+
 @dataclass
 class PolicyMemo:
     """Memo caches of one policy instance (driven by the view's clock, so simulated runs stay deterministic)."""
 
     counts: dict = field(default_factory=dict)  # (type, requested GPUs) -> count table / shrink row of `types`
+    # the count tables (counts ascending, speeds) and shrink rows (counts, feasible, speeds) of `counts`, stacked
+    tables: TypeRows = field(default_factory=lambda: TypeRows((0, 1.0)))
+    shrinks: TypeRows = field(default_factory=lambda: TypeRows((0, False, 1.0)))
     types: object = None  # the type table the count tables were built from
     types_key: tuple | None = None  # its content (the live allocator's views arrive as copies, one a round)
     job_ids: tuple | None = None  # the rows' job identities the pass memos were keyed on (JobTable.job_ids)
@@ -51,6 +89,7 @@ class PolicyMemo:
                None if types.scale_measured is None else types.scale_measured.tobytes())
         if key != self.types_key:
             self.counts.clear()
+            self.tables, self.shrinks = TypeRows((0, 1.0)), TypeRows((0, False, 1.0))
             self.regrow = None
             self.types_key = key
         self.types = types

@@ -54,37 +54,23 @@ def count_table(memo: PolicyMemo, view: ClusterView, type_idx: int,
     return memo.count((type_idx, req), build)
 
 
-def type_count_groups(jobs, idx: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
-    """The distinct (type, requested GPU count) of jobs ``idx`` and, per job, the index of its own: the key of
-    the per-type count tables, so that a pass reads each table once, whatever the number of jobs."""
-    req = jobs.num_gpus[idx].astype(np.int64)
-    base = int(req.max()) + 1 if len(req) else 1
-    keys, at = np.unique(jobs.type_idx[idx] * base + req, return_inverse=True)
-    return [(k // base, k % base) for k in keys.tolist()], at
-
-
 def count_tables(memo: PolicyMemo, view: ClusterView, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The count tables of jobs ``idx`` side by side: one per distinct (type, requested count), [U, K] counts
-    ascending (0 pads: never a job's count) and their speeds (1 pads), and per job the index of its own."""
-    groups, row = type_count_groups(view.jobs, idx)
-    tables = [count_table(memo, view, t, n)[2:] for t, n in groups]
-    width = max(len(t[0]) for t in tables)
-    cnt = np.array([t[0] + (0,) * (width - len(t[0])) for t in tables], np.int64)
-    spd = np.array([t[1] + (1.0,) * (width - len(t[1])) for t in tables])
+    """The count tables of jobs ``idx``: [U, K] counts ascending (0 pads: never a job's count) and their speeds
+    (1 pads), one row per (type, requested count) seen so far, and per job the index of its own."""
+    jobs = view.jobs
+    (cnt, spd), row = memo.tables.lookup(jobs.type_idx[idx], jobs.num_gpus[idx],
+                                         lambda t, n: count_table(memo, view, t, n)[2:])
     return cnt, spd, row
 
 
 def shrink_row(memo: PolicyMemo, view: ClusterView, type_idx: int, req: int, min_count_speed: float) -> tuple:
     """(counts [4], feasible [4], GPU-count speed [4]) of a job type's gang and its halvings (a repeat of the
-    gang where there are fewer than three), cached per type table, type and requested size."""
-    def build() -> tuple:
-        counts, speed, _, _ = count_table(memo, view, type_idx, req)
-        opts = [c for c in counts if c <= req]  # the gang and its halvings, as count_options gives them
-        cnt = opts + [req] * (4 - len(opts))
-        ok = [i == 0 or (i < len(opts) and speed[c] >= min_count_speed - 1e-9) for i, c in enumerate(cnt)]
-        return cnt, ok, [speed[c] for c in cnt]
-
-    return memo.count(("shrink", type_idx, req), build)
+    gang where there are fewer than three); ``memo.shrinks`` keeps them per type table, type and requested size."""
+    counts, speed, _, _ = count_table(memo, view, type_idx, req)
+    opts = [c for c in counts if c <= req]  # the gang and its halvings, as count_options gives them
+    cnt = opts + [req] * (4 - len(opts))
+    ok = [i == 0 or (i < len(opts) and speed[c] >= min_count_speed - 1e-9) for i, c in enumerate(cnt)]
+    return cnt, ok, [speed[c] for c in cnt]
 
 
 def min_gpus(p: ElastiCoParams, view: ClusterView, idx: np.ndarray) -> np.ndarray:
@@ -142,34 +128,46 @@ def regrow(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: De
     if memo.regrow is not None and memo.regrow[0] == key and not (rem > memo.regrow[1]).any():
         return
     offers = _growth_offers(p, memo, view, cand, ngpu, gone, len(empty))
-    memo.regrow = None if offers else (key, rem)
+    memo.regrow = None if offers.jobs else (key, rem)
     # pass 1: each job its best saving per added GPU; pass 2: GPUs still idle upgrade jobs, same order
-    plan = {}
+    plan: dict[int, int] = {}
+    at: dict[int, int] = {}
     free = len(empty)
-    for j, cur, _good, best in offers:
+    for i, (j, cur, best) in enumerate(zip(offers.jobs, offers.cur, offers.best)):
+        if free == 0:
+            break
         if best - cur <= free:
-            plan[j] = best
+            plan[j], at[j] = best, i
             free -= best - cur
-    for j, _cur, good, _ in offers:
-        if j in plan:
-            up = [c for c in good if plan[j] < c <= plan[j] + free]
-            if up:
-                free -= max(up) - plan[j]
-                plan[j] = max(up)
+    for j in plan:
+        good = offers.counts[at[j]][offers.good[at[j]]].tolist()
+        up = [c for c in good if plan[j] < c <= plan[j] + free]
+        if up:
+            free -= max(up) - plan[j]
+            plan[j] = max(up)
     topo = view.topo
-    for j, *_ in offers:
-        if j not in plan:
-            continue
+    one_node = topo is not None and not topo.flat
+    node_empty = None
+    for j, n in plan.items():
         own = fresh[j][1] if j in fresh else np.asarray(jobs.gpus[j])
+        allowed = gpu_mask(jobs, j)
+        if one_node and allowed is None and n <= topo.max_node:
+            # a gang of one node needs a node with n of its own and empty GPUs: without one, no placement
+            if node_empty is None:
+                node_empty = np.bincount(topo.gpu_node[slot_all(gj < 0)], minlength=topo.num_nodes)
+            own_nodes, own_n = np.unique(topo.gpu_node[own], return_counts=True)
+            if max(int(node_empty.max()), int((node_empty[own_nodes] + own_n).max())) < n:
+                continue
         # its own GPUs plus empty ones, kept in the topology (own GPUs first: the gang stays where it is
         # when its node has room)
         mask = slot_all(gj < 0)
         mask[own] = True
         keep = np.zeros(len(mask))
         keep[own] = 1.0
-        target = pick_gang(keep, mask, plan[j], topo, allowed=gpu_mask(jobs, j))
+        target = pick_gang(keep, mask, n, topo, allowed=allowed)
         if target is None:
             continue
+        node_empty = None  # the placement changes the empty GPUs
         if j in fresh:  # placed this round: launch it on the larger gang straight away (no restart)
             k = fresh[j][0]
             share = float(d.place[k][2])
@@ -180,10 +178,23 @@ def regrow(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: De
         relaunch(view, gj, gs, d, j, target)
 
 
+class GrowthOffers(NamedTuple):
+    """:func:`regrow`'s offers in their order: per job, its current count, the count of best saving per added
+    GPU, and its count table (ascending) with the counts worth growing to marked."""
+
+    jobs: list[int]
+    cur: list[int]
+    best: list[int]
+    counts: np.ndarray  # [O, K]
+    good: np.ndarray  # [O, K] bool
+
+
+NO_OFFERS = GrowthOffers([], [], [], np.zeros((0, 0), np.int64), np.zeros((0, 0), bool))
+
+
 def _growth_offers(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, cand: np.ndarray, cur: np.ndarray,
-                   gone: set, n_empty: int) -> list[tuple[int, int, list[int], int]]:
-    """:func:`regrow`'s offers: (job, current count, counts worth growing to ascending, the one of best saving
-    per added GPU) of each job of ``cand`` (running on ``cur`` GPUs) that saves more than ``expand_gain``
+                   gone: set, n_empty: int) -> GrowthOffers:
+    """:func:`regrow`'s offers: each job of ``cand`` (running on ``cur`` GPUs) that saves more than ``expand_gain``
     restarts on at most ``n_empty`` more GPUs, in decreasing speed-up per added GPU (then job id).
 
     A gang's saving on ``c`` GPUs is ``remaining / speed(cur) - remaining / speed(c)`` minus the restart
@@ -195,11 +206,11 @@ def _growth_offers(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, cand:
     if gone:
         ok &= ~np.isin(cand, np.fromiter(gone, np.int64, len(gone)))
     if not ok.any():
-        return []
+        return NO_OFFERS
     cnt_u, spd_u, row = count_tables(memo, view, cand)
     ok &= cnt_u.max(axis=1)[row] > cur  # room to grow at all
     if not ok.any():
-        return []
+        return NO_OFFERS
     keep = np.flatnonzero(ok)
     cand, cur, rem, row = cand[keep], cur[keep], rem[keep], row[keep]
     cnt, spd = cnt_u[row], spd_u[row]
@@ -223,13 +234,12 @@ def _growth_offers(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, cand:
     good = bigger & (saving > 0)
     offer = np.flatnonzero(good.any(axis=1))
     if len(offer) == 0:
-        return []
+        return NO_OFFERS
     per_gpu = np.where(good, (spd / s_cur[:, None] - 1.0) / added, -np.inf).max(axis=1)
     best = np.argmax(np.where(good, saving / added, -np.inf), axis=1)
     offer = offer[np.lexsort((cand[offer], -per_gpu[offer]))]
-    rows = zip(cand[offer].tolist(), cur[offer].tolist(), cnt[offer].tolist(), good[offer].tolist(),
-               cnt[offer, best[offer]].tolist())
-    return [(j, c, [x for x, g in zip(cs, gs) if g], b) for j, c, cs, gs, b in rows]
+    return GrowthOffers(cand[offer].tolist(), cur[offer].tolist(), cnt[offer, best[offer]].tolist(), cnt[offer],
+                        good[offer])
 
 
 def give_back(p: ElastiCoParams, view: ClusterView, gj, gs, W, d: Decision, waiting: np.ndarray) -> bool:
@@ -289,8 +299,7 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
     req = jobs.num_gpus
     settled = view.now_s - jobs.last_change_s >= p.min_run_s
     cand = run[(held[run] < req[run]) & (held[run] > 0) & (req[run] <= topo.max_node) & settled[run]]
-    n_empty = int(slot_all(gj < 0).sum())
-    if len(cand) == 0 or n_empty == 0:  # (no empty GPU: nowhere to move anyone to)
+    if len(cand) == 0 or not slot_all(gj < 0).any():  # (no empty GPU: nowhere to move anyone to)
         return
     touched = set(d.preempt) | {int(j) for j, _ in d.resize} | {int(j) for j, _, _ in d.place}
     occupied = gj >= 0

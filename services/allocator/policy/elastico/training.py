@@ -13,7 +13,6 @@ from services.allocator.policy.elastico.counts import (
     count_shapes_on,
     min_gpus,
     shrink_row,
-    type_count_groups,
 )
 from services.allocator.policy.elastico.params import ElastiCoParams
 from services.allocator.policy.placement import pick_gang, tenant_weights, weighted_loss
@@ -231,11 +230,9 @@ def shape_family(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, cand: n
     S = len(p.shares_pct)
     C = 4 if count_shapes_on(p, view) and p.shrink_gpus else 1
     if C > 1:  # one row per distinct (type, requested count), read by each candidate
-        groups, at = type_count_groups(jobs, cand)
-        rows = [shrink_row(memo, view, t, n, p.min_count_speed) for t, n in groups]
-        cnt = np.array([r[0] for r in rows], np.int64).reshape(len(groups), C)[at]
-        valid = np.array([r[1] for r in rows], bool).reshape(len(groups), C)[at]
-        cspeed = np.array([r[2] for r in rows], float).reshape(len(groups), C)[at]
+        (cnt_s, valid_s, cspeed_s), at = memo.shrinks.lookup(
+            jobs.type_idx[cand], req, lambda t, n: shrink_row(memo, view, t, n, p.min_count_speed))
+        cnt, valid, cspeed = cnt_s[at], valid_s[at], cspeed_s[at]
     else:
         cnt, valid, cspeed = req[:, None], np.ones((len(cand), 1), bool), np.ones((len(cand), 1))
     speed = (cspeed[:, :, None] * sp[:, None, :]).reshape(len(cand), C * S)
