@@ -12,6 +12,7 @@ from elastico.coloc.profiles import load_type_table, scaling_curve
 from elastico.coloc.truth import GroundTruth
 from services.allocator.policy import make_policy
 from services.allocator.policy.contract import check
+from services.allocator.policy.elastico.cache import TypeRows
 from services.allocator.policy.shapes import allowed_counts, count_options, count_speed, grow_options, min_count
 from services.allocator.policy.view import Decision, Topology
 from simulator.engine import Engine, OversubscribedError, SimConfig
@@ -283,3 +284,19 @@ def test_a_node_with_a_service_or_unsettled_jobs_is_not_cleared():
     assert sorted(d.preempt) == [0, 1, 2] and {j: g.tolist() for j, g, _ in d.place}[0] == list(range(8))
     v = _fragmented(settled=False)  # every job changed a minute ago: none moves within min_run_s
     assert make_policy("elastico", rule_matrix(1.0), 1.0, min_run_s=1800.0).decide(v).preempt == []
+
+
+def test_type_rows_build_each_row_once_and_pad_to_the_widest():
+    built = []
+
+    def build(t, n):
+        built.append((t, n))
+        return tuple(range(1, n + 1)), tuple(float(t) for _ in range(n))
+
+    rows = TypeRows((0, 1.0))
+    (cnt, spd), at = rows.lookup(np.array([2, 0, 2]), np.array([1, 2, 1]), build)
+    assert built == [(0, 2), (2, 1)] and at.tolist() == [1, 0, 1]
+    assert cnt[at].tolist() == [[1, 0], [1, 2], [1, 0]] and spd[at].tolist() == [[2.0, 1.0], [0.0, 0.0], [2.0, 1.0]]
+    (cnt, spd), at = rows.lookup(np.array([0, 5]), np.array([2, 4]), build)  # a new type and a wider row
+    assert built == [(0, 2), (2, 1), (5, 4)] and cnt.dtype == np.int64 and spd.dtype == float
+    assert cnt[at].tolist() == [[1, 2, 0, 0], [1, 2, 3, 4]] and spd[at].tolist() == [[0.0, 0.0, 1.0, 1.0], [5.0] * 4]
