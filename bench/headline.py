@@ -115,13 +115,11 @@ def run_part(spec: dict, common: dict, variant: int | None) -> dict:
 
 
 def submit_cells(pool: ProcessPoolExecutor, specs: list[dict], common: dict) -> list[list]:
-    """Every cell's tasks, the all-policy ones first (the longest), then the variants: per cell, its futures in
-    the order the cell's table lists them."""
-    cells = [[pool.submit(run_part, s, common, None)] for s in specs]
-    for s, futures in zip(specs, cells):
-        if s["ablations"]:
-            futures += [pool.submit(run_part, s, common, k) for k in range(len(VARIANTS))]
-    return cells
+    """Every cell's tasks, cell by cell (so cells finish, and print, in order): per cell, its futures in the
+    order the cell's table lists them."""
+    return [[pool.submit(run_part, s, common, None)]
+            + [pool.submit(run_part, s, common, k) for k in range(len(VARIANTS) if s["ablations"] else 0)]
+            for s in specs]
 
 
 def gather_cell(futures: list) -> dict:
