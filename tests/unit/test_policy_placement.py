@@ -5,6 +5,7 @@ import pytest
 
 from services.allocator.policy import make_policy
 from services.allocator.policy.placement import pick_gang, predict_join
+from services.allocator.policy.view import slot_all, slot_any
 
 from ._policy_builders import rule_matrix, view
 
@@ -121,3 +122,12 @@ def test_a_service_that_other_services_leave_no_room_to_grow_moves_to_a_gpu_wher
     assert list(gpus) == [1] and share >= 60.0
     other = 1 - moved[0]
     assert dict(ok.resize).get(other, float(v.gpu_share[0][v.gpu_job[0] == other][0])) >= 60.0
+
+
+@pytest.mark.parametrize("slots", range(10))
+def test_slot_all_and_any_are_numpy_s_all_and_any_whatever_the_layout(slots):
+    rng = np.random.default_rng(slots)
+    for _ in range(50):
+        m = rng.random((37, slots)) < rng.random()
+        for a in (m, np.asfortranarray(m), m[:, ::-1]):  # contiguous rows read as words; the others slot by slot
+            assert (slot_all(a) == m.all(axis=1)).all() and (slot_any(a) == m.any(axis=1)).all()

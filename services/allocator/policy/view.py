@@ -177,11 +177,21 @@ def read_only(a: np.ndarray) -> np.ndarray:
     return v
 
 
+#: unsigned integer of K bytes: a GPU's K boolean slots read as one word
+_WORD = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
 def _slot_fold(mask: np.ndarray, op, empty: bool) -> np.ndarray:
     """[G] ``op`` (``np.logical_or`` / ``np.logical_and``) folded over the slots of a boolean ``[G, K]``
-    array, slot by slot (see :func:`slot_sum`); ``empty`` for K = 0."""
-    if mask.shape[1] == 0:
+    array, slot by slot (see :func:`slot_sum`); ``empty`` for K = 0. A contiguous row of 1, 2, 4 or 8 slots is
+    compared as one word (any: not 0; all: every byte 1)."""
+    K = mask.shape[1]
+    if K == 0:
         return np.full(mask.shape[0], empty)
+    word = _WORD.get(K)
+    if word is not None and mask.dtype == np.bool_ and mask.flags.c_contiguous:
+        w = mask.view(word)[:, 0]
+        return w != 0 if op is np.logical_or else w == word(int.from_bytes(b"\x01" * K, "little"))
     out = mask[:, 0].copy()
     for k in range(1, mask.shape[1]):
         op(out, mask[:, k], out=out)
