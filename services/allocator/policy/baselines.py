@@ -420,6 +420,9 @@ class LucidPacking(Policy[LucidParams]):
         topo = view.topo
         declared = any_declared(jobs)
         share: float | None  # a job's share on this try (None: no declared share to pack it with)
+        one: np.ndarray | None = None  # the GPUs a job may pack onto (below), until the tenants change
+        res = np.zeros(0, np.int64)
+        n_one = 0
         for j in order:
             j = int(j)
             n = int(jobs.num_gpus[j])
@@ -434,19 +437,24 @@ class LucidPacking(Policy[LucidParams]):
                 if state is not None:
                     state.refresh(g, gj, gs * 0.0)
                 failed.clear()
+                one = None
                 continue
             if jobs.kind[j] == INFERENCE:
                 continue
             # pack next to exactly one training tenant, if both are predicted to keep >= pack_floor
-            one = ((gj >= 0).sum(axis=1) == 1) & (gj < 0).any(axis=1)  # one tenant, and a slot for a second
-            res = np.where(one, gj.max(axis=1), -1)
-            one &= (res >= 0) & (jobs.kind[np.maximum(res, 0)] == TRAINING)
             share = declared_share(jobs, j, n, 50.0)  # 50 %, or a declaring job's declared share nearest it
             if share is None:
                 continue
             key = (int(jobs.type_idx[j]), n) if share == 50.0 else (int(jobs.type_idx[j]), n, share)
             key = key if mask is None else (*key, j)  # a pinned job's failure says nothing of other jobs
-            if one.sum() < n or key in failed:
+            if key in failed:
+                continue
+            if one is None:  # GPUs with one training tenant and a slot for a second, and that tenant
+                one = ((gj >= 0).sum(axis=1) == 1) & (gj < 0).any(axis=1)
+                res = np.where(one, gj.max(axis=1), -1)
+                one &= (res >= 0) & (jobs.kind[np.maximum(res, 0)] == TRAINING)
+                n_one = int(one.sum())
+            if n_one < n:
                 continue
             if state is None:
                 state = TenantState(self.M, self.kappa, gj, gs * 0.0, jobs, False)
@@ -483,4 +491,5 @@ class LucidPacking(Policy[LucidParams]):
             d.place.append((j, g, share))
             state.refresh(g, gj, gs * 0.0)
             failed.clear()
+            one = None
         return d
