@@ -309,28 +309,37 @@ class Tiresias(Policy[TiresiasParams]):
         # simulator orders a queue: only a job of a higher queue displaces a running one)
         o = np.lexsort((jobs.arrival_s[cand], is_pending, level))
         cand = cand[o]
+        # greedy in priority order, skipping what does not fit: the head that fits whole at once, then the rest
         n = jobs.num_gpus[cand]
+        total = np.cumsum(n)
+        head = int(np.searchsorted(total, G, side="left"))
+        head += int(head < len(cand) and total[head] == G)
         keep = np.zeros(len(cand), bool)
-        left = G
-        for idx in range(len(cand)):  # greedy in priority order (skip what does not fit)
-            if n[idx] <= left:
-                keep[idx] = True
-                left -= int(n[idx])
-                if left == 0:
-                    break
-        running = set(view.running.tolist())
+        keep[:head] = True
+        left = G - (int(total[head - 1]) if head else 0)
+        if left > 0:
+            rest = head + np.flatnonzero(n[head:] <= left)  # (what does not fit now never will: left only shrinks)
+            for idx, nj in zip(rest.tolist(), n[rest].tolist()):
+                if nj <= left:
+                    keep[idx] = True
+                    left -= nj
+                    if left == 0:
+                        break
+        is_running = np.zeros(len(jobs.kind), bool)
+        is_running[view.running] = True
         gj, gs = view.scratch()
-        displaced = [int(j) for j in cand[~keep] if int(j) in running and jobs.kind[j] == TRAINING]
+        out = cand[~keep]
+        displaced = out[is_running[out] & (jobs.kind[out] == TRAINING)].tolist()
         for j in displaced:
             vacate(gj, gs, j, jobs.gpus[j])
-        for j in cand[keep]:
-            if int(j) not in running:
-                g = first_free_gpus(gj, int(jobs.num_gpus[j]), view.topo, gpu_mask(jobs, int(j)))
-                if g is None:
-                    continue
-                share = _request_share(jobs, int(j), int(jobs.num_gpus[j]), 100.0)
-                occupy(gj, gs, int(j), g, share)
-                d.place.append((int(j), g, share))
+        new = cand[keep]
+        for j in new[~is_running[new]].tolist():
+            g = first_free_gpus(gj, int(jobs.num_gpus[j]), view.topo, gpu_mask(jobs, j))
+            if g is None:
+                continue
+            share = _request_share(jobs, j, int(jobs.num_gpus[j]), 100.0)
+            occupy(gj, gs, j, g, share)
+            d.place.append((j, g, share))
         # a displaced job is preempted only when a placed job took one of its GPUs: the count above ignores
         # nodes, and a higher-priority gang that found no node must not idle GPUs by restarting their holder
         for j in displaced:
