@@ -25,6 +25,10 @@ class TypeRows:
 
     def __init__(self, pads: tuple) -> None:
         self.pads = pads  # per column: the value padding a row shorter than the widest (its dtype: the column's)
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every row (the type table changed)."""
         self.index = np.full((0, 0), -1, np.int64)  # [type, requested count] -> row; -1 = not built
         self.built: list[tuple] = []
         self.stack: tuple[np.ndarray, ...] | None = None
@@ -89,7 +93,8 @@ class PolicyMemo:
                None if types.scale_measured is None else types.scale_measured.tobytes())
         if key != self.types_key:
             self.counts.clear()
-            self.tables, self.shrinks = TypeRows((0, 1.0)), TypeRows((0, False, 1.0))
+            self.tables.clear()
+            self.shrinks.clear()
             self.regrow = None
             self.types_key = key
         self.types = types

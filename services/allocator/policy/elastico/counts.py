@@ -115,8 +115,9 @@ def regrow(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: De
              if jobs.kind[j] == TRAINING and jobs.share_pct[j] == 0}
     if len(run) == 0 and not fresh:
         return
-    empty = np.flatnonzero(slot_all(gj < 0))
-    if len(empty) == 0:
+    empty = slot_all(gj < 0)  # [G] the GPUs with no tenant (recomputed below after each placement)
+    n_empty = int(empty.sum())
+    if n_empty == 0:
         return
     gone = set(d.preempt) | {int(j) for j, _ in d.resize}
     cand = np.concatenate([run, np.fromiter(fresh, np.int64, len(fresh))])
@@ -124,15 +125,15 @@ def regrow(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: De
     # the same jobs on the same gangs as a pass with no offer, none with more work left: none again
     # (a saving only shrinks with the remaining time)
     rem = view.jobs.remaining_est_s[cand]
-    key = (cand.tobytes(), ngpu.tobytes(), len(empty), tuple(sorted(gone)), np.isfinite(rem).tobytes())
+    key = (cand.tobytes(), ngpu.tobytes(), n_empty, tuple(sorted(gone)), np.isfinite(rem).tobytes())
     if memo.regrow is not None and memo.regrow[0] == key and not (rem > memo.regrow[1]).any():
         return
-    offers = _growth_offers(p, memo, view, cand, ngpu, gone, len(empty))
+    offers = _growth_offers(p, memo, view, cand, ngpu, gone, n_empty)
     memo.regrow = None if offers.jobs else (key, rem)
     # pass 1: each job its best saving per added GPU; pass 2: GPUs still idle upgrade jobs, same order
     plan: dict[int, int] = {}
     at: dict[int, int] = {}
-    free = len(empty)
+    free = n_empty
     for i, (j, cur, best) in enumerate(zip(offers.jobs, offers.cur, offers.best)):
         if free == 0:
             break
@@ -147,27 +148,30 @@ def regrow(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: De
             plan[j] = max(up)
     topo = view.topo
     one_node = topo is not None and not topo.flat
-    node_empty = None
+    node_empty = None  # empty GPUs per node, of `empty`
+    stale = False  # a placement changed the empty GPUs
     for j, n in plan.items():
+        if stale:
+            empty, node_empty, stale = slot_all(gj < 0), None, False
         own = fresh[j][1] if j in fresh else np.asarray(jobs.gpus[j])
         allowed = gpu_mask(jobs, j)
         if one_node and allowed is None and n <= topo.max_node:
             # a gang of one node needs a node with n of its own and empty GPUs: without one, no placement
             if node_empty is None:
-                node_empty = np.bincount(topo.gpu_node[slot_all(gj < 0)], minlength=topo.num_nodes)
+                node_empty = np.bincount(topo.gpu_node[empty], minlength=topo.num_nodes)
             own_nodes, own_n = np.unique(topo.gpu_node[own], return_counts=True)
             if max(int(node_empty.max()), int((node_empty[own_nodes] + own_n).max())) < n:
                 continue
         # its own GPUs plus empty ones, kept in the topology (own GPUs first: the gang stays where it is
         # when its node has room)
-        mask = slot_all(gj < 0)
+        mask = empty.copy()
         mask[own] = True
         keep = np.zeros(len(mask))
         keep[own] = 1.0
         target = pick_gang(keep, mask, n, topo, allowed=allowed)
         if target is None:
             continue
-        node_empty = None  # the placement changes the empty GPUs
+        stale = True
         if j in fresh:  # placed this round: launch it on the larger gang straight away (no restart)
             k = fresh[j][0]
             share = float(d.place[k][2])
