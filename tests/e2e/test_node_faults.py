@@ -13,8 +13,9 @@ import pytest
 from elastico.domain import JobState
 from tests.e2e._suite import fast_suite, running_training_job, until
 
-# fence 2 s + stop grace 2 s (the suite's) < node stale 2 s + grace 3 s: the workload is gone before the job moves
-TIMERS = {"ELASTICO_NODE_STALE_S": "2", "ELASTICO_NODE_GRACE_S": "3", "ELASTICO_FENCE_S": "2", "ELASTICO_SIM_GPU_COUNT": "1"}
+# heartbeat 0.5 s + 1 + fence 4 s + stop grace 2 s (the suite's) < node stale 5 s + grace 3 s: the workload is gone
+# before the job moves; a healthy agent must miss ten heartbeats to be taken for lost on a loaded machine
+TIMERS = {"ELASTICO_NODE_STALE_S": "5", "ELASTICO_NODE_GRACE_S": "3", "ELASTICO_FENCE_S": "4", "ELASTICO_SIM_GPU_COUNT": "1"}
 
 
 @pytest.fixture
@@ -46,5 +47,12 @@ def test_a_frozen_agents_workload_is_stopped_before_its_job_runs_elsewhere(suite
     if isinstance(gone, list):
         assert "no sign of life" in gone[0].message
     moved = until(lambda: (j := api.get(job.job_id)).state is JobState.RUNNING and j, 15)
-    assert moved.placement.slices[0].node_id == other and moved.restarts >= 1
+    assert moved.placement.slices[0].node_id == other and moved.restarts >= 1, _story(moved, agents)
     assert not [x for x in agents[home].workloads([job.job_id]) if x.status in ("starting", "running")]
+
+
+def _story(job, agents) -> str:
+    """The job and every node's workloads of it, for a failure message."""
+    runs = {n: [(w.placement_id, w.status, w.message) for w in a.workloads([job.job_id])] for n, a in agents.items()}
+    return (f"job on {job.placement.slices[0].node_id}, restarts {job.restarts}, reason {job.reason}: {job.message!r}; "
+            f"workloads by node {runs}")
