@@ -186,6 +186,21 @@ def allowed_gang_sizes(spec: JobSpec) -> set[int]:
     return {s.num_gpus for s in spec.shapes} or {1}
 
 
+def shapes_within(spec: JobSpec, gpu_mem_mib: int) -> tuple[Shape, ...]:
+    """The declared shapes of ``spec`` whose memory per GPU fits a GPU of ``gpu_mem_mib`` MiB (all of them when it
+    declares none: the policy's own shapes take a share of whatever memory the GPU has)."""
+    return tuple(s for s in spec.shapes if s.mem_mib <= gpu_mem_mib)
+
+
+def memory_misfit(spec: JobSpec, gpu_mem_mib: int) -> str:
+    """Why no GPU of ``gpu_mem_mib`` MiB (the cluster's largest) can host any declared shape of ``spec``; "" when one
+    can (or the job declares none)."""
+    if not spec.shapes or shapes_within(spec, gpu_mem_mib):
+        return ""
+    return (f"every declared shape needs at least {min(s.mem_mib for s in spec.shapes)} MiB per GPU; the largest "
+            f"healthy GPU has {gpu_mem_mib} MiB")
+
+
 def spec_num_gpus(spec: JobSpec) -> int:
     """Gang size: the explicit shapes' GPU count (the largest), else 1."""
     return max((s.num_gpus for s in spec.shapes), default=1)
@@ -258,7 +273,11 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
             free[(n.node_id, g.index)] = [cap_share - share_units(g.allocated_share_pct), cap_mem - g.allocated_mem_mib]
     row_of_gpu = {k: i for i, k in enumerate(gpu_keys)}
     placed = [j for j in jobs if j.state in (JobState.PLACED, JobState.RUNNING) and j.placement is not None]
-    pending = sorted((j for j in jobs if j.state is JobState.PENDING), key=lambda j: (j.submitted_at_s, j.job_id))
+    # a queued job none of whose declared shapes fits any GPU's memory stays out of the round: planned anyway, it
+    # would hold GPUs on paper that its placement then cannot get, every round, and keep other jobs off them
+    biggest = max(mem, default=0)
+    pending = sorted((j for j in jobs if j.state is JobState.PENDING and not memory_misfit(j.spec, biggest)),
+                     key=lambda j: (j.submitted_at_s, j.job_id))
     rows = placed + pending
     N, G, K = len(rows), len(gpu_keys), max_tenants
     kind = np.array([INFERENCE if j.spec.kind is JobKind.INFERENCE else TRAINING for j in rows], np.int8)
@@ -309,9 +328,16 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
     running = np.array([r for r in range(len(placed)) if gpus[r] is not None and len(gpus[r])], np.int64)
     # the jobs' constraints travel with the view, and every policy honours them: declared shapes (a declaring
     # job is planned in them only), the gang sizes each job allows, the GPUs of the nodes a job is pinned to
-    declared = tuple(tuple(j.spec.shapes) for j in rows)
-    pinned = {r: np.array([n in j.spec.allowed_nodes for n, _ in gpu_keys], bool)
-              for r, j in enumerate(rows) if j.spec.allowed_nodes}
+    # a queued job is planned in the declared shapes some GPU has the memory for, on the GPUs with that memory
+    declared = tuple(tuple(j.spec.shapes) if r < len(placed) else shapes_within(j.spec, biggest) for r, j in enumerate(rows))
+    mem_arr = np.array(mem, np.int64)
+    pinned = {}
+    for r, j in enumerate(rows):
+        mask = np.array([n in j.spec.allowed_nodes for n, _ in gpu_keys], bool) if j.spec.allowed_nodes else None
+        if r >= len(placed) and declared[r] and (small := mem_arr < min(s.mem_mib for s in declared[r])).any():
+            mask = ~small if mask is None else mask & ~small
+        if mask is not None:
+            pinned[r] = mask
     table = DeclaredJobTable(kind=kind, type_idx=type_idx, num_gpus=num_gpus,
                      arrival_s=np.array([j.submitted_at_s * ts for j in rows], float),
                      priority=np.array([priority_weight(j.spec.priority) for j in rows], float),

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from elastico.coloc.profiles import TypeTable
-from elastico.domain import Job, JobState, NodeInfo, Placement, StateReason, Workload
+from elastico.domain import Job, JobSpec, JobState, NodeInfo, Placement, StateReason, Workload
 from elastico.errors import Conflict, ElasticoError, StaleEpoch, Unavailable, WrongState
 from elastico.logging import get_logger
 from elastico.state.store import PreparedUpdates, Store
@@ -66,6 +66,7 @@ from services.allocator.plan import (
     ViewIndex,
     build_view,
     current_reports,
+    memory_misfit,
     node_fresh,
     spec_num_gpus,
     still_running,
@@ -514,20 +515,26 @@ class Scheduler:
         return out
 
     async def _mark_never_schedulable(self, epoch: int, jobs: list[Job], nodes: list[NodeInfo]) -> int:
-        """A pending job larger than the whole cluster says so (NEVER_SCHEDULABLE) instead of waiting silently.
+        """A pending job larger than the whole cluster, or whose every declared shape needs more memory than its
+        largest GPU has, says so (NEVER_SCHEDULABLE) instead of waiting silently.
 
         Returns the cluster's healthy GPUs."""
         total = sum(1 for n in nodes for g in n.gpus if g.healthy)
         if not nodes:
             return total
-        marks = [(i, j) for i, j in enumerate(jobs) if j.state is JobState.PENDING and spec_num_gpus(j.spec) > total
-                 and j.reason is not StateReason.NEVER_SCHEDULABLE]
+        biggest = max((g.mem_total_mib for n in nodes for g in n.gpus if g.healthy), default=0)
+
+        def why(spec: JobSpec) -> str:
+            n = spec_num_gpus(spec)
+            return f"needs {n} GPUs; the cluster has {total}" if n > total else memory_misfit(spec, biggest)
+
+        marks = [(i, j, w) for i, j in enumerate(jobs) if j.state is JobState.PENDING
+                 and j.reason is not StateReason.NEVER_SCHEDULABLE and (w := why(j.spec))]
         if not marks:
             return total
         results = await self.store.update_jobs(
-            [(j, replace(j, reason=StateReason.NEVER_SCHEDULABLE, message=f"needs {spec_num_gpus(j.spec)} GPUs; the cluster has {total}"))
-             for _, j in marks], epoch=epoch)
-        for (i, _), new in zip(marks, results, strict=True):
+            [(j, replace(j, reason=StateReason.NEVER_SCHEDULABLE, message=w)) for _, j, w in marks], epoch=epoch)
+        for (i, _, _), new in zip(marks, results, strict=True):
             if not isinstance(new, Conflict):
                 jobs[i] = new
         return total

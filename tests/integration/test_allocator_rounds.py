@@ -213,6 +213,23 @@ async def test_stale_node_gets_nothing_and_its_jobs_are_requeued_after_grace(sto
     assert any(d.startswith("node n1") for d in rep.degraded)
 
 
+async def test_jobs_no_gpu_has_the_memory_for_keep_no_gpu_from_others(store):
+    """Jobs whose every declared shape needs more memory than any GPU has are NEVER_SCHEDULABLE, saying why, and
+    hold nothing: another job is placed in the same round (before, the policy planned them every round on GPUs
+    their placements could not get, and the other job waited for ever)."""
+    await heartbeat(store, "n1", gpus=2)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(), lease)
+    huge = [(await store.create_job(make_job(spec=make_spec(shapes=(Shape(1, 50.0, 16385),)))))[0] for _ in range(4)]
+    other, _ = await store.create_job(make_job(spec=make_spec(tenant="team-b", shapes=(Shape(2, 100.0, 8192),))))
+    rep = await sch.round(epoch)
+    assert rep.placed == [other.job_id]
+    for j in huge:
+        marked = await store.get_job(j.job_id)
+        assert (marked.state, marked.reason) == (JobState.PENDING, StateReason.NEVER_SCHEDULABLE)
+        assert marked.message == "every declared shape needs at least 16385 MiB per GPU; the largest healthy GPU has 16384 MiB"
+
+
 async def test_unplaced_pending_job_is_marked_unschedulable_now_once(store):
     """A job a round leaves queued for lack of capacity carries UNSCHEDULABLE_NOW (never NEVER_SCHEDULABLE):
     written once on the transition, not every round; the mark is no requeue (its queue time stays)."""

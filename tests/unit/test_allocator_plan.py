@@ -412,6 +412,26 @@ def test_a_declared_shape_whose_memory_does_not_fit_goes_to_an_empty_gpu():
     assert [j for j, _ in plan.dropped] == [idx.jobs[2].job_id]
 
 
+def test_a_queued_job_is_planned_only_in_shapes_whose_memory_some_gpu_has():
+    """A job whose every declared shape needs more memory than any GPU has stays out of the view (planned anyway it
+    would hold GPUs on paper, round after round, that its placement cannot get); one with some shapes that fit is
+    planned in those only, on the GPUs with their memory."""
+    from services.allocator.plan import memory_misfit
+
+    huge = make_job(spec=make_spec(shapes=(Shape(1, 50.0, 20000), Shape(1, 100.0, 2**40))), submitted_at_s=NOW - 9)
+    mixed = make_job(spec=make_spec(shapes=(Shape(1, 50.0, 30000), Shape(2, 50.0, 12000))), submitted_at_s=NOW - 8)
+    plain = make_job(submitted_at_s=NOW - 7)
+    nodes = [node("n1", gpus=2, mem_mib=8192), node("n2", gpus=2, mem_mib=16384)]
+    view, idx = build_view([huge, mixed, plain], nodes, TYPES, RESOLVE, NOW, 15)
+    assert [j.job_id for j in idx.jobs] == [mixed.job_id, plain.job_id]
+    assert view.jobs.declared[0] == (Shape(2, 50.0, 12000),)
+    assert view.jobs.allowed_gpus[0].tolist() == [False, False, True, True]
+    assert view.jobs.allowed_gpus[1] is None
+    assert memory_misfit(huge.spec, 16384) == ("every declared shape needs at least 20000 MiB per GPU; the largest "
+                                               "healthy GPU has 16384 MiB")
+    assert memory_misfit(mixed.spec, 16384) == "" and memory_misfit(plain.spec, 1) == ""
+
+
 def test_make_placement_indexes_the_declared_list():
     from services.allocator.plan import make_placement
 
