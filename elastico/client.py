@@ -394,6 +394,8 @@ class _Core:
     def submit_call(spec: d.JobSpec | pb.JobSpec | Mapping[str, Any], request_id: str | None) -> _Call:
         try:
             m = convert.job_spec_to_pb(checked_spec(spec))
+            if m.tenant == d.JobSpec.tenant:  # unset (or the default's name): the server takes the caller's own tenant
+                m.tenant = ""
             rid = request_id if request_id is not None else f"cli-{uuid.uuid4().hex}"
             d.validate_request_id(rid)
         except InvalidSpec as exc:

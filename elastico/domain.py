@@ -350,11 +350,10 @@ def validate_shape(shape: Shape, path: str) -> None:
     """Raise InvalidSpec naming the first malformed field of ``shape``."""
     if not 1 <= shape.num_gpus <= MAX_GPUS_PER_JOB:
         raise InvalidSpec(f"{path}.num_gpus", f"must be in [1, {MAX_GPUS_PER_JOB}], got {shape.num_gpus}")
-    _finite_positive(shape.compute_share_pct, f"{path}.compute_share_pct", upper=100.0)
+    _finite_positive(shape.compute_share_pct, f"{path}.compute_share_pct", lower=L.SHARE_PCT_MIN, upper=100.0)
     if shape.mem_mib <= 0:
         raise InvalidSpec(f"{path}.mem_mib", f"must be > 0, got {shape.mem_mib}")
-    if shape.batch_size < 0:
-        raise InvalidSpec(f"{path}.batch_size", f"must be >= 0, got {shape.batch_size}")
+    _batch_size(shape.batch_size, f"{path}.batch_size")
     _rate_or_zero(shape.throughput, f"{path}.throughput")
     _max_chars(shape.gpu_type, L.GPU_TYPE_MAX_CHARS, f"{path}.gpu_type")
 
@@ -399,8 +398,16 @@ def validate_demand_report(r: DemandReport, now_s: float, path: str = "report") 
 
 
 def _max_chars(value: str, limit: int, path: str) -> None:
+    """At most ``limit`` characters, all printable (no control character reaches a log or a terminal)."""
     if len(value) > limit:
         raise InvalidSpec(path, too_long(len(value), limit))
+    if not value.isprintable():
+        raise InvalidSpec(path, "must not contain control or other non-printable characters")
+
+
+def _batch_size(value: int, path: str) -> None:
+    if not 0 <= value <= L.BATCH_SIZE_MAX:
+        raise InvalidSpec(path, f"must be in [0, {L.BATCH_SIZE_MAX}], got {value}")
 
 
 def validate_labels(labels: tuple[tuple[str, str], ...], path: str) -> None:
@@ -412,6 +419,8 @@ def validate_labels(labels: tuple[tuple[str, str], ...], path: str) -> None:
             raise InvalidSpec(f"{path}{field_key(key)}", f"key {too_long(len(key), L.LABEL_KEY_MAX_CHARS)}")
         if len(value) > L.LABEL_VALUE_MAX_CHARS:
             raise InvalidSpec(f"{path}{field_key(key)}", f"value {too_long(len(value), L.LABEL_VALUE_MAX_CHARS)}")
+        if not (key.isprintable() and value.isprintable()):
+            raise InvalidSpec(f"{path}{field_key(key)}", "key and value must not contain control or other non-printable characters")
 
 
 def validate_job_spec(spec: JobSpec, path: str = "spec") -> None:
@@ -427,18 +436,17 @@ def validate_job_spec(spec: JobSpec, path: str = "spec") -> None:
     _max_chars(spec.precision, L.PRECISION_MAX_CHARS, f"{path}.precision")
     _max_chars(spec.command, L.COMMAND_MAX_CHARS, f"{path}.command")
     validate_labels(spec.labels, f"{path}.labels")
-    if spec.batch_size < 0:
-        raise InvalidSpec(f"{path}.batch_size", f"must be >= 0, got {spec.batch_size}")
+    _batch_size(spec.batch_size, f"{path}.batch_size")
     if spec.kind is JobKind.TRAINING:
         if spec.training is None:
             raise InvalidSpec(f"{path}.training", "is required for a training job")
         if spec.inference is not None:
             raise InvalidSpec(f"{path}.inference", "must be unset for a training job")
-        if spec.training.total_steps <= 0:
-            raise InvalidSpec(f"{path}.training.total_steps", f"must be > 0, got {spec.training.total_steps}")
+        if not 0 < spec.training.total_steps <= L.TOTAL_STEPS_MAX:
+            raise InvalidSpec(f"{path}.training.total_steps", f"must be in [1, {L.TOTAL_STEPS_MAX:g}], got {spec.training.total_steps}")
         ms = spec.training.max_slowdown
-        if math.isnan(ms) or math.isinf(ms) or (ms != 0 and ms < 1):
-            raise InvalidSpec(f"{path}.training.max_slowdown", f"must be 0 (default) or >= 1, got {ms!r}")
+        if math.isnan(ms) or math.isinf(ms) or (ms != 0 and not 1 <= ms <= L.MAX_SLOWDOWN_MAX):
+            raise InvalidSpec(f"{path}.training.max_slowdown", f"must be 0 (default) or in [1, {L.MAX_SLOWDOWN_MAX:g}], got {ms!r}")
     elif spec.kind is JobKind.INFERENCE:
         if spec.inference is None:
             raise InvalidSpec(f"{path}.inference", "is required for an inference job")

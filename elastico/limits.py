@@ -48,7 +48,16 @@ Limit                           Value       Field(s)                            
                                             ``DemandReport.request_rate_rps``       typo, and overflows the
                                             (or 0)                                  allocator's arithmetic
 ``LATENCY_SLO_MS_MIN`` / _MAX   1e-3 / 8.64e7  ``spec.inference.latency_slo_ms``    a microsecond to a day
+``SHARE_PCT_MIN``               1           ``spec.shapes[i].compute_share_pct``    the least MPS thread
+                                                                                    share a job can run at
+``BATCH_SIZE_MAX``              1,048,576   ``spec.batch_size``,                    beyond it a typo
+                                            ``spec.shapes[i].batch_size``
+``TOTAL_STEPS_MAX``             1e12        ``spec.training.total_steps``           beyond it a typo
+``MAX_SLOWDOWN_MAX``            1000        ``spec.training.max_slowdown``          beyond it "any"
 ==============================  ==========  ======================================  ========================
+
+Text a person reads (names, model families, labels, node ids, commands, GPU types) must be printable
+(``str.isprintable``): a control character is refused, so no terminal escape reaches an operator's screen.
 
 ``JOB_SPEC_MAX_BYTES``: the per-field limits alone would allow a ~160 KiB spec (64 labels of 1.3 KiB,
 256 node ids of 253 characters, a 4 KiB command); the whole-spec cap keeps every stored job small enough
@@ -92,6 +101,10 @@ RATE_MIN = 1e-6  # steps/s or requests/s: the smallest non-zero declared or meas
 RATE_MAX = 1e9
 LATENCY_SLO_MS_MIN = 1e-3
 LATENCY_SLO_MS_MAX = 86_400_000.0
+SHARE_PCT_MIN = 1.0
+BATCH_SIZE_MAX = 1 << 20
+TOTAL_STEPS_MAX = 10**12
+MAX_SLOWDOWN_MAX = 1000.0
 
 _FIELD_KEY_MAX_CHARS = 32
 

@@ -184,6 +184,8 @@ def metrics_to_pb(m: d.MetricsEndpoint) -> pb.MetricsEndpoint:
 
 def demand_from_pb(m: pb.DemandReport) -> d.DemandReport:
     """The report as sent (``source`` is the allocator's to set, so it is dropped)."""
+    if m.HasField("window_end") and not 0 <= m.window_end.nanos < 1_000_000_000:
+        raise InvalidSpec("report.window_end.nanos", f"must be in [0, 999999999], got {m.window_end.nanos}")
     end = m.window_end.seconds + m.window_end.nanos * 1e-9 if m.HasField("window_end") else 0.0
     return d.DemandReport(job_id=m.job_id, window_end_s=end, window_s=m.window_s, request_rate_rps=m.request_rate_rps,
                           p50_latency_ms=m.p50_latency_ms, p99_latency_ms=m.p99_latency_ms, queue_length=m.queue_length)

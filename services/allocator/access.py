@@ -61,10 +61,10 @@ def visible_tenant(identity: Identity | None) -> str | None:
 
 
 def check_job(identity: Identity | None, job: Job) -> Job:
-    """``job`` if the caller may see it; otherwise NotFound, exactly as for an unknown id."""
+    """``job`` if the caller may see it; otherwise NotFound, exactly as the store answers for an unknown id."""
     tenant = visible_tenant(identity)
     if tenant is not None and job.spec.tenant != tenant:
-        raise NotFound(f"job {job.job_id} not found")
+        raise NotFound(f"job {job.job_id!r} not found")
     return job
 
 

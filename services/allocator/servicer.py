@@ -21,8 +21,9 @@ from dataclasses import replace
 import grpc
 
 from elastico.auth import TokenStore
-from elastico.domain import Job, JobKind, JobState, StateReason, validate_demand_report, validate_request_id
+from elastico.domain import TENANT_RE, Job, JobKind, JobState, StateReason, validate_demand_report, validate_request_id
 from elastico.errors import Conflict, InvalidSpec, NotFound, PermissionDenied, WrongState
+from elastico.limits import TENANT_MAX_CHARS
 from elastico.logging import get_logger
 from elastico.rpc import convert
 from elastico.rpc.security import Access, PeerPolicy, current_caller, roles
@@ -47,10 +48,25 @@ MAX_SUBMIT_BATCH = 256  # SubmitJob calls written together in one Store.create_j
 SUBMIT_LINGER_S = 0.002
 
 
-def _require_job_id(job_id: str) -> str:
-    if not job_id or len(job_id) > 128:
-        raise InvalidSpec("job_id", "must be 1-128 characters")
+def _require_job_id(job_id: str, path: str = "job_id") -> str:
+    if not job_id or len(job_id) > 128 or not job_id.isprintable():
+        raise InvalidSpec(path, "must be 1-128 printable characters")
     return job_id
+
+
+def _event_id(after: str) -> str:
+    """``after`` if it can be a Redis stream id (each part below 2**64); else INVALID_ARGUMENT."""
+    if after and not (EVENT_ID_RE.fullmatch(after) and all(int(x) < 2**64 for x in after.split("-"))):
+        raise InvalidSpec("after_event_id", "is not an event id returned by WatchJobs")
+    return after
+
+
+async def _visible_job(store: Store, job_id: str) -> Job:
+    """The job the caller may see: the caller's role is checked before the store is read, so that a caller
+    without API access learns nothing of which ids exist."""
+    identity = current_caller().identity
+    access.require_api_role(identity)
+    return access.check_job(identity, await store.get_job(job_id))
 
 
 class SubmitBatcher:
@@ -142,7 +158,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         job_id = _require_job_id(request.job_id)
         identity = current_caller().identity
         for _ in range(CAS_RETRIES):
-            job = access.check_job(identity, await self._store.get_job(job_id))
+            job = await _visible_job(self._store, job_id)
             access.check_cancel(identity, job)
             if job.state.terminal:
                 raise WrongState(f"job {job_id} is already {job.state.value}")
@@ -163,8 +179,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         raise Conflict(f"job {job_id} kept changing; retry the cancel")
 
     async def GetJob(self, request: apb.GetJobRequest, context: grpc.aio.ServicerContext) -> apb.GetJobResponse:
-        job = await self._store.get_job(_require_job_id(request.job_id))
-        return apb.GetJobResponse(job=convert.job_to_pb(access.check_job(current_caller().identity, job)))
+        job = await _visible_job(self._store, _require_job_id(request.job_id))
+        return apb.GetJobResponse(job=convert.job_to_pb(job))
 
     async def ListJobs(self, request: apb.ListJobsRequest, context: grpc.aio.ServicerContext) -> apb.ListJobsResponse:
         if request.page_size > MAX_PAGE_SIZE:
@@ -174,6 +190,9 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         if len(request.states) > 16:
             raise InvalidSpec("states", f"at most 16 states, got {len(request.states)}")
         states = [convert.state_from_pb(s, f"states[{i}]") for i, s in enumerate(request.states)]
+        if request.tenant and not TENANT_RE.match(request.tenant):
+            raise InvalidSpec("tenant", f"must be empty (every tenant the caller may see) or 1-{TENANT_MAX_CHARS} "
+                                        "characters of [A-Za-z0-9._-]")
         tenant = access.list_tenant(current_caller().identity, request.tenant)
 
         async def page(size: int):
@@ -187,16 +206,14 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         return apb.ListJobsResponse(jobs=pbs, next_page_token=token)
 
     async def WatchJobs(self, request: apb.WatchJobsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[apb.JobEvent]:
-        after = request.after_event_id
-        if after and not EVENT_ID_RE.fullmatch(after):
-            raise InvalidSpec("after_event_id", "is not an event id returned by WatchJobs")
+        after = _event_id(request.after_event_id)
+        if len(request.job_ids) > MAX_WATCH_JOB_IDS:
+            raise InvalidSpec("job_ids", f"at most {MAX_WATCH_JOB_IDS} job ids, got {len(request.job_ids)}")
+        wanted = {_require_job_id(j, f"job_ids[{i}]") for i, j in enumerate(request.job_ids)}
         identity = current_caller().identity
         tenant = access.visible_tenant(identity)
         if not after:
             after = await self._store.last_event_id()
-        if len(request.job_ids) > MAX_WATCH_JOB_IDS:
-            raise InvalidSpec("job_ids", f"at most {MAX_WATCH_JOB_IDS} job ids, got {len(request.job_ids)}")
-        wanted = set(request.job_ids)
         owners: dict[str, bool] = {}  # job id -> the caller's tenant owns it (a tenant's watch sees only its jobs)
         while not context.done():
             for ev in await self._store.read_events(after, limit=500, block_s=self._settings.watch_poll_s):
@@ -226,7 +243,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         now = time.time()
         validate_demand_report(report, now)
         identity = current_caller().identity
-        job = access.check_job(identity, await self._store.get_job(report.job_id))
+        job = await _visible_job(self._store, report.job_id)
         if job.spec.kind is not JobKind.INFERENCE:
             raise WrongState(f"job {job.job_id} is a training job; only inference services report demand")
         if job.state.terminal:

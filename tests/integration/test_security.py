@@ -404,3 +404,52 @@ async def test_a_service_reports_demand_for_itself_only(api):
     assert [r.source for r in hist[svc.job_id]] == ["api:alice"]
     ok = await api["stub"]["op"].ReportDemand(apb.ReportDemandRequest(report=report), timeout=5)  # an operator may, once
     assert not ok.accepted
+
+
+async def test_a_callers_answers_say_nothing_of_the_ids_it_may_not_see(api):
+    """Another tenant's job and an id that does not exist get the same answer, word for word; a node identity
+    (no Allocator API access) is refused before any id is looked up."""
+    a, b, node = api["stub"]["a"], api["stub"]["b"], api["stub"]["node"]
+    theirs = await submit(a)
+    unknown = "j-" + "0" * 16
+
+    async def details(call) -> tuple[grpc.StatusCode, str]:
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await call
+        return exc.value.code(), exc.value.details().replace(theirs.job_id, "ID").replace(unknown, "ID")
+
+    for method, request in (("GetJob", apb.GetJobRequest), ("CancelJob", apb.CancelJobRequest)):
+        seen = await details(getattr(b, method)(request(job_id=theirs.job_id), timeout=5))
+        assert seen == await details(getattr(b, method)(request(job_id=unknown), timeout=5))
+        assert seen[0] is grpc.StatusCode.NOT_FOUND
+        by_node = await details(getattr(node, method)(request(job_id=theirs.job_id), timeout=5))
+        assert by_node == await details(getattr(node, method)(request(job_id=unknown), timeout=5))
+        assert by_node[0] is grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_out_of_range_ids_filters_and_times_are_invalid_arguments(api):
+    """Values a hostile probe sent that escaped as INTERNAL (a stream id past 64 bits) or were accepted unchecked."""
+    a, op = api["stub"]["a"], api["stub"]["op"]
+    for bad in ("99999999999999999999-99999999999999999999", "18446744073709551616-0", "0-18446744073709551616"):
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            async for _ in a.WatchJobs(apb.WatchJobsRequest(after_event_id=bad), timeout=5):
+                pass
+        assert exc.value.code() is grpc.StatusCode.INVALID_ARGUMENT and exc.value.details().startswith("after_event_id:")
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        async for _ in a.WatchJobs(apb.WatchJobsRequest(job_ids=["j-1", "j-\x1b[2J"]), timeout=5):
+            pass
+    assert exc.value.code() is grpc.StatusCode.INVALID_ARGUMENT and exc.value.details().startswith("job_ids[1]:")
+    for tenant in ("*", "team\x1b", "t" * 1_000_000):
+        await expect(op.ListJobs(apb.ListJobsRequest(tenant=tenant), timeout=5), grpc.StatusCode.INVALID_ARGUMENT, "tenant")
+    svc = (await a.SubmitJob(apb.SubmitJobRequest(request_id=uuid.uuid4().hex, spec=tpb.JobSpec(
+        name="svc", kind=tpb.JOB_KIND_INFERENCE, model_family="inference",
+        inference=tpb.InferenceWork(demand_rps=3.0, latency_slo_ms=100.0))), timeout=5)).job
+    for nanos in (-1, 2_000_000_000):
+        report = tpb.DemandReport(job_id=svc.job_id, window_s=10.0, request_rate_rps=4.0)
+        report.window_end.seconds, report.window_end.nanos = int(time.time()) - 1, nanos
+        await expect(a.ReportDemand(apb.ReportDemandRequest(report=report), timeout=5), grpc.StatusCode.INVALID_ARGUMENT,
+                     "report.window_end.nanos")
+    named = spec()
+    named.name = "\x1b[2J\x1b[31mPWNED"
+    await expect(a.SubmitJob(apb.SubmitJobRequest(request_id="esc-1", spec=named), timeout=5), grpc.StatusCode.INVALID_ARGUMENT,
+                 "spec.name")

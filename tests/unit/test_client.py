@@ -289,3 +289,12 @@ def test_split_field_and_config_from_env(tmp_path):
         ClientConfig.from_env({"ELASTICO_TLS_CERT_FILE": str(tok)})
     with pytest.raises(ValueError, match="ELASTICO_TOKEN_FILE"):
         ClientConfig.from_env({"ELASTICO_TOKEN_FILE": str(tmp_path / "missing")})
+
+
+def test_a_spec_without_a_tenant_is_sent_without_one():
+    """The server fills in the caller's own tenant for an unset ``spec.tenant`` (a tenant token naming another
+    tenant, the default's "default" included, is refused), so the client sends it unset unless one was given."""
+    fields = {"kind": "training", "model_family": "ResNet-50", "training": {"total_steps": 10}}
+    for spec in (fields, d.JobSpec(kind=d.JobKind.TRAINING, model_family="ResNet-50", training=d.TrainingWork(10))):
+        assert AllocatorClient.submit_call(spec, "r-1").request.spec.tenant == ""
+    assert AllocatorClient.submit_call({**fields, "tenant": "team-a"}, "r-1").request.spec.tenant == "team-a"

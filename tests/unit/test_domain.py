@@ -56,6 +56,21 @@ BAD_SPECS = [
     (make_spec(JobKind.INFERENCE, inference=InferenceWork(demand_rps=5, latency_slo_ms=1e300)), "spec.inference.latency_slo_ms"),
     (make_spec(model_family=""), "spec.model_family"),
     (make_spec(batch_size=-3), "spec.batch_size"),
+    # beyond any real job (a hostile probe's values): a share no job runs at, typos of sizes and step counts
+    (make_spec(shapes=(Shape(1, 1e-300, 10),)), "spec.shapes[0].compute_share_pct"),
+    (make_spec(shapes=(Shape(1, 50, 10, batch_size=2**32 - 1),)), "spec.shapes[0].batch_size"),
+    (make_spec(batch_size=2**32 - 1), "spec.batch_size"),
+    (make_spec(training=TrainingWork(total_steps=2**64 - 1)), "spec.training.total_steps"),
+    (make_spec(training=TrainingWork(total_steps=10, max_slowdown=1e308)), "spec.training.max_slowdown"),
+    # control characters (terminal escapes) in text an operator reads
+    (make_spec(name="\x1b[2J\x1b[31mPWNED\x1b]0;title\x07\rX"), "spec.name"),
+    (make_spec(model_family="ResNet\x00"), "spec.model_family"),
+    (make_spec(precision="fp\n32"), "spec.precision"),
+    (make_spec(command="/bin/echo\x1b[31m"), "spec.command"),
+    (make_spec(labels=(("k\x00", "v"),)), 'spec.labels["k\\u0000"]'),
+    (make_spec(labels=(("k", "v\x1b"),)), 'spec.labels["k"]'),
+    (make_spec(shapes=(Shape(1, 50, 10, gpu_type="\x00"),)), "spec.shapes[0].gpu_type"),
+    (make_spec(allowed_nodes=("n\t1",)), "spec.allowed_nodes[0]"),
     # size limits (elastico.limits)
     (make_spec(name="n" * (L.NAME_MAX_CHARS + 1)), "spec.name"),
     (make_spec(model_family="m" * (L.MODEL_FAMILY_MAX_CHARS + 1)), "spec.model_family"),
