@@ -54,6 +54,8 @@ Limit                           Value       Field(s)                            
                                             ``spec.shapes[i].batch_size``
 ``TOTAL_STEPS_MAX``             1e12        ``spec.training.total_steps``           beyond it a typo
 ``MAX_SLOWDOWN_MAX``            1000        ``spec.training.max_slowdown``          beyond it "any"
+``PRICER_VALUE_MAX``            1e12        ``jobs[i].shapes[s].utility``,          sums over 200,000 jobs
+                                            ``.demand[r]``, ``pools[r].capacity``   stay finite
 ==============================  ==========  ======================================  ========================
 
 Text a person reads (names, model families, labels, node ids, commands, GPU types) must be printable
@@ -105,6 +107,7 @@ SHARE_PCT_MIN = 1.0
 BATCH_SIZE_MAX = 1 << 20
 TOTAL_STEPS_MAX = 10**12
 MAX_SLOWDOWN_MAX = 1000.0
+PRICER_VALUE_MAX = 1e12
 
 _FIELD_KEY_MAX_CHARS = 32
 

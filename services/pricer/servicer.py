@@ -133,10 +133,10 @@ def problem_from_pb(request: ppb.ComputeAllocationRequest, max_jobs: int, max_ce
 
 
 def _first_bad(values: np.ndarray, path) -> None:
-    bad = ~np.isfinite(values) | (values < 0)
+    bad = ~np.isfinite(values) | (values < 0) | (values > L.PRICER_VALUE_MAX)
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise InvalidSpec(path(idx), f"must be a finite number >= 0, got {values[idx]!r}")
+        raise InvalidSpec(path(idx), f"must be a number in [0, {L.PRICER_VALUE_MAX:g}], got {values[idx]!r}")
 
 
 def result_to_pb(request: ppb.ComputeAllocationRequest, result: PricingResult) -> ppb.ComputeAllocationResponse:

@@ -73,6 +73,8 @@ BAD = [
     (lambda r: r.jobs[1].shapes[2].demand.append(1.0), "jobs[1].shapes[2].demand"),
     (lambda r: setattr(r.jobs[0].shapes[1], "utility", math.nan), "jobs[0].shapes[1].utility"),
     (lambda r: setattr(r.jobs[0].shapes[0], "utility", math.inf), "jobs[0].shapes[0].utility"),
+    (lambda r: setattr(r.jobs[0].shapes[0], "utility", 1e308), "jobs[0].shapes[0].utility"),  # its sums overflowed to inf
+    (lambda r: r.pools[0].__setattr__("capacity", 1e300), "pools[0].capacity"),
     (lambda r: r.jobs[2].shapes[0].demand.__setitem__(1, -5.0), "jobs[2].shapes[0].demand[1]"),
     (lambda r: r.warm_start_prices.extend([1.0]), "warm_start_prices"),
     (lambda r: r.warm_start_prices.extend([1.0, math.nan]), "warm_start_prices[1]"),
