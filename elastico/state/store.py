@@ -145,6 +145,12 @@ class DuplicateRequest(Exception):
         self.job_id = job_id
 
 
+def request_key(tenant: str, request_id: str) -> str:
+    """The idempotency key of a submission: request ids are a tenant's own, so one tenant can neither take
+    another's ids first nor learn which it has used ("/" is in neither's alphabet)."""
+    return f"{tenant}/{request_id}"
+
+
 @runtime_checkable
 class Store(Protocol):
     """Cluster state shared by the services. All methods are coroutines; all changes are atomic."""
@@ -154,7 +160,7 @@ class Store(Protocol):
         """``create_job`` for each job (each on its own, idempotent by request id), in one round trip."""
         ...
     async def get_job(self, job_id: str) -> Job: ...
-    async def find_job_by_request(self, request_id: str) -> Job | None: ...
+    async def find_job_by_request(self, tenant: str, request_id: str) -> Job | None: ...
     async def list_jobs(
         self, states: Sequence[JobState] = (), tenant: str = "", page_size: int = 100, page_token: str = ""
     ) -> tuple[list[Job], str]: ...
@@ -285,7 +291,7 @@ class StoreBase:
 
     # --- jobs ---------------------------------------------------------------------------------------
     async def create_job(self, job: Job) -> tuple[Job, bool]:
-        """Store a new PENDING job; idempotent by ``job.request_id``.
+        """Store a new PENDING job; idempotent by ``job.request_id`` within its tenant (:func:`request_key`).
 
         One atomic transaction (one Redis round trip): claim the request id, write the job, index it under
         the next submission sequence number, append its event.
@@ -305,10 +311,11 @@ class StoreBase:
             now = job.submitted_at_s or time.time()
             job = replace(job, version=1, submitted_at_s=now, updated_at_s=now, queued_at_s=now)
             stored.append(job)
+            key = request_key(job.spec.tenant, job.request_id)
             txs.append(Transaction(
-                claim_request=(job.request_id, job.job_id),
+                claim_request=(key, job.job_id),
                 jobs=[JobWrite(job.job_id, 0, 1, job.state.value, codec.dumps(job), index_seq=True,
-                               tenant=job.spec.tenant, request_id=job.request_id, time_s=now)],
+                               tenant=job.spec.tenant, request_id=key, time_s=now)],
                 events=[_event(job)],
             ))
         out: list[tuple[Job, bool]] = []
@@ -328,8 +335,8 @@ class StoreBase:
             raise NotFound(f"job {job_id!r} not found")
         return codec.loads(Job, data)
 
-    async def find_job_by_request(self, request_id: str) -> Job | None:
-        job_id = await self._request_owner(request_id)
+    async def find_job_by_request(self, tenant: str, request_id: str) -> Job | None:
+        job_id = await self._request_owner(request_key(tenant, request_id))
         return None if job_id is None else await self.get_job(job_id)
 
     async def list_jobs(

@@ -22,7 +22,7 @@ import grpc
 
 from elastico.auth import TokenStore
 from elastico.domain import TENANT_RE, Job, JobKind, JobState, StateReason, validate_demand_report, validate_request_id
-from elastico.errors import Conflict, InvalidSpec, NotFound, PermissionDenied, WrongState
+from elastico.errors import Conflict, InvalidSpec, NotFound, WrongState
 from elastico.limits import TENANT_MAX_CHARS
 from elastico.logging import get_logger
 from elastico.rpc import convert
@@ -146,9 +146,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         identity = current_caller().identity
         spec = access.submission_spec(identity, convert.job_spec_from_pb(request.spec), request.spec.tenant)
         job = Job(job_id=f"j-{os.urandom(8).hex()}", request_id=request.request_id, spec=spec)  # 64 random bits
-        stored, created = await self._submits.submit(job)
-        if not created and access.visible_tenant(identity) not in (None, stored.spec.tenant):
-            raise PermissionDenied("this request id names another tenant's job", "request_id")
+        stored, created = await self._submits.submit(job)  # request ids are per tenant (store.request_key)
         if created:
             self._log().info("job submitted", job_id=stored.job_id, request_id=stored.request_id, tenant=spec.tenant, kind=spec.kind.value)
             self._on_change("arrival")

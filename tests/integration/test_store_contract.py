@@ -10,7 +10,7 @@ import pytest
 
 from elastico.domain import GpuSlice, JobState, Placement, Shape, StateReason
 from elastico.errors import Conflict, NotFound, StaleEpoch, WrongState
-from tests.conftest import make_job, make_node
+from tests.conftest import make_job, make_node, make_spec
 
 
 def placement_on(node: str, gpu: int, share: float = 50.0, mem: int = 8192) -> Placement:
@@ -25,7 +25,7 @@ async def test_create_is_idempotent_by_request_id(store):
     again, created_again = await store.create_job(make_job(request_id="same-request"))
     assert not created_again
     assert again.job_id == first.job_id
-    assert (await store.find_job_by_request("same-request")).job_id == first.job_id
+    assert (await store.find_job_by_request("team-a", "same-request")).job_id == first.job_id
 
 
 async def test_get_unknown_job_is_not_found(store):
@@ -264,7 +264,7 @@ async def test_create_jobs_batch_is_idempotent_per_request_and_indexed_in_order(
     assert a.queued_at_s == a.submitted_at_s == a.updated_at_s > 0
     page, _ = await store.list_jobs(page_size=10)
     assert [j.job_id for j in page] == [b.job_id, a.job_id, old.job_id]  # newest first, one index entry each
-    assert (await store.find_job_by_request("r-b")).job_id == b.job_id
+    assert (await store.find_job_by_request("team-a", "r-b")).job_id == b.job_id
     events = [e for e in await store.read_events("0") if e.job_id in (a.job_id, b.job_id)]
     assert [(e.job_id, e.state) for e in events] == [(a.job_id, JobState.PENDING), (b.job_id, JobState.PENDING)]
     assert await store.create_jobs([]) == []
@@ -491,7 +491,7 @@ async def test_sweep_deletes_old_and_excess_finished_jobs_never_active_ones(stor
     for job_id in gone:
         with pytest.raises(NotFound):
             await store.get_job(job_id)
-        assert await store.find_job_by_request(requests[job_id]) is None
+        assert await store.find_job_by_request("team-a", requests[job_id]) is None
     assert not gone & {j.job_id for j in await _all_pages(store, 2)}
     assert not gone & {j.job_id for j in await _all_pages(store, 2, states=[JobState.SUCCEEDED, JobState.FAILED])}
     assert not gone & {j.job_id for j in await _all_pages(store, 2, tenant="team-a")}
@@ -513,12 +513,14 @@ async def test_sweep_deletes_old_and_excess_finished_jobs_never_active_ones(stor
     assert await store.list_jobs(states=[JobState.CANCELLED]) == ([], "")
     # a request id of a deleted job is free again: SubmitJob creates a new job
     old = where["team-b", JobState.CANCELLED]
-    again, created = await store.create_job(make_job(request_id=requests[old]))
+    again, created = await store.create_job(make_job(spec=make_spec(tenant="team-b"), request_id=requests[old]))
     assert created and again.job_id != old
-    # an active job's request id still answers with that job
+    # an active job's request id still answers with that job (within its tenant: request ids are each tenant's own)
     pending = where["team-b", JobState.PENDING]
-    same, created = await store.create_job(make_job(request_id=requests[pending]))
+    same, created = await store.create_job(make_job(spec=make_spec(tenant="team-b"), request_id=requests[pending]))
     assert not created and same.job_id == pending
+    other, created = await store.create_job(make_job(request_id=requests[pending]))
+    assert created and other.job_id != pending
 
 
 async def test_a_job_leaving_a_terminal_state_is_never_swept_nor_listed_as_finished(store):
