@@ -21,9 +21,12 @@ module only adapts the node agent's view of a workload to it and turns normalise
    measured load (``Tenant.load``, from its metrics scrape) up to its share, or its share while unmeasured
    (the simulator uses the service's mean load).
 3. **Gang jobs** run at the pace of their slowest GPU (as the simulator's engine).
-4. **Steps/s** = the measured isolated speed (``data/gavel_isolated_throughputs.csv``, nearest measured
-   batch size, linear in the GPU count where Gavel did not measure that count) x normalised speed;
-   unknown models get :data:`DEFAULT_ISOLATED_STEPS_PER_S` so a synthetic workload still progresses.
+4. **Steps/s** = the measured isolated speed (``data/gavel_isolated_throughputs.csv``; linear in the GPU
+   count where Gavel did not measure that count) x normalised speed. An unmeasured batch size takes the
+   speed of the job type rule 1 maps it to, as the allocator's shape throughput (the agent's reference
+   speed) and the simulator do (ResNet-50 at batch size 8 runs as "ResNet-50 (batch size 128)", so its
+   normalised throughput stays a fraction of that reference); else the nearest measured batch size.
+   Unknown models get :data:`DEFAULT_ISOLATED_STEPS_PER_S` so a synthetic workload still progresses.
 
 Data: Gavel (MIT; see ``data/LICENSES``).
 """
@@ -33,6 +36,7 @@ from __future__ import annotations
 import csv
 import functools
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -42,6 +46,7 @@ from services.node_agent.gpu import Tenant
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 ISOLATED_CSV = "gavel_isolated_throughputs.csv"
 DEFAULT_ISOLATED_STEPS_PER_S = 10.0  # isolated speed assumed for a model the data does not know
+_TYPE_NAME = re.compile(r"^(?P<model>.+) \(batch size (?P<bs>\d+)\)")  # a training type's name, e.g. "VGG (batch size 16)"
 
 
 def _norm_model(name: str) -> str:
@@ -76,24 +81,31 @@ class ColocationTruth:
         """The simulator's ground truth for ``gpu_type`` (type table, measured pairs, kappa)."""
         return default_truth(_norm_gpu(gpu_type), self.data_dir)
 
-    def _nearest_batch(self, table: Mapping[int, float], batch_size: int) -> int:
+    def _reference_batch(self, table: Mapping[int, float], model: str, batch_size: int, gpu_type: str) -> int:
+        """The measured batch size whose speed stands for ``batch_size`` (rule 4): itself, else that of the job
+        type rule 1 maps it to, else the nearest measured one."""
         if batch_size in table or not table:
             return batch_size
+        types = self.ground_truth(gpu_type).types
+        i = type_index(types, model, batch_size)
+        hit = _TYPE_NAME.match(types.names[i]) if i is not None else None
+        if hit and _norm_model(hit["model"]) == _norm_model(model) and int(hit["bs"]) in table:
+            return int(hit["bs"])
         # nearest in log space: batch sizes are powers of two in the data
         return min(table, key=lambda b: abs(math.log2(max(b, 1)) - math.log2(max(batch_size, 1))))
 
     def isolated(self, model: str, batch_size: int, gpu_type: str, num_gpus: int = 1) -> float | None:
-        """Measured isolated steps/s, at the nearest measured batch size; None if the model/GPU is unknown.
+        """Measured isolated steps/s at the batch size of rule 4; None if the model/GPU is unknown.
 
         For a GPU count Gavel did not measure, the single-GPU speed times the count (linear scaling).
         """
         gpu, m = _norm_gpu(gpu_type), _norm_model(model)
         table = self._iso.get((gpu, m, num_gpus))
         if table:
-            return table[self._nearest_batch(table, batch_size)]
+            return table[self._reference_batch(table, model, batch_size, gpu_type)]
         single = self._iso.get((gpu, m, 1))
         if single:
-            return single[self._nearest_batch(single, batch_size)] * num_gpus
+            return single[self._reference_batch(single, model, batch_size, gpu_type)] * num_gpus
         return None
 
     def job_type(self, tenant: Tenant, gpu_type: str) -> str | None:

@@ -7,6 +7,7 @@ carries a deadline; failures are logged (UNIMPLEMENTED once) and dropped.
 
 from __future__ import annotations
 
+import math
 import time
 
 import grpc
@@ -19,6 +20,10 @@ from services.node_agent.runner import LedgerEntry
 
 log = get_logger(component="observations")
 
+#: largest normalised throughput the predictor accepts (services/predictor/observation_rules.py; services do not
+#: import each other, so it is repeated here and a test holds the two equal)
+NORM_TPUT_MAX = 1.2
+
 _KIND = {JobKind.TRAINING.value: types_pb2.JOB_KIND_TRAINING, JobKind.INFERENCE.value: types_pb2.JOB_KIND_INFERENCE}
 
 
@@ -28,11 +33,19 @@ def profile(e: LedgerEntry, gpu_type: str) -> predictor_pb2.TaskProfile:
                                      gpu_type=gpu_type, mps_share_pct=e.compute_share_pct)
 
 
+def reportable(e: LedgerEntry) -> bool:
+    """Whether the predictor accepts ``e``'s measurement: normalised throughput in (0, NORM_TPUT_MAX] (above it the
+    reference speed is wrong, which is no interference) and a printable model family. The predictor refuses a
+    whole call for one bad observation, so the others are not lost with it."""
+    n = e.norm_throughput
+    return (n is not None and math.isfinite(n) and 0.0 < n <= NORM_TPUT_MAX and bool(e.model.strip())
+            and all(x.isprintable() for x in (e.model, e.precision, e.job_id)))
+
+
 def to_observation(a: LedgerEntry, b: LedgerEntry, node_id: str, gpu_type: str) -> predictor_pb2.Observation:
-    """Normalised throughputs are clamped to the API's [0, 1.5] range (measurement noise can exceed 1)."""
+    """The measured pair as sent (both entries :func:`reportable`), timed by this node's clock."""
     return predictor_pb2.Observation(a=profile(a, gpu_type), b=profile(b, gpu_type),
-                                     norm_tput_a=min(1.5, max(0.0, a.norm_throughput or 0.0)),
-                                     norm_tput_b=min(1.5, max(0.0, b.norm_throughput or 0.0)),
+                                     norm_tput_a=a.norm_throughput or 0.0, norm_tput_b=b.norm_throughput or 0.0,
                                      node_id=node_id, time_unix_s=time.time())
 
 
@@ -47,6 +60,12 @@ class PredictorReporter:
         self.sent = 0
 
     async def __call__(self, pairs: list[tuple[LedgerEntry, LedgerEntry, str]]) -> None:
+        kept = [p for p in pairs if reportable(p[0]) and reportable(p[1])]
+        if len(kept) < len(pairs):
+            log.debug("observations not reported: out of the predictor's range", count=len(pairs) - len(kept))
+        if not kept:
+            return
+        pairs = kept
         req = predictor_pb2.ReportObservationRequest(
             observations=[to_observation(a, b, node, self._gpu_type) for a, b, node in pairs])
         try:

@@ -1,7 +1,8 @@
 """``python -m services.predictor``: the interference model service.
 
-Loads the model artifact (training and writing it first when absent: seconds, deterministic seed),
-serves it, and retrains periodically on node-agent observations.
+Loads the refreshed model from its state dir when there is a usable one, else the shipped artifact (else
+trains one in memory: seconds, deterministic seed), serves it, and retrains periodically on node-agent
+observations, writing each retrained model to the state dir, never over the shipped artifact.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """elastico.v1.Predictor over gRPC: a thin edge around ``services.predictor.model`` plus online learning.
 
 Predictions run in a worker thread (XGBoost is CPU-bound; the event loop stays free for health checks).
-Observations from node agents go to a durable log (a Redis stream); a periodic refresh retrains on the
-shipped data plus every observation, then swaps the served model in one assignment, so every answer
-comes from exactly one model and names its version.
+Observations from node agents are validated (``observation_rules``) and go to a durable log (a Redis
+stream); a periodic refresh retrains on the shipped data plus every learnable observation, writes the result
+to the refreshed-model path (the shipped artifact is read-only input), then swaps the served model in one
+assignment, so every answer comes from exactly one model and names its version.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Container
 from pathlib import Path
 
 import grpc
@@ -23,9 +25,10 @@ from elastico.rpc.security import current_caller
 from elastico.v1 import predictor_pb2 as prpb
 from elastico.v1 import predictor_pb2_grpc
 from elastico.v1 import types_pb2 as pb
+from services.predictor import observation_rules as rules
 from services.predictor import observations as obslog
 from services.predictor.features import JobProfile, Observation, canonical_gpu
-from services.predictor.model import ArtifactError, InterferenceModel, train_model
+from services.predictor.model import ArtifactError, InterferenceModel, artifact, train_model
 from services.predictor.settings import PredictorSettings
 from services.predictor.train import training_rows
 
@@ -86,36 +89,115 @@ def _predict(model: InterferenceModel, request: prpb.PredictInterferenceRequest)
     return model.predict([pair_from_pb(q, f"pairs[{i}]") for i, q in enumerate(request.pairs)])
 
 
-def _observation_entries(request: prpb.ReportObservationRequest, peer, now: float) -> list:
-    """Validate every observation (all or none are logged) and encode it for the observation log."""
+_TEXT_LIMITS = {"job_id": L.JOB_ID_MAX_CHARS, "model_family": L.MODEL_FAMILY_MAX_CHARS,
+                "precision": L.PRECISION_MAX_CHARS, "gpu_type": L.GPU_TYPE_MAX_CHARS}
+
+
+def _check_observed_profile(m: prpb.TaskProfile, path: str) -> None:
+    """What an observation's profile needs beyond :func:`profile_from_pb`: printable strings, numbers in range."""
+    for name, limit in _TEXT_LIMITS.items():
+        problem = rules.text_problem(getattr(m, name), limit)
+        if problem:
+            raise InvalidSpec(f"{path}.{name}", problem)
+    if m.batch_size > rules.BATCH_SIZE_MAX:
+        raise InvalidSpec(f"{path}.batch_size", f"must be at most {rules.BATCH_SIZE_MAX}, got {m.batch_size}")
+    c = m.counters
+    for name in ("sm_util_pct", "mem_bw_util_pct", "mem_used_mib", "tensor_util_pct"):
+        if c.HasField(name) and not math.isfinite(getattr(c, name)):
+            raise InvalidSpec(f"{path}.counters.{name}", f"must be finite when set, got {getattr(c, name)!r}")
+    if c.HasField("mem_used_mib") and c.mem_used_mib > rules.MEM_USED_MIB_MAX:
+        raise InvalidSpec(f"{path}.counters.mem_used_mib", f"must be at most {rules.MEM_USED_MIB_MAX:g}, got {c.mem_used_mib!r}")
+
+
+def _observation_entries(request: prpb.ReportObservationRequest, peer, now: float, settings: PredictorSettings,
+                         families: Container[str]) -> list[str]:
+    """Validate every observation (one malformed rejects the call: none is logged) and encode those the model
+    can learn from (``observation_rules.learnable``); the others are dropped, not refused."""
     entries = []
     for i, o in enumerate(request.observations):
-        if len(o.node_id) > L.NODE_ID_MAX_CHARS:
-            raise InvalidSpec(f"observations[{i}].node_id", too_long(len(o.node_id), L.NODE_ID_MAX_CHARS))
+        path = f"observations[{i}]"
+        problem = rules.text_problem(o.node_id, L.NODE_ID_MAX_CHARS) or (None if o.node_id else "must not be empty")
+        if problem:
+            raise InvalidSpec(f"{path}.node_id", problem)
         if peer is not None and peer.role == "node" and o.node_id != peer.node_id:
-            raise PermissionDenied(f"agent {peer.name!r} reports for its own node only", f"observations[{i}].node_id")
-        a, b = pair_from_pb(o, f"observations[{i}]")
+            raise PermissionDenied(f"agent {peer.name!r} reports for its own node only", f"{path}.node_id")
+        _check_observed_profile(o.a, f"{path}.a")
+        _check_observed_profile(o.b, f"{path}.b")
+        a, b = pair_from_pb(o, path)
         for name in ("norm_tput_a", "norm_tput_b"):
-            v = getattr(o, name)
-            if not (math.isfinite(v) and 0.0 <= v <= 1.5):
-                raise InvalidSpec(f"observations[{i}].{name}", f"must be in [0, 1.5], got {v!r}")
+            problem = rules.norm_problem(getattr(o, name))
+            if problem:
+                raise InvalidSpec(f"{path}.{name}", problem)
+        t = o.time_unix_s or now  # 0 = unset: the predictor's clock
+        problem = rules.time_problem(t, now, settings.observation_max_age_s, settings.observation_max_future_s)
+        if problem:
+            raise InvalidSpec(f"{path}.time_unix_s", problem)
         obs = Observation(a, b, o.norm_tput_a, o.norm_tput_b, source="observation")
-        entries.append(obslog.encode(obs, o.node_id, o.time_unix_s or now))
+        if rules.learnable(obs, families):
+            entries.append(obslog.encode(obs, o.node_id, t))
     return entries
 
 
+def _load(path: Path) -> InterferenceModel | None:
+    """The artifact at ``path``; None (logged) when it is absent or unusable."""
+    if not path.exists():
+        return None
+    try:
+        return InterferenceModel.load(path)
+    except ArtifactError as exc:
+        log.warning("model artifact unusable; ignoring it", path=str(path), error=str(exc))
+        return None
+
+
 def load_or_train(settings: PredictorSettings) -> InterferenceModel:
-    """The artifact at ``settings.model_path``; trained on the shipped data and saved there when absent."""
-    path = Path(settings.model_path)
-    if path.exists():
+    """The model to serve at start-up: the refreshed one if it loads and is not older than the shipped one,
+    else the shipped artifact (``model_path``, never written), else one trained in memory on the shipped data."""
+    shipped_path, refreshed_path = Path(settings.model_path), settings.effective_refreshed_model_path
+    refreshed = _load(refreshed_path)
+    if refreshed is not None:
+        shipped_at = _created_at(shipped_path)  # metadata only: a full load takes seconds
+        if shipped_at is None or float(refreshed.meta.get("created_at_unix_s") or 0.0) >= shipped_at:
+            log.info("serving the refreshed model", path=str(refreshed_path), model_version=refreshed.version)
+            return refreshed
+        # an upgrade shipped a newer model; the next refresh retrains from the shipped data and every observation
+        log.warning("refreshed model predates the shipped one; ignoring it", path=str(refreshed_path))
+    shipped = _load(shipped_path)
+    if shipped is not None:
+        log.info("serving the shipped model", path=str(shipped_path), model_version=shipped.version)
+        return shipped
+    if refreshed is not None:
+        log.info("serving the refreshed model", path=str(refreshed_path), model_version=refreshed.version)
+        return refreshed
+    log.info("training the interference model in memory (no usable artifact)", path=str(shipped_path))
+    return train_model(training_rows(), seed=settings.seed)
+
+
+def _created_at(path: Path) -> float | None:
+    """``created_at_unix_s`` of the artifact at ``path``; None when it cannot be read."""
+    try:
+        return float(artifact.read_json(path)["created_at_unix_s"])
+    except (ArtifactError, OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def save_private(model: InterferenceModel, path: Path) -> Path:
+    """Write ``model`` atomically to ``path``, for this user only (file 0600; a folder it creates 0700)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return model.save(path)
+
+
+def _learnable_logged(texts: list[str], families: Container[str]) -> tuple[list[Observation], int]:
+    """Decode the logged observations and keep those the model may learn from (entries logged before the
+    checks of :func:`_observation_entries` existed may not pass them); returns them and how many were dropped."""
+    kept = []
+    for t in texts:
         try:
-            return InterferenceModel.load(path)
-        except ArtifactError as exc:
-            log.warning("model artifact unusable; retraining", path=str(path), error=str(exc))
-    log.info("training the interference model (no artifact yet)", path=str(path))
-    model = train_model(training_rows(), seed=settings.seed)
-    model.save(path)
-    return model
+            obs = obslog.decode(t)
+        except (ValueError, KeyError, TypeError):
+            continue
+        if rules.learnable(obs, families):
+            kept.append(obs)
+    return kept, len(texts) - len(kept)
 
 
 class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
@@ -151,8 +233,11 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
             raise InvalidSpec("observations", "at least one observation is required")
         if n > MAX_OBSERVATIONS_PER_CALL:
             raise InvalidSpec("observations", f"at most {MAX_OBSERVATIONS_PER_CALL} per call, got {n}")
-        entries = await asyncio.to_thread(_observation_entries, request, current_caller().peer, time.time())
-        await self._log.append(entries)
+        families = frozenset(self.model.meta.get("families_seen") or ())
+        entries = await asyncio.to_thread(_observation_entries, request, current_caller().peer, time.time(),
+                                          self._settings, families)
+        if entries:
+            await self._log.append(entries)
         return prpb.ReportObservationResponse(accepted=len(entries))
 
     async def GetModelInfo(self, request: prpb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> prpb.GetModelInfoResponse:
@@ -165,7 +250,8 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
 
     # --- online learning ------------------------------------------------------------------------------
     async def refresh(self, force: bool = False) -> bool:
-        """Retrain on shipped data + all observations and swap the model; returns True if it swapped.
+        """Retrain on shipped data + all learnable observations, write the model to the refreshed-model path
+        and swap it in; returns True if it swapped.
 
         Without ``force`` it only retrains once ``refresh_min_observations`` new ones have arrived.
         """
@@ -174,16 +260,18 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
             if pending == 0 or (not force and pending < self._settings.refresh_min_observations):
                 return False
             texts, last_id = await self._log.read_after("0-0")
-            observed = [obslog.decode(t) for t in texts]
             if self._base_rows is None:
                 self._base_rows = await asyncio.to_thread(training_rows)
+            families = {p.model_family for o in self._base_rows for p in (o.a, o.b)}
+            observed, dropped = _learnable_logged(texts, families)
             started = time.perf_counter()
             new = await asyncio.to_thread(train_model, self._base_rows + observed, self._settings.seed)
-            await asyncio.to_thread(new.save, self._settings.model_path)
+            path = self._settings.effective_refreshed_model_path  # never model_path: the shipped model is input
+            await asyncio.to_thread(save_private, new, path)
             self.model = new
             await self._log.mark_consumed(last_id)
-            log.info("model refreshed", model_version=new.version, observations=len(observed),
-                     training_s=round(time.perf_counter() - started, 2))
+            log.info("model refreshed", model_version=new.version, observations=len(observed), dropped=dropped,
+                     path=str(path), training_s=round(time.perf_counter() - started, 2))
             return True
 
     async def refresh_forever(self) -> None:

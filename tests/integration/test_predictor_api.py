@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
+import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -13,6 +16,8 @@ from elastico.rpc.server import ServiceBinding, create_server
 from elastico.v1 import predictor_pb2 as prpb
 from elastico.v1 import predictor_pb2_grpc
 from elastico.v1 import types_pb2 as pb
+from services.predictor import observations as obslog
+from services.predictor.features import JobProfile, Observation
 from services.predictor.model import InterferenceModel, train_model
 from services.predictor.observations import RedisObservationLog
 from services.predictor.servicer import PredictorServicer
@@ -28,7 +33,7 @@ def base_model() -> InterferenceModel:
 @pytest.fixture
 async def served(redis_server, base_model, tmp_path) -> AsyncIterator[tuple[predictor_pb2_grpc.PredictorStub, PredictorServicer]]:
     settings = PredictorSettings.from_env({}, insecure=True, port=0, model_path=str(tmp_path / "model.json"), max_batch_pairs=300,
-                                          redis_url=redis_server.url, refresh_interval_s=0)
+                                          redis_url=redis_server.url, refresh_interval_s=0, state_dir=str(tmp_path / "state"))
     log = RedisObservationLog(redis_server.url, namespace=f"pred-{uuid.uuid4().hex[:8]}")
     servicer = PredictorServicer(settings, base_model, log)
     server, port = await create_server(settings, [ServiceBinding("elastico.v1.Predictor", servicer, predictor_pb2_grpc.add_PredictorServicer_to_server)])
@@ -95,7 +100,8 @@ async def test_malformed_predict_is_invalid_argument(served, pairs, field):
 
 
 def obs(a: prpb.TaskProfile | None = None, **kw) -> prpb.Observation:
-    return prpb.Observation(a=a or prof(), b=prof("ResNet-18", 32), norm_tput_a=0.5, norm_tput_b=0.6, **kw)
+    return prpb.Observation(**{"a": a or prof(), "b": prof("ResNet-18", 32), "norm_tput_a": 0.5, "norm_tput_b": 0.6,
+                               "node_id": "n1", **kw})
 
 
 BAD_OBSERVATIONS = [
@@ -103,6 +109,25 @@ BAD_OBSERVATIONS = [
     ([obs(node_id="n" * 254)], "observations[0].node_id"),
     ([obs(prof(family="x" * 10_000))], "observations[0].a.model_family"),
     ([obs()] * 10_001, "observations"),
+    # the probe's junk (each was accepted, then trained the model)
+    ([obs(), obs(time_unix_s=math.nan)], "observations[1].time_unix_s"),
+    ([obs(time_unix_s=1e300)], "observations[0].time_unix_s"),
+    ([obs(time_unix_s=time.time() + 3600)], "observations[0].time_unix_s"),
+    ([obs(time_unix_s=time.time() - 2 * 86400)], "observations[0].time_unix_s"),
+    ([obs(norm_tput_a=0.0)], "observations[0].norm_tput_a"),
+    ([obs(norm_tput_b=1.5)], "observations[0].norm_tput_b"),
+    ([obs(prof(family="\x1b[31mEvil\x00"))], "observations[0].a.model_family"),
+    # every other field
+    ([obs(node_id="")], "observations[0].node_id"),
+    ([obs(node_id="n1\n")], "observations[0].node_id"),
+    ([obs(norm_tput_a=math.inf)], "observations[0].norm_tput_a"),
+    ([obs(norm_tput_b=-0.1)], "observations[0].norm_tput_b"),
+    ([obs(prof(job_id="j\x1b"))], "observations[0].a.job_id"),
+    ([obs(prof(gpu="v100\x00"))], "observations[0].a.gpu_type"),
+    ([obs(prof(precision="fp32\x07"))], "observations[0].a.precision"),
+    ([obs(prof(batch=(1 << 20) + 1))], "observations[0].a.batch_size"),
+    ([obs(prof(counters=pb.GpuCounters(mem_used_mib=math.nan)))], "observations[0].a.counters.mem_used_mib"),
+    ([obs(prof(counters=pb.GpuCounters(mem_used_mib=1e300)))], "observations[0].a.counters.mem_used_mib"),
 ]
 
 
@@ -118,8 +143,8 @@ async def test_oversized_or_unusable_observations_are_invalid_and_nothing_is_sto
 
 async def test_malformed_observations_are_rejected_and_nothing_is_stored(served):
     stub, _ = served
-    good = prpb.Observation(a=prof(), b=prof("ResNet-18", 32), norm_tput_a=0.5, norm_tput_b=0.6)
-    bad = prpb.Observation(a=prof(), b=prof("ResNet-18", 32), norm_tput_a=math.nan, norm_tput_b=0.6)
+    good = obs()
+    bad = obs(norm_tput_a=math.nan)
     with pytest.raises(grpc.aio.AioRpcError) as exc:
         await stub.ReportObservation(prpb.ReportObservationRequest(observations=[good, bad]), timeout=5)
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT and exc.value.details().startswith("observations[1].norm_tput_a:")
@@ -147,5 +172,40 @@ async def test_observations_of_a_badly_predicted_pair_reduce_its_error_after_ref
     assert after_resp.model_version != old_version
     info = await stub.GetModelInfo(prpb.GetModelInfoRequest(), timeout=5)
     assert info.pending_observations == 0 and info.model_version == after_resp.model_version
-    assert InterferenceModel.load(servicer._settings.model_path).version == after_resp.model_version
+    assert InterferenceModel.load(servicer._settings.effective_refreshed_model_path).version == after_resp.model_version
     assert not await servicer.refresh()  # nothing new: no retrain
+
+
+async def test_honest_edge_values_are_accepted(served):
+    stub, _ = served
+    now = time.time()
+    honest = [obs(norm_tput_a=1.2, norm_tput_b=0.01), obs(time_unix_s=now - 60), obs(time_unix_s=now + 60), obs(time_unix_s=0)]
+    assert (await stub.ReportObservation(prpb.ReportObservationRequest(observations=honest), timeout=5)).accepted == 4
+
+
+async def test_observations_the_model_cannot_learn_from_are_dropped_not_refused(served):
+    """A family the model was not trained on, or a GPU type outside the schema: answered OK, not logged."""
+    stub, _ = served
+    unknown = [obs(), obs(prof("NeverSeenNet", 8)), obs(prof(gpu="b300"), b=prof("ResNet-18", 32, gpu="b300"))]
+    assert (await stub.ReportObservation(prpb.ReportObservationRequest(observations=unknown), timeout=5)).accepted == 1
+    assert (await stub.GetModelInfo(prpb.GetModelInfoRequest(), timeout=5)).pending_observations == 1
+
+
+async def test_refresh_writes_its_own_file_and_keeps_junk_out_of_the_model(served):
+    stub, servicer = served
+    shipped = Path(servicer._settings.model_path)
+    shipped.write_bytes(b"the shipped artifact: read only")
+    # junk logged before the API checked it: kept out of training at retrain
+    junk = Observation(JobProfile("\x1b[31mEvil\x00", "v100", 32), JobProfile("ResNet-50", "v100", 32), 1.5, 0.0,
+                       source="observation")
+    await servicer._log.append([obslog.encode(junk, "node-1", math.nan)] * 9)
+    good = [obs(norm_tput_a=0.4 + i / 100) for i in range(25)]
+    assert (await stub.ReportObservation(prpb.ReportObservationRequest(observations=good), timeout=5)).accepted == 25
+    assert await servicer.refresh(force=True)
+    assert shipped.read_bytes() == b"the shipped artifact: read only"
+    refreshed = servicer._settings.effective_refreshed_model_path
+    assert refreshed.parent == Path(servicer._settings.state_dir)
+    assert os.stat(refreshed).st_mode & 0o777 == 0o600 and os.stat(refreshed.parent).st_mode & 0o777 == 0o700
+    assert InterferenceModel.load(refreshed).version == servicer.model.version
+    assert not {f for f in servicer.model.meta["families_seen"] if "evil" in f or "31m" in f}
+    assert servicer.model.meta["training_rows"] == len(servicer._base_rows) + 25

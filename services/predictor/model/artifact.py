@@ -113,7 +113,7 @@ def from_json_dict(d: dict, build: Callable[..., ModelT]) -> ModelT:
 
 
 def write_atomic(path: str | os.PathLike, artifact: dict) -> Path:
-    """Write ``artifact`` (compact JSON) atomically: temporary file in the same folder, fsync, rename.
+    """Write ``artifact`` (compact JSON, mode 0600) atomically: temporary file in the same folder, fsync, rename.
 
     Readers never see a half-written file; a crash leaves at most a ``*.json.tmp`` file behind.
     """
@@ -122,6 +122,7 @@ def write_atomic(path: str | os.PathLike, artifact: dict) -> Path:
     data = json.dumps(artifact, separators=(",", ":"), allow_nan=False).encode()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem + ".", suffix=".json.tmp")
     try:
+        os.fchmod(fd, 0o600)  # owner only, whatever mkstemp's default: the renamed file keeps it
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
