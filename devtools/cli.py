@@ -646,11 +646,11 @@ def cmd_status(args) -> int:
         print(f"no cluster running (no state file under {cluster.run_dir()}); start one with `elastico up`")
         return EXIT_API
     try:
-        cluster.status()
+        ok = cluster.status()  # False: a recorded process is not running
     except AllocatorError as exc:
         print(f"status: node agent {exc.address} did not answer ({exc.code.name}: {exc.message})", file=sys.stderr)
         return EXIT_API
-    return EXIT_OK
+    return EXIT_OK if ok else EXIT_API
 
 
 def bench_names() -> list[str]:
@@ -704,12 +704,13 @@ def parser() -> argparse.ArgumentParser:
     run_dir = argparse.ArgumentParser(add_help=False)
     run_dir.add_argument("--run-dir", default="", help="run directory (default: ELASTICO_RUN_DIR or .run)")
 
-    p = sub.add_parser("up", parents=[run_dir], help="start the local cluster (Redis, services, N node agents)")
+    p = sub.add_parser("up", parents=[run_dir], help="start the local cluster (Redis, services, N node agents); "
+                       "on a running one, restart its processes that died")
     p.add_argument("--nodes", type=int, default=int(os.environ.get("ELASTICO_NODES", "2")), help="node agents (default 2)")
     p.add_argument("--timeout-s", type=_positive, default=30.0, help="wait this long for every service (default 30)")
     p.add_argument("--monitoring", action="store_true", default=None, help="also Prometheus and Grafana, where installed")
     sub.add_parser("down", parents=[run_dir], help="stop the local cluster and remove its state")
-    sub.add_parser("status", parents=[run_dir], help="the local cluster's processes, health and GPUs")
+    sub.add_parser("status", parents=[run_dir], help="the local cluster's processes, health and GPUs (exit 1 if one died)")
 
     p = sub.add_parser("submit", parents=[conn], help="submit job(s) from a YAML/JSON file")
     p.add_argument("-f", "--file", required=True, help="job spec file (JobSpec fields; '-' = stdin; '---' separates jobs)")

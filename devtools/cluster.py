@@ -2,9 +2,14 @@
 
 ``up`` starts Redis (a private, embedded redis-server with AOF under the run directory, unless
 ``ELASTICO_REDIS_URL`` points at one), the pricer, predictor and allocator, and N node agents on
-simulated GPUs, each as its own detached process with its own log file; it waits until every health
-check answers SERVING and prints the endpoints. ``down`` stops them (SIGTERM, then SIGKILL after a
-grace period) and removes the run state, so no stray process is left behind.
+simulated GPUs, each as its own detached process with its own log file (mode 0600: logs carry audit lines);
+it waits until every health check answers SERVING and prints the endpoints. Each process is recorded in
+``<run>/cluster.json`` with its pid and start time (a recycled pid is not taken for it) and how it was started
+(command, environment, working directory). ``up`` on a cluster some of whose processes died restarts those
+(same command, environment, ports and state dirs: a node agent re-adopts its workloads from its ledger),
+records the new pids and says what it restarted. ``down`` stops them (SIGTERM, then SIGKILL after a grace
+period), then any node agent still using one of the run's state dirs and every process of a workload the
+agents started (found by ``ELASTICO_WORKLOAD_TAG``), and removes the run state, so no stray process is left.
 
 Configuration (environment):
     ELASTICO_RUN_DIR      where pids, logs and Redis data live (default .run)
@@ -44,7 +49,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from elastico import redis_acl
@@ -57,12 +63,19 @@ HTTP_PROCS = {"prometheus": "/-/ready", "grafana": "/api/health"}  # monitoring 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 
 
+TAG_VAR = "ELASTICO_WORKLOAD_TAG"  # services/node_agent/runner.py: "<state dir>|<job>|<placement>" on every workload
+
+
 @dataclass
 class Proc:
     name: str
     pid: int
-    address: str  # host:port ("" for Redis)
+    address: str  # host:port
     log: str
+    ident: str = ""  # "<pid>@<start time in clock ticks>": tells this process from a later one given the same pid
+    argv: list[str] = field(default_factory=list)  # how to start it again (``up`` restarts a dead one)
+    env: dict[str, str] = field(default_factory=dict)  # its environment beyond the operator's: ELASTICO_* and what up set
+    cwd: str = ""
 
 
 def run_dir() -> Path:
@@ -73,25 +86,52 @@ def _state_file() -> Path:
     return run_dir() / "cluster.json"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child of ours counts as dead
+def _start_ticks(pid: int) -> int | None:
+    """Start time of ``pid`` (clock ticks since boot, ``/proc/<pid>/stat`` field 22); None when it is gone or a zombie
+    (a dead child of ours not yet reaped)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][:1] != "Z"
-    except OSError:
-        return True
+            rest = f.read().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if rest[0] in ("Z", "X") else int(rest[19])
+
+
+def _ident(pid: int) -> str:
+    return f"{pid}@{_start_ticks(pid)}"
+
+
+def _running(p: dict) -> bool:
+    """Whether the process recorded in ``p`` still runs: its pid is alive and, where its start time is recorded, it is
+    the same process (not another one that got the pid after it died). A pid recorded without a start time (a state
+    file of an older version, or a tool that replaced the pid alone) is taken on the pid alone."""
+    ticks = _start_ticks(p["pid"])
+    if ticks is None:
+        return False
+    ident = p.get("ident", "")
+    return ident == f"{p['pid']}@{ticks}" if ident.startswith(f"{p['pid']}@") else True
+
+
+def _alive(pid: int) -> bool:
+    return _start_ticks(pid) is not None
 
 
 def _port_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _port_bindable(port: int) -> bool:
+    """Whether a server could bind loopback ``port`` now: nothing else holds it (connections of a dead process left in
+    TIME_WAIT do not count; servers set SO_REUSEADDR too)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
         except OSError:
             return False
     return True
@@ -115,11 +155,44 @@ def load_state() -> dict | None:
     return json.loads(f.read_text()) if f.exists() else None
 
 
-def _spawn(name: str, module: str, env: dict[str, str], logs: Path) -> subprocess.Popen[bytes]:
-    log_path = logs / f"{name}.log"
-    with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", module], env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+def _logs_dir(rd: Path) -> Path:
+    """``<run>/logs``, mode 0700: the services' logs carry audit lines (identities, tenants, job and request ids)."""
+    logs = rd / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    logs.chmod(0o700)
+    return logs
+
+
+def _open_log(path: Path) -> int:
+    """``path`` opened for appending, created with (or, made by an older version, tightened to) mode 0600: only the
+    operator reads the logs; a workload user must not (audit lines)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def _operator_env() -> dict[str, str]:
+    """This shell's environment without ELASTICO_*: the base a recorded process's own variables go on."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ELASTICO_")}
+
+
+def _start(name: str, argv: list[str], env: dict[str, str], address: str, log: Path, cwd: str = "") -> Proc:
+    """Start one process of the run in its own session (stdout and stderr appended to ``log``; Redis, which writes
+    its own log file: to /dev/null) and describe it, with what it takes to start it again."""
+    cwd = cwd or os.getcwd()
+    out = subprocess.DEVNULL if name == "redis" else _open_log(log)
+    try:
+        p = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    finally:
+        if out != subprocess.DEVNULL:
+            os.close(out)
+    own = {k: v for k, v in env.items() if k.startswith("ELASTICO_") or os.environ.get(k) != v}
+    return Proc(name, p.pid, address, str(log), _ident(p.pid), list(argv), own, cwd)
+
+
+def _spawn(name: str, module: str, env: dict[str, str], logs: Path, address: str) -> Proc:
+    return _start(name, [sys.executable, "-m", module], env, address, logs / f"{name}.log")
 
 
 def up(nodes: int, timeout_s: float = 30.0, monitoring: bool | None = None) -> dict:
@@ -128,13 +201,20 @@ def up(nodes: int, timeout_s: float = 30.0, monitoring: bool | None = None) -> d
     if monitoring is None:
         monitoring = os.environ.get("ELASTICO_MONITORING", "").strip().lower() in ("1", "true", "yes", "on")
     state = load_state()
-    if state and any(_alive(p["pid"]) for p in state["procs"]):
-        print("cluster already running (make down first); endpoints:")
+    if state and any(_running(p) for p in state["procs"]):
+        dead = [p for p in state["procs"] if not _running(p)]
+        if dead:
+            restart(state, dead, timeout_s)
+            print("cluster running again; endpoints:")
+        else:
+            print("cluster already running (make down first); endpoints:")
+        running_nodes = sum(p["name"].startswith("node-") for p in state["procs"])
+        if running_nodes != nodes:
+            print(f"note: this cluster has {running_nodes} node agents; --nodes {nodes} applies to a new one (down, then up)")
         print_endpoints(state)
         return state
     rd = run_dir()
-    logs = rd / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = _logs_dir(rd)
     _state_file().touch(0o600)  # the state keeps each service's env (its Redis password too): owner only
     _state_file().chmod(0o600)
     procs: list[Proc] = []
@@ -149,7 +229,9 @@ def up(nodes: int, timeout_s: float = 30.0, monitoring: bool | None = None) -> d
     try:
         if not redis_url:
             redis, redis_urls = _start_embedded_redis(rd, nodes, state)
-            procs.append(Proc("redis", redis.proc.pid, f"127.0.0.1:{redis.port}", str(rd / "redis" / "redis.log")))
+            # same command line again (port, data dir with the AOF, ACL file) when up restarts it
+            procs.append(Proc("redis", redis.proc.pid, f"127.0.0.1:{redis.port}", str(rd / "redis" / "redis.log"),
+                              _ident(redis.proc.pid), redis.command(), {}, os.getcwd()))
             save()
         count = len(SERVICES) + nodes
         ports = _ports(2 * count if monitoring else count)  # the second half: metrics ports
@@ -168,9 +250,10 @@ def up(nodes: int, timeout_s: float = 30.0, monitoring: bool | None = None) -> d
             env = {**base_env, **sec.get(name, {}), "ELASTICO_REDIS_URL": redis_urls.get(name, redis_url),
                    "ELASTICO_PORT": str(port), "ELASTICO_METRICS_PORT": str(metrics[i]) if metrics else "0",
                    "ELASTICO_PRICER_ADDRESS": addr["pricer"], "ELASTICO_PREDICTOR_ADDRESS": addr["predictor"]}
+            if name == "predictor":  # its retrained models stay in the run dir (removed by `down`), never the checkout
+                env["ELASTICO_STATE_DIR"] = str(rd / "predictor")
             state["service_env"][name] = {k: v for k, v in env.items() if k.startswith("ELASTICO_")}
-            p = _spawn(name, f"services.{name}", env, logs)
-            procs.append(Proc(name, p.pid, addr[name], str(logs / f"{name}.log")))
+            procs.append(_spawn(name, f"services.{name}", env, logs, addr[name]))
             save()
         for i, port in enumerate(ports[len(SERVICES):]):
             name = f"node-{i + 1}"
@@ -184,8 +267,7 @@ def up(nodes: int, timeout_s: float = 30.0, monitoring: bool | None = None) -> d
             if metrics:
                 env["ELASTICO_METRICS_PORT"] = str(metrics[len(SERVICES) + i])
                 targets.append((name, "node-agent", metrics[len(SERVICES) + i]))
-            p = _spawn(name, "services.node_agent", env, logs)
-            procs.append(Proc(name, p.pid, f"127.0.0.1:{port}", str(logs / f"{name}.log")))
+            procs.append(_spawn(name, "services.node_agent", env, logs, f"127.0.0.1:{port}"))
             save()
         if monitoring:
             procs += start_monitoring(rd, targets, logs, state)
@@ -214,6 +296,8 @@ def start_monitoring(rd: Path, targets: list[tuple[str, str, int]], logs: Path, 
     procs: list[Proc] = []
     state["monitoring"] = {}
     mon = rd / "monitoring"
+    mon.mkdir(parents=True, exist_ok=True)
+    mon.chmod(0o700)  # Grafana's data and admin password, Prometheus's TSDB: the operator's only
     prometheus, grafana = shutil.which("prometheus"), shutil.which("grafana-server") or shutil.which("grafana")
     if prometheus is None:
         print("monitoring: prometheus is not installed (not on PATH): no Prometheus, and Grafana would have no data; "
@@ -225,11 +309,9 @@ def start_monitoring(rd: Path, targets: list[tuple[str, str, int]], logs: Path, 
     for f in ("prometheus.yml", "alerts.yml"):
         shutil.copyfile(DEPLOY / "prometheus" / f, prom_dir / f)
     (prom_dir / "targets" / "local.json").write_text(json.dumps(prometheus_targets(targets), indent=2))
-    with open(logs / "prometheus.log", "ab") as log:
-        p = subprocess.Popen([prometheus, f"--config.file={prom_dir / 'prometheus.yml'}",
-                              f"--storage.tsdb.path={prom_dir / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
-                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    procs.append(Proc("prometheus", p.pid, f"127.0.0.1:{prom_port}", str(logs / "prometheus.log")))
+    procs.append(_start("prometheus", [prometheus, f"--config.file={prom_dir / 'prometheus.yml'}",
+                                       f"--storage.tsdb.path={prom_dir / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+                        dict(os.environ), f"127.0.0.1:{prom_port}", logs / "prometheus.log"))
     state["monitoring"]["prometheus"] = f"http://127.0.0.1:{prom_port}"
     if grafana is None:
         print("monitoring: grafana-server is not installed (not on PATH): Prometheus only; install Grafana or use "
@@ -250,10 +332,7 @@ def start_monitoring(rd: Path, targets: list[tuple[str, str, int]], logs: Path, 
            "ELASTICO_DASHBOARDS_DIR": str(DEPLOY / "grafana" / "dashboards")}
     home = os.environ.get("GRAFANA_HOME", "/usr/share/grafana")
     cmd = [grafana, *(["server"] if Path(grafana).name == "grafana" else []), f"--homepath={home}"]
-    with open(logs / "grafana.log", "ab") as log:
-        p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True)
-    procs.append(Proc("grafana", p.pid, f"127.0.0.1:{grafana_port}", str(logs / "grafana.log")))
+    procs.append(_start("grafana", cmd, env, f"127.0.0.1:{grafana_port}", logs / "grafana.log"))
     state["monitoring"]["grafana"] = f"http://127.0.0.1:{grafana_port}/d/elastico-overview (admin password: {gdir / 'admin-password'})"
     return procs
 
@@ -384,16 +463,68 @@ def spawn(service: str, name: str, port: int | None = None, timeout_s: float = 3
     state = load_state()
     if not state:
         raise RuntimeError("no cluster running")
-    env = {**os.environ, **state["service_env"][service], "PYTHONUNBUFFERED": "1"}
+    env = {**_operator_env(), **state["service_env"][service], "PYTHONUNBUFFERED": "1"}
     if port is not None:
         env["ELASTICO_PORT"] = str(port)
-    logs = run_dir() / "logs"
-    p = _spawn(name, f"services.{service}", env, logs)
-    proc = asdict(Proc(name, p.pid, f"127.0.0.1:{env['ELASTICO_PORT']}", str(logs / f"{name}.log")))
+    proc = asdict(_spawn(name, f"services.{service}", env, _logs_dir(run_dir()), f"127.0.0.1:{env['ELASTICO_PORT']}"))
     state["procs"] = [q for q in state["procs"] if q["name"] != name] + [proc]
-    _state_file().write_text(json.dumps(state, indent=2))
+    _save(state)
     wait_serving({"procs": [proc]}, timeout_s)
     return proc
+
+
+def _save(state: dict) -> None:
+    _state_file().write_text(json.dumps(state, indent=2))
+
+
+def restart(state: dict, dead: list[dict], timeout_s: float = 30.0) -> None:
+    """Start again each process of ``dead`` (entries of ``state["procs"]``) as it was started: same command line,
+    environment (its own variables over this shell's, minus this shell's ELASTICO_*), working directory, port and
+    log; a node agent thus gets its state dir back and re-adopts its running workloads from its ledger. The new pids
+    go to the state file as each starts; a line says what was restarted. Redis comes back first (the agents need it
+    to start), then the others; returns once all answer.
+
+    Raises:
+        RuntimeError: a process without a recorded command (started by an older version), its port taken by another
+            process (one started by hand?), or one that exits or does not answer within ``timeout_s``.
+    """
+    unknown = [p["name"] for p in dead if not p.get("argv")]
+    if unknown:
+        raise RuntimeError(f"cannot restart {', '.join(unknown)}: the state file does not say how it was started (a "
+                           "cluster started by an older version); run down, then up")
+    for p in sorted(dead, key=lambda p: p["name"] != "redis"):
+        port = int(p["address"].rsplit(":", 1)[1]) if ":" in p["address"] else 0
+        if port and not _port_bindable(port):
+            raise RuntimeError(f"cannot restart {p['name']}: its port {port} is taken by another process (one started "
+                               f"by hand?); stop that process, then run up again (or down, which stops this run's agents too)")
+        old = p["pid"]
+        try:
+            new = _start(p["name"], p["argv"], {**_operator_env(), **p.get("env", {})}, p["address"], Path(p["log"]),
+                         p.get("cwd", ""))
+        except OSError as exc:  # its program or working directory is gone
+            raise RuntimeError(f"cannot restart {p['name']}: {exc}") from None
+        p.update(pid=new.pid, ident=new.ident)
+        _save(state)
+        print(f"restarted {p['name']}: pid {old} was not running; now pid {new.pid}")
+        if p["name"] == "redis":
+            _wait_port(port, new.pid, Path(p["log"]), timeout_s)
+    wait_serving({"procs": [p for p in dead if p["name"] != "redis"], "client": state.get("client")}, timeout_s)
+
+
+def _wait_port(port: int, pid: int, log: Path, timeout_s: float) -> None:
+    """Until something accepts connections on loopback ``port`` (a restarted Redis); RuntimeError if ``pid`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.settimeout(1.0)
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if not _alive(pid):
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise RuntimeError(f"redis exited during start-up; log tail:\n{tail}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"redis not accepting connections on port {port} after {timeout_s:.0f}s")
+        time.sleep(0.1)
 
 
 def wait_serving(state: dict, timeout_s: float) -> None:
@@ -403,7 +534,7 @@ def wait_serving(state: dict, timeout_s: float) -> None:
     tls = client_tls(state if "client" in state else None, token=False)
     while pending:
         for p in list(pending):
-            if not _alive(p["pid"]):
+            if not _running(p):
                 tail = Path(p["log"]).read_text()[-3000:] if Path(p["log"]).exists() else ""
                 raise RuntimeError(f"{p['name']} exited during start-up; log tail:\n{tail}")
             if _health(p, tls) == "SERVING":
@@ -415,42 +546,126 @@ def wait_serving(state: dict, timeout_s: float) -> None:
 
 
 def print_endpoints(state: dict) -> None:
+    """A line per recorded process; its health is DEAD when the recorded process no longer runs, whatever may answer
+    on its port now (e.g. a process started by hand)."""
     tls = client_tls(state, token=False)
     print(f"{'process':<12} {'pid':>7}  {'endpoint':<22} health")
     for p in state["procs"]:
-        health = _health(p, tls)
+        health = _health(p, tls) if _running(p) else "DEAD (not running; `up` restarts it)"
         endpoint = redact_url(state["redis_url"]) if p["name"] == "redis" else p["address"]
         print(f"{p['name']:<12} {p['pid']:>7}  {endpoint:<22} {health}")
 
 
 def down(quiet: bool = False, grace_s: float = 10.0) -> None:
-    """Stop every process of the run (services first, Redis last so they can flush) and forget them."""
+    """Stop every process of the run and forget them: the services and node agents first (with them any agent still
+    using one of the run's state dirs, e.g. one restarted by hand), then whatever is left of the agents' workloads
+    (``make up`` agents stop theirs on SIGTERM; not an agent that was killed), Redis last so the others can flush.
+    SIGTERM, SIGKILL after ``grace_s``; says what, if anything, still runs after that."""
     state = load_state()
     if not state:
         if not quiet:
             print("no cluster running")
         return
     procs = state["procs"]
-    ordered = [p for p in procs if p["name"] != "redis"] + [p for p in procs if p["name"] == "redis"]
-    for group in ([p for p in ordered if p["name"] != "redis"], [p for p in ordered if p["name"] == "redis"]):
-        for p in group:
-            if _alive(p["pid"]):
-                try:
-                    os.killpg(p["pid"], signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + grace_s
-        while any(_alive(p["pid"]) for p in group) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for p in group:
-            if _alive(p["pid"]):
-                try:
-                    os.killpg(p["pid"], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+    state_dirs = _node_state_dirs(state)
+    services = [p["pid"] for p in procs if p["name"] != "redis" and _running(p)]
+    strays = [pid for pid in _agents_of(state_dirs) if pid not in services]
+    _stop(services + strays, grace_s)
+    workloads = _workloads_of(state_dirs)
+    _stop(workloads, grace_s, rescan=lambda: _workloads_of(state_dirs))
+    redis = [p["pid"] for p in procs if p["name"] == "redis" and _running(p)]
+    _stop(redis, grace_s)
     _state_file().unlink(missing_ok=True)
+    left = [pid for pid in services + strays + redis if _alive(pid)] + _workloads_of(state_dirs)
+    if left:
+        print(f"WARNING: still running after SIGKILL: pids {', '.join(map(str, left))}", file=sys.stderr)
     if not quiet:
-        print(f"stopped {len(procs)} processes")
+        extra = (f", {len(strays)} node agent(s) not recorded (started by hand?)" if strays else "") + (
+            f" and {len(workloads)} workload process(es)" if workloads else "")
+        print(f"stopped {len(services) + len(redis)} processes{extra}")
+
+
+def _node_state_dirs(state: dict) -> list[Path]:
+    """The node agents' state dirs (ledger, workloads) of this run, as the agents resolve them."""
+    out = []
+    for p in state["procs"]:
+        if p["name"].startswith("node-"):
+            d = p.get("env", {}).get("ELASTICO_STATE_DIR") or str(run_dir() / "nodes" / p["name"])
+            out.append(Path(d).resolve())
+    return out
+
+
+def _procs() -> Iterable[int]:
+    """Every pid in /proc but ours."""
+    me = os.getpid()
+    return (int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and int(e.name) != me)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """``/proc/<pid>/environ`` (the environment it was started with); {} when unreadable or gone."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="surrogateescape").split("\0") if "=" in item)
+
+
+def _agents_of(state_dirs: list[Path]) -> list[int]:
+    """Pids of the node agents (``-m services.node_agent``, our uid) whose ELASTICO_STATE_DIR is one of ``state_dirs``."""
+    dirs, uid, out = {str(d) for d in state_dirs}, os.getuid(), []
+    for pid in _procs():
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:3] == [b"-m", b"services.node_agent"] and _alive(pid):
+            sd = _environ(pid).get("ELASTICO_STATE_DIR", "")
+            if sd and str(Path(sd).resolve()) in dirs:
+                out.append(pid)
+    return out
+
+
+def _workloads_of(state_dirs: list[Path]) -> list[int]:
+    """Pids of the workload processes (shims, commands and what they started, whatever their user) of these state
+    dirs: those whose environment carries a workload tag naming one. A process that left its session and dropped
+    its environment is out of sight (only a cgroup would hold it)."""
+    dirs, out = {str(d) for d in state_dirs}, []
+    for pid in _procs():
+        tag = _environ(pid).get(TAG_VAR, "")
+        if tag and tag.split("|", 1)[0] in dirs and _alive(pid):
+            out.append(pid)
+    return out
+
+
+def _signal(pid: int, sig: int) -> None:
+    """``sig`` to the process group ``pid`` leads (a service and what it started; a shim and its workload), else to
+    ``pid`` alone (a process started by hand may share its group with others)."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(pids: list[int], grace_s: float, rescan=None) -> None:
+    """SIGTERM ``pids``, SIGKILL those still alive after ``grace_s`` (and, with ``rescan``, what it finds then)."""
+    if not pids:
+        return
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in {*pids, *(rescan() if rescan else ())}:
+        if _alive(pid):
+            _signal(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def ps() -> None:
@@ -473,30 +688,35 @@ def logs(lines: int) -> None:
             print("\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
 
 
-def status() -> None:
-    """Each service's health and the GPUs every node agent reports (through its own gRPC API)."""
+def status() -> bool:
+    """Each service's health and the GPUs every running node agent reports (through its own gRPC API); False when a
+    recorded process is not running (``up`` restarts it)."""
     from elastico.client import NodeAgentClient
 
     state = load_state()
     if not state:
         print("no cluster running")
-        return
+        return False
     print_endpoints(state)
     print()
     print(f"{'node':<10} {'gpu':>3}  {'type':<6} {'memory':>10}  {'allocated':>9}  backend")
+    dead = [p["name"] for p in state["procs"] if not _running(p)]
     for p in state["procs"]:
-        if not p["name"].startswith("node-"):
+        if not p["name"].startswith("node-") or p["name"] in dead:
             continue
         with NodeAgentClient(p["address"], tls=client_tls(state, token=False), deadline_s=5) as agent:
             node, _ = agent.node_status()
         for g in node.gpus:
             print(f"{node.node_id:<10} {g.index:>3}  {g.gpu_type:<6} {g.mem_total_mib:>6} MiB  {g.allocated_share_pct:>8.0f}%  {node.gpu_backend}")
+    if dead:
+        print(f"not running: {', '.join(dead)} (`up` restarts them with their recorded environment)", file=sys.stderr)
+    return not dead
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m devtools.cluster", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p_up = sub.add_parser("up", help="start Redis, the services and N node agents")
+    p_up = sub.add_parser("up", help="start Redis, the services and N node agents; restart those of a running cluster that died")
     p_up.add_argument("--nodes", type=int, default=int(os.environ.get("ELASTICO_NODES", "2")))
     p_up.add_argument("--timeout-s", type=float, default=30.0)
     p_up.add_argument("--monitoring", action="store_true", default=None,
@@ -522,7 +742,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "logs":
         logs(args.n)
     elif args.cmd == "status":
-        status()
+        return 0 if status() else 1
     return 0
 
 

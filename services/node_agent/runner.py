@@ -4,8 +4,9 @@ Each workload runs as ``shim -> command`` (see ``services/node_agent/shim.py``) 
 the agent can crash, be upgraded or be ``kill -9``-ed without taking workloads down. Every workload has
 a directory ``<state_dir>/workloads/<job_id>/<placement_id>/`` holding:
 
-- ``launch.json``  the ledger entry as it was at launch (written *before* the process starts)
-- ``workload.log`` stdout and stderr of the workload
+- ``launch.json``  the ledger entry as it was at launch (written *before* the process starts); mode 0600
+- ``workload.log`` stdout and stderr of the workload; mode 0600, opened by the agent, which hands the workload
+                   only the open descriptor: no workload (they share one user) reads another's output
 - ``work/``        the workload's own directory and working directory: owned by the workload user, mode 0700
 - ``work/progress`` written by the workload, optional (``ELASTICO_PROGRESS_FILE``): a number of steps
                    done, or JSON ``{"steps": ..}``; programs that write nothing still run, without progress
@@ -15,6 +16,10 @@ a directory ``<state_dir>/workloads/<job_id>/<placement_id>/`` holding:
 
 The workload directory itself stays the agent's: a workload (run as ``WorkloadPolicy``'s unprivileged
 user, see ``shim.py``) can write only ``work/``, never its launch record or the exit status the agent trusts.
+
+Workloads start with a minimal environment (``Runner.workload_env``): a standard PATH, the locale and time zone,
+HOME/USER/LOGNAME of the workload user, and the job's own ``ELASTICO_*``/``CUDA_*`` variables; nothing else of
+the agent's environment (its credentials, its PATH) reaches them.
 
 A process is identified by (pid, start time from ``/proc/<pid>/stat``), so a recycled pid is never
 mistaken for a workload. Every shim carries ``ELASTICO_WORKLOAD_TAG=<state_dir>|<job_id>|<placement_id>``
@@ -52,6 +57,11 @@ RATE_VAR = "ELASTICO_SIM_RATE_FILE"
 OOM_MARKERS = ("out of memory", "cuda_error_out_of_memory", "outofmemoryerror")
 WORK_DIR = "work"  # the workload's writable sub-directory of its workdir
 MAX_PROGRESS_BYTES = 65536
+# the workload's PATH: a standard system path, never the agent's (which may name private directories, e.g. /root/...)
+WORKLOAD_PATH = "/usr/local/bin:/usr/bin:/bin"
+ROOT_WORKLOAD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # ELASTICO_ALLOW_ROOT_WORKLOADS
+PASSED_VARS = ("LANG", "LANGUAGE", "TZ")  # taken from the agent's environment, with every LC_*: locale and time zone
+JOB_VAR_PREFIXES = ("ELASTICO_", "CUDA_")  # what the agent may add for a job (its slice, ports, files)
 
 
 @dataclass(frozen=True)
@@ -141,9 +151,14 @@ ALIVE_FILE = "agent.alive"  # touched by the agent while it lives; the shims' fe
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write-then-rename with fsync: a crash leaves the old or the new file, never half of one."""
+    """Write-then-rename with fsync: a crash leaves the old or the new file, never half of one.
+
+    The file is the agent's alone (mode 0600): the ledger and launch records name every job of the node, which
+    workloads (another user, or the agent's own) have no need to read."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a stale .tmp of an older agent may exist with wider bits
+    with os.fdopen(fd, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -349,27 +364,50 @@ class Runner:
         for stale in ("exit.json", "child.json"):
             (workdir / stale).unlink(missing_ok=True)
         atomic_write(workdir / "launch.json", json.dumps(codec.to_jsonable(entry)))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("ELASTICO_", "CUDA_MPS_"))}
-        env.pop("CUDA_VISIBLE_DEVICES", None)
-        env.update(extra_env)
-        env[TAG_VAR] = f"{self.state_dir}|{entry.base_job_id}|{entry.placement_id}"
-        env[PROGRESS_VAR] = entry.progress_file
-        env["ELASTICO_JOB_ID"] = entry.base_job_id
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-        env["PYTHONUNBUFFERED"] = "1"
-        env.update(HOME=policy.home, USER=policy.user, LOGNAME=policy.user)
+        env = self.workload_env(entry, extra_env)
         opts = ["--cwd", str(workdir / WORK_DIR), *(f"--rlimit={n}={v}" for n, v in policy.rlimits)]
         if self.fence_s > 0:
             opts += ["--fence", str(self.alive_file), f"--fence-s={self.fence_s:g}", f"--stop-grace-s={self.stop_grace_s:g}"]
         if policy.drops_privileges and drop:
             opts += ["--uid", str(policy.uid), "--gid", str(policy.gid)]
-        with open(entry.log_path, "ab") as logf:
+        # the log is the agent's, mode 0600: the workload writes it through the descriptor it inherits, and no other
+        # workload (every one runs as the same user) can open it by name
+        logfd = os.open(entry.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.fchmod(logfd, 0o600)  # one created by an older agent was 0644
             proc = subprocess.Popen([sys.executable, "-m", "services.node_agent.shim", *opts, str(workdir), "--", *argv],
-                                    env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=logf,
+                                    env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=logfd,
                                     stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            os.close(logfd)
         self._children[proc.pid] = proc
         ticks = proc_start_ticks(proc.pid) or 0
         return replace(entry, status="running", pid=proc.pid, pid_start_ticks=ticks, started_at_s=time.time())
+
+    def workload_env(self, entry: LedgerEntry, extra_env: dict[str, str]) -> dict[str, str]:
+        """The whole environment of a workload (and of its shim), built from an allow-list, never from a copy of ours.
+
+        A standard PATH (with sbin for root workloads); LANG, LANGUAGE, LC_* and TZ as the agent has them; HOME, USER
+        and LOGNAME of the workload user; PYTHONPATH (this checkout: the shim and the synthetic workloads need it) and
+        PYTHONUNBUFFERED; the variables the operator names in ELASTICO_WORKLOAD_PASS_ENV; and the job's own variables: ``extra_env`` (its slice: CUDA_*; its port, rate file, time
+        scale: ELASTICO_*), ELASTICO_JOB_ID, ELASTICO_PROGRESS_FILE and ELASTICO_WORKLOAD_TAG.
+
+        Raises:
+            ValueError: a name in ``extra_env`` that is not CUDA_* or ELASTICO_* (a bug of the caller).
+        """
+        stray = sorted(k for k in extra_env if not k.startswith(JOB_VAR_PREFIXES))
+        if stray:
+            raise ValueError(f"workload environment: {', '.join(stray)} not a job variable (CUDA_* or ELASTICO_*)")
+        policy = self.policy
+        env = {k: v for k, v in os.environ.items() if k in PASSED_VARS or k.startswith("LC_")}
+        env.update(PATH=ROOT_WORKLOAD_PATH if policy.uid == 0 else WORKLOAD_PATH, PYTHONPATH=str(REPO_ROOT),
+                   PYTHONUNBUFFERED="1", HOME=policy.home, USER=policy.user, LOGNAME=policy.user)
+        env.update({k: os.environ[k] for k in policy.pass_env if k in os.environ})  # the operator's ELASTICO_WORKLOAD_PASS_ENV
+        env.update(extra_env)
+        env[TAG_VAR] = f"{self.state_dir}|{entry.base_job_id}|{entry.placement_id}"
+        env[PROGRESS_VAR] = entry.progress_file
+        env["ELASTICO_JOB_ID"] = entry.base_job_id
+        return env
 
     def touch_alive(self) -> None:
         """The agent's sign of life for the shims' fence (a file's modification time)."""

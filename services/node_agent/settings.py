@@ -5,6 +5,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import re
 import shutil
 import socket
 import stat
@@ -35,6 +36,7 @@ class WorkloadPolicy:
     # the interpreter synthetic workloads run with as the workload user; "" = none it can run (or it cannot read
     # this checkout): synthetic workloads (the agent's own code, no job input) then run as the agent's user
     python: str = sys.executable
+    pass_env: tuple[str, ...] = ()  # variables of the agent's environment workloads also get (ELASTICO_WORKLOAD_PASS_ENV)
 
     @property
     def synthetic_drops(self) -> bool:
@@ -160,6 +162,10 @@ class NodeAgentSettings(Settings):
     workload_group: str = ""  # group name or gid of workloads; "" = the workload user's primary group
     allow_root_workloads: bool = False  # the only way workloads may run as uid 0 (said loudly at start)
     allow_commands: bool = True  # false = refuse jobs with a command line (Kubernetes: the pods are the workloads)
+    # comma-separated names of the agent's environment variables workloads also get, e.g. "LD_LIBRARY_PATH,PATH" on
+    # a GPU node whose CUDA libraries are found through them; "" = none: workloads get a minimal environment
+    # (services/node_agent/runner.py: Runner.workload_env)
+    workload_pass_env: str = ""
     workload_rlimit_nofile: int = 65536  # open files per workload process; 0 = the agent's
     workload_rlimit_nproc: int = 0  # processes of the workload user; 0 = the agent's
     workload_rlimit_core_mib: int = 0  # core dump size, MiB; 0 = no core dumps
@@ -185,6 +191,10 @@ class NodeAgentSettings(Settings):
             raise ConfigError(f"ELASTICO_HEARTBEAT_INTERVAL_S={self.heartbeat_interval_s}: must be in [0.05, 60]")
         if not 0.05 <= self.reconcile_interval_s <= 300:
             raise ConfigError(f"ELASTICO_RECONCILE_INTERVAL_S={self.reconcile_interval_s}: must be in [0.05, 300]")
+        for name in self.workload_pass_env_names:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name.startswith(("ELASTICO_", "CUDA_")):
+                raise ConfigError(f"ELASTICO_WORKLOAD_PASS_ENV: {name[:64]!r} is not a variable name, or is one the agent "
+                                  "sets for each job (ELASTICO_*, CUDA_*)")
         if not 0 <= self.stop_grace_s <= 600:
             raise ConfigError(f"ELASTICO_STOP_GRACE_S={self.stop_grace_s}: must be in [0, 600]")
         if not (self.fence_s == 0 or 2 <= self.fence_s <= 3600):
@@ -240,7 +250,13 @@ class NodeAgentSettings(Settings):
         optional = (("nofile", self.workload_rlimit_nofile), ("nproc", self.workload_rlimit_nproc),
                     ("as", self.workload_rlimit_as_mib * MIB))  # 0 = leave as is
         rlimits = (("core", self.workload_rlimit_core_mib * MIB), *((n, v) for n, v in optional if v))  # core 0 = none
-        return WorkloadPolicy(uid, gid, user, home, rlimits, self.allow_commands, workload_python(uid, gid))
+        return WorkloadPolicy(uid, gid, user, home, rlimits, self.allow_commands, workload_python(uid, gid),
+                              self.workload_pass_env_names)
+
+    @property
+    def workload_pass_env_names(self) -> tuple[str, ...]:
+        """``workload_pass_env`` split at commas, blanks dropped."""
+        return tuple(n.strip() for n in self.workload_pass_env.split(",") if n.strip())
 
     @property
     def allocator_address_list(self) -> tuple[str, ...]:
