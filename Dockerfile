@@ -33,8 +33,9 @@ RUN rm -rf elastico/v1 models && find . -name __pycache__ -prune -exec rm -rf {}
     && python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. protos/elastico/v1/*.proto \
     && touch elastico/v1/__init__.py \
     && python -m services.predictor.train --out models/interference.json \
-    && useradd --uid 10001 --create-home elastico && chown -R elastico models
-# The code stays root-owned (read-only to the services); only models/ is written (the predictor's retraining).
+    && useradd --uid 10001 --create-home elastico
+# The code and the shipped model stay root-owned (read-only to the services); the predictor writes its retrained
+# models to its state dir, ~elastico/.local/state/elastico/predictor (ELASTICO_STATE_DIR overrides it).
 USER 10001
 
 CMD ["python", "-m", "services.allocator"]
