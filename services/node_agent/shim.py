@@ -39,8 +39,10 @@ PR_SET_NO_NEW_PRIVS = 38
 
 
 def _write_json(path: str, data: dict) -> None:
+    """Atomically, mode 0600: the agent (this shim's user) reads it; no workload needs to."""
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
         json.dump(data, f)
         f.flush()
         os.fsync(f.fileno())

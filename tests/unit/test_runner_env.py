@@ -127,7 +127,8 @@ def test_ledger_launch_record_and_workload_log_are_the_agents_only(runner):
                                                              f"{Path(secret.workdir) / 'launch.json'}; echo rc=$?"], {})
     started.append(spy)
     _wait_for(Path(spy.workdir) / "exit.json")
-    for path in (secret.log_path, spy.log_path, Path(secret.workdir) / "launch.json", ledger.path):
+    for path in (secret.log_path, spy.log_path, Path(secret.workdir) / "launch.json", ledger.path,
+                 Path(secret.workdir) / "exit.json", Path(secret.workdir) / "child.json"):
         assert _mode(path) == 0o600, path
     if r.policy.drops_privileges:
         out = Path(spy.log_path).read_text()
