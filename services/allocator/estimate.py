@@ -25,6 +25,7 @@ import numpy as np
 
 from elastico.coloc.profiles import DATA_DIR, TypeTable, load_type_table
 from elastico.coloc.rates import calibrate_kappa
+from elastico.coloc.truth import type_index
 from elastico.domain import JobKind, JobSpec
 from services.allocator.policy import RuleEstimator
 
@@ -76,11 +77,6 @@ class TypeResolver:
 
     def __init__(self, types: TypeTable) -> None:
         self.types = types
-        self._family: dict[str, int] = {}
-        for i, n in enumerate(types.names[:-1]):
-            self._family.setdefault(split_type_name(n)[0].lower(), i)
-        order = np.argsort(types.solo_util[:-1])
-        self._median = int(order[len(order) // 2])
         self._memo: dict[tuple[JobKind, str, int], int] = {}
 
     def __call__(self, spec: JobSpec) -> int:
@@ -90,10 +86,10 @@ class TypeResolver:
             return hit
         if spec.kind is JobKind.INFERENCE:
             idx = self.types.inference_index
-        else:
-            try:
-                idx = self.types.index(f"{spec.model_family} (batch size {spec.batch_size})")
-            except KeyError:
-                idx = self._family.get(spec.model_family.lower(), self._median)
+        else:  # the simulator's and the node agent's mapping, so all three read a job as the same type
+            found = type_index(self.types, spec.model_family, spec.batch_size)
+            if found is None:
+                raise ValueError("the type table has no training type to map a training job to")
+            idx = found
         self._memo[key] = idx
         return idx

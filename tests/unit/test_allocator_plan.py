@@ -198,6 +198,9 @@ def test_type_resolution_follows_the_simulators_mapping():
     fam = TYPES.names[RESOLVE(make_spec(model_family="ResNet-18", batch_size=3))]
     assert split_type_name(fam)[0] == "ResNet-18"
     assert RESOLVE(make_spec(model_family="NoSuchModel")) < TYPES.inference_index
+    # spelled otherwise, the same type, as the simulator and the node agent read it (case and punctuation ignored)
+    for spelling in ("resnet 18", "RESNET_18", "ResNet18"):
+        assert RESOLVE(make_spec(model_family=spelling, batch_size=64)) == RESOLVE(make_spec(model_family="ResNet-18", batch_size=64))
 
 
 def test_pricer_down_falls_back_to_last_good_prices_within_capacity():
