@@ -81,6 +81,7 @@ log = get_logger(component="rounds")
 
 STATUS_NAME = "allocator"  # Store.put_status key of the leader's last round
 # Reasons a round writes on a job it leaves queued; their events must not wake another round.
+SIT_OUT_ROUNDS = 4  # rounds a pending job whose placement could not be applied is left out of (Scheduler._not_applied)
 UNSCHEDULABLE_NOW_MESSAGE = "no capacity for it in the last round; retried every round"
 
 
@@ -174,6 +175,11 @@ class Scheduler:
         # outage (no heartbeat lands while Redis is down); a node's silence before it is not held against it.
         # inf = not watching (no term yet, or the store unreachable): set at the next successful read
         self._watched_since = math.inf
+        # pending job -> the round number up to which it sits out: its placement could not be applied, and a plan
+        # the store cannot take (a declared shape whose memory the chosen GPUs lack, say) must not hold GPUs on
+        # paper round after round while other jobs wait for them
+        self._not_applied: dict[str, int] = {}
+        self._decided = 0  # rounds decided by this scheduler
         self._policies: dict[str, Policy] = {}
         self._policy_key = 0  # names the current policy for the decide worker process (bumped on every new one)
         self._spec: PolicySpec | None = None  # how the worker builds the current policy; None = decide in a thread
@@ -365,7 +371,13 @@ class Scheduler:
                                  self.s.node_stale_s + self.s.node_grace_s, self._watched_since)
         if stopping:
             log.debug("pending jobs wait for their previous run to stop", job_ids=sorted(stopping))
-        jobs = [j for j in cluster.jobs if j.job_id not in stopping] if stopping else cluster.jobs
+        self._decided += 1
+        self._not_applied = {j: last for j, last in self._not_applied.items() if last >= self._decided}
+        skip = stopping | set(self._not_applied)
+        if self._not_applied:
+            log.debug("pending jobs sit out this round: their last placement could not be applied",
+                      job_ids=sorted(self._not_applied))
+        jobs = [j for j in cluster.jobs if j.job_id not in skip] if skip else cluster.jobs
         view, index = build_view(jobs, cluster.nodes, self.types, self.resolve, now, self.s.node_stale_s,
                                  self.s.time_scale, self.s.max_tenants, observed=self._readings(cluster.jobs, cluster.workloads),
                                  demand_rps=forecasts)
@@ -388,6 +400,8 @@ class Scheduler:
         view, index, decision, workloads = decided.view, decided.index, decided.decision, cluster.workloads
         plan = translate(decision, view, index)
         rep.dropped = len(plan.dropped)
+        pending = {index.jobs[int(r)].job_id for r in view.pending}
+        self._not_applied.update((job_id, self._decided + SIT_OUT_ROUNDS) for job_id, _ in plan.dropped if job_id in pending)
         for job_id, why in plan.dropped:
             log.warning("decision not applied", job_id=job_id, why=why)
         for job_id, why in plan.waiting:

@@ -230,6 +230,29 @@ async def test_jobs_no_gpu_has_the_memory_for_keep_no_gpu_from_others(store):
         assert marked.message == "every declared shape needs at least 16385 MiB per GPU; the largest healthy GPU has 16384 MiB"
 
 
+async def test_a_placement_the_store_cannot_take_holds_no_gpu_for_more_than_a_round(store):
+    """On GPUs of two memory sizes, a job declaring a big-memory shape (it fits the big GPU, which is taken) and a
+    small one: the policy may plan the big shape on a small GPU, which the store cannot take. That job sits out the
+    next rounds (``SIT_OUT_ROUNDS``), so the others' jobs are placed within a few rounds (a probe kept 4 GPUs idle
+    for a minute)."""
+    big = replace(make_node("big", gpus=1, mem_mib=40960), last_heartbeat_s=time.time())
+    await store.put_node(big)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(), lease)
+    hog, _ = await store.create_job(make_job(spec=make_spec(tenant="carol", shapes=(Shape(1, 100.0, 20000),))))
+    assert (await sch.round(epoch)).placed == [hog.job_id]
+    await store.put_node(replace(make_node("small", gpus=2, mem_mib=16384), last_heartbeat_s=time.time()))
+    mixed = (Shape(1, 100.0, 20000), Shape(1, 50.0, 1000))
+    for _ in range(4):
+        await store.create_job(make_job(spec=make_spec(shapes=mixed, priority=100)))
+    other, _ = await store.create_job(make_job(spec=make_spec(tenant="team-b")))
+    placed: list[str] = []
+    for _ in range(3):  # two rounds drop the greedy jobs' plans, two each
+        await store.put_node(replace(big, last_heartbeat_s=time.time()))
+        placed += (await sch.round(epoch)).placed
+    assert other.job_id in placed, placed
+
+
 async def test_unplaced_pending_job_is_marked_unschedulable_now_once(store):
     """A job a round leaves queued for lack of capacity carries UNSCHEDULABLE_NOW (never NEVER_SCHEDULABLE):
     written once on the transition, not every round; the mark is no requeue (its queue time stays)."""
