@@ -342,7 +342,7 @@ def _rate_or_zero(value: float, path: str) -> None:
 
 def validate_request_id(request_id: str, path: str = "request_id") -> None:
     """Raise InvalidSpec unless ``request_id`` is a usable idempotency key."""
-    if not REQUEST_ID_RE.match(request_id or ""):
+    if not REQUEST_ID_RE.fullmatch(request_id or ""):
         raise InvalidSpec(path, f"must be 1-{L.REQUEST_ID_MAX_CHARS} characters of [A-Za-z0-9._:-]")
 
 
@@ -362,9 +362,10 @@ def validate_metrics_endpoint(m: MetricsEndpoint, path: str) -> None:
     """Raise InvalidSpec naming the field unless ``m`` is a scrapeable loopback endpoint description."""
     if not 0 <= m.port <= 65535:
         raise InvalidSpec(f"{path}.port", f"must be 0 (the agent picks one) or 1-65535, got {m.port}")
-    if m.path and (not m.path.startswith("/") or len(m.path) > 256 or any(c.isspace() or c in "?#" for c in m.path)):
-        raise InvalidSpec(f"{path}.path", "must be an HTTP path starting with '/' (at most 256 characters, no "
-                                          f"whitespace, query or fragment), got {m.path[:64]!r}")
+    if m.path and (not m.path.startswith("/") or len(m.path) > 256 or not m.path.isprintable()
+                   or any(c.isspace() or c in "?#" for c in m.path)):
+        raise InvalidSpec(f"{path}.path", "must be an HTTP path starting with '/' (at most 256 printable characters, "
+                                          f"no whitespace, query or fragment), got {m.path[:64]!r}")
     if m.format and m.format not in METRICS_FORMATS:
         raise InvalidSpec(f"{path}.format", f"must be one of {', '.join(METRICS_FORMATS)} (or empty: vllm), got {m.format[:64]!r}")
     si = m.scrape_interval_s
@@ -429,7 +430,7 @@ def validate_job_spec(spec: JobSpec, path: str = "spec") -> None:
     Checks structure only; whether any GPU of the cluster can host the job is the allocator's
     business (``Infeasible`` / NEVER_SCHEDULABLE), not a malformed request.
     """
-    if not TENANT_RE.match(spec.tenant or ""):
+    if not TENANT_RE.fullmatch(spec.tenant or ""):
         raise InvalidSpec(f"{path}.tenant", f"must be 1-{L.TENANT_MAX_CHARS} characters of [A-Za-z0-9._-]")
     _max_chars(spec.name, L.NAME_MAX_CHARS, f"{path}.name")
     _max_chars(spec.model_family, L.MODEL_FAMILY_MAX_CHARS, f"{path}.model_family")

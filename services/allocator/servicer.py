@@ -188,7 +188,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         if len(request.states) > 16:
             raise InvalidSpec("states", f"at most 16 states, got {len(request.states)}")
         states = [convert.state_from_pb(s, f"states[{i}]") for i, s in enumerate(request.states)]
-        if request.tenant and not TENANT_RE.match(request.tenant):
+        if request.tenant and not TENANT_RE.fullmatch(request.tenant):
             raise InvalidSpec("tenant", f"must be empty (every tenant the caller may see) or 1-{TENANT_MAX_CHARS} "
                                         "characters of [A-Za-z0-9._-]")
         tenant = access.list_tenant(current_caller().identity, request.tenant)

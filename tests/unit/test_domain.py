@@ -71,6 +71,7 @@ BAD_SPECS = [
     (make_spec(labels=(("k", "v\x1b"),)), 'spec.labels["k"]'),
     (make_spec(shapes=(Shape(1, 50, 10, gpu_type="\x00"),)), "spec.shapes[0].gpu_type"),
     (make_spec(allowed_nodes=("n\t1",)), "spec.allowed_nodes[0]"),
+    (make_spec(tenant="bob\n"), "spec.tenant"),  # a regex "$" matches before a trailing newline: whole-string checks
     # size limits (elastico.limits)
     (make_spec(name="n" * (L.NAME_MAX_CHARS + 1)), "spec.name"),
     (make_spec(model_family="m" * (L.MODEL_FAMILY_MAX_CHARS + 1)), "spec.model_family"),
@@ -122,7 +123,8 @@ def test_valid_specs_pass():
     validate_job_spec(make_spec(model_family="", shapes=(Shape(2, 50, 4096, throughput=3.0),)))
 
 
-@pytest.mark.parametrize("rid", ["", "x" * 129, "x" * 10_000_000, "has space", "slash/no"], ids=["empty", "too-long", "huge", "space", "slash"])
+@pytest.mark.parametrize("rid", ["", "x" * 129, "x" * 10_000_000, "has space", "slash/no", "rqab\n"],
+                         ids=["empty", "too-long", "huge", "space", "slash", "trailing-newline"])
 def test_bad_request_ids(rid):
     with pytest.raises(InvalidSpec, match="request_id") as exc:
         validate_request_id(rid)
