@@ -77,6 +77,8 @@ def profile_from_pb(m: prpb.TaskProfile, path: str) -> JobProfile:
 
 def pair_from_pb(q: prpb.PairQuery | prpb.Observation, path: str) -> tuple[JobProfile, JobProfile]:
     """Both tenants' profiles of a pair (or observation) at ``path``; they must share a GPU type."""
+    _check_observed_profile(q.a, f"{path}.a")
+    _check_observed_profile(q.b, f"{path}.b")
     a = profile_from_pb(q.a, f"{path}.a")
     b = profile_from_pb(q.b, f"{path}.b")
     if a.gpu_type != b.gpu_type:
@@ -94,7 +96,8 @@ _TEXT_LIMITS = {"job_id": L.JOB_ID_MAX_CHARS, "model_family": L.MODEL_FAMILY_MAX
 
 
 def _check_observed_profile(m: prpb.TaskProfile, path: str) -> None:
-    """What an observation's profile needs beyond :func:`profile_from_pb`: printable strings, numbers in range."""
+    """What a profile (queried or observed) needs beyond :func:`profile_from_pb`: printable strings, numbers in
+    range."""
     for name, limit in _TEXT_LIMITS.items():
         problem = rules.text_problem(getattr(m, name), limit)
         if problem:
@@ -121,8 +124,6 @@ def _observation_entries(request: prpb.ReportObservationRequest, peer, now: floa
             raise InvalidSpec(f"{path}.node_id", problem)
         if peer is not None and peer.role == "node" and o.node_id != peer.node_id:
             raise PermissionDenied(f"agent {peer.name!r} reports for its own node only", f"{path}.node_id")
-        _check_observed_profile(o.a, f"{path}.a")
-        _check_observed_profile(o.b, f"{path}.b")
         a, b = pair_from_pb(o, path)
         for name in ("norm_tput_a", "norm_tput_b"):
             problem = rules.norm_problem(getattr(o, name))

@@ -86,6 +86,10 @@ BAD = [
     ([prpb.PairQuery(a=prof(precision="x" * 10_000), b=prof())], "pairs[0].a.precision"),
     ([prpb.PairQuery(a=prof(), b=prof(gpu="x" * 10_000))], "pairs[0].b.gpu_type"),
     ([prpb.PairQuery(a=prof(), b=prof(job_id="x" * 10_000))], "pairs[0].b.job_id"),
+    # what observations must be, queries must be too (a probe sent these; they were answered)
+    ([prpb.PairQuery(a=prof(family="ResNet\x1b[31m"), b=prof())], "pairs[0].a.model_family"),
+    ([prpb.PairQuery(a=prof(), b=prof(precision="fp\u202e32"))], "pairs[0].b.precision"),
+    ([prpb.PairQuery(a=prof(), b=prof(counters=pb.GpuCounters(mem_used_mib=math.nan)))], "pairs[0].b.counters.mem_used_mib"),
 ]
 
 
