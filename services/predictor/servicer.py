@@ -19,7 +19,7 @@ import grpc
 
 from elastico import limits as L
 from elastico.errors import InvalidSpec, PermissionDenied
-from elastico.limits import clip, too_long
+from elastico.limits import clip
 from elastico.logging import get_logger
 from elastico.rpc.security import current_caller
 from elastico.v1 import predictor_pb2 as prpb
@@ -46,9 +46,11 @@ _PROFILE_MAX_CHARS = {"job_id": L.JOB_ID_MAX_CHARS, "model_family": L.MODEL_FAMI
 def profile_from_pb(m: prpb.TaskProfile, path: str) -> JobProfile:
     """Convert a TaskProfile to a JobProfile; raises InvalidSpec naming ``path.field``."""
     for name, limit in _PROFILE_MAX_CHARS.items():
-        n = len(getattr(m, name))
-        if n > limit:
-            raise InvalidSpec(f"{path}.{name}", too_long(n, limit))
+        problem = rules.text_problem(getattr(m, name), limit)  # bounded and printable
+        if problem:
+            raise InvalidSpec(f"{path}.{name}", problem)
+    if m.batch_size > rules.BATCH_SIZE_MAX:
+        raise InvalidSpec(f"{path}.batch_size", f"must be at most {rules.BATCH_SIZE_MAX}, got {m.batch_size}")
     if not m.model_family.strip():
         raise InvalidSpec(f"{path}.model_family", "must not be empty")
     if not m.gpu_type.strip():
@@ -61,6 +63,11 @@ def profile_from_pb(m: prpb.TaskProfile, path: str) -> JobProfile:
     if m.kind not in (pb.JOB_KIND_UNSPECIFIED, pb.JOB_KIND_TRAINING, pb.JOB_KIND_INFERENCE):
         raise InvalidSpec(f"{path}.kind", f"unknown job kind {m.kind}")
     c = m.counters
+    for name in ("sm_util_pct", "mem_bw_util_pct", "mem_used_mib", "tensor_util_pct"):
+        if c.HasField(name) and not math.isfinite(getattr(c, name)):
+            raise InvalidSpec(f"{path}.counters.{name}", f"must be finite when set, got {getattr(c, name)!r}")
+    if c.HasField("mem_used_mib") and c.mem_used_mib > rules.MEM_USED_MIB_MAX:
+        raise InvalidSpec(f"{path}.counters.mem_used_mib", f"must be at most {rules.MEM_USED_MIB_MAX:g}, got {c.mem_used_mib!r}")
     try:
         return JobProfile(
             model_family=m.model_family, gpu_type=m.gpu_type, batch_size=m.batch_size or None, precision=m.precision,
@@ -77,8 +84,6 @@ def profile_from_pb(m: prpb.TaskProfile, path: str) -> JobProfile:
 
 def pair_from_pb(q: prpb.PairQuery | prpb.Observation, path: str) -> tuple[JobProfile, JobProfile]:
     """Both tenants' profiles of a pair (or observation) at ``path``; they must share a GPU type."""
-    _check_observed_profile(q.a, f"{path}.a")
-    _check_observed_profile(q.b, f"{path}.b")
     a = profile_from_pb(q.a, f"{path}.a")
     b = profile_from_pb(q.b, f"{path}.b")
     if a.gpu_type != b.gpu_type:
@@ -89,27 +94,6 @@ def pair_from_pb(q: prpb.PairQuery | prpb.Observation, path: str) -> tuple[JobPr
 def _predict(model: InterferenceModel, request: prpb.PredictInterferenceRequest):
     """Convert every pair (InvalidSpec naming the first bad one) and predict them with ``model``."""
     return model.predict([pair_from_pb(q, f"pairs[{i}]") for i, q in enumerate(request.pairs)])
-
-
-_TEXT_LIMITS = {"job_id": L.JOB_ID_MAX_CHARS, "model_family": L.MODEL_FAMILY_MAX_CHARS,
-                "precision": L.PRECISION_MAX_CHARS, "gpu_type": L.GPU_TYPE_MAX_CHARS}
-
-
-def _check_observed_profile(m: prpb.TaskProfile, path: str) -> None:
-    """What a profile (queried or observed) needs beyond :func:`profile_from_pb`: printable strings, numbers in
-    range."""
-    for name, limit in _TEXT_LIMITS.items():
-        problem = rules.text_problem(getattr(m, name), limit)
-        if problem:
-            raise InvalidSpec(f"{path}.{name}", problem)
-    if m.batch_size > rules.BATCH_SIZE_MAX:
-        raise InvalidSpec(f"{path}.batch_size", f"must be at most {rules.BATCH_SIZE_MAX}, got {m.batch_size}")
-    c = m.counters
-    for name in ("sm_util_pct", "mem_bw_util_pct", "mem_used_mib", "tensor_util_pct"):
-        if c.HasField(name) and not math.isfinite(getattr(c, name)):
-            raise InvalidSpec(f"{path}.counters.{name}", f"must be finite when set, got {getattr(c, name)!r}")
-    if c.HasField("mem_used_mib") and c.mem_used_mib > rules.MEM_USED_MIB_MAX:
-        raise InvalidSpec(f"{path}.counters.mem_used_mib", f"must be at most {rules.MEM_USED_MIB_MAX:g}, got {c.mem_used_mib!r}")
 
 
 def _observation_entries(request: prpb.ReportObservationRequest, peer, now: float, settings: PredictorSettings,
