@@ -56,6 +56,8 @@ Limit                           Value       Field(s)                            
 ``MAX_SLOWDOWN_MAX``            1000        ``spec.training.max_slowdown``          beyond it "any"
 ``PRICER_VALUE_MAX``            1e12        ``jobs[i].shapes[s].utility``,          sums over 200,000 jobs
                                             ``.demand[r]``, ``pools[r].capacity``   stay finite
+``NORM_TPUT_MAX``               1.2         ``Observation.norm_tput_a/_b``          alone is the fastest;
+                                            (predictor, node agent)                 20 % noise
 ==============================  ==========  ======================================  ========================
 
 Text a person reads (names, model families, labels, node ids, commands, GPU types) must be printable
@@ -108,6 +110,7 @@ BATCH_SIZE_MAX = 1 << 20
 TOTAL_STEPS_MAX = 10**12
 MAX_SLOWDOWN_MAX = 1000.0
 PRICER_VALUE_MAX = 1e12
+NORM_TPUT_MAX = 1.2  # largest observed normalised throughput (services/predictor/observation_rules.py says why)
 
 _FIELD_KEY_MAX_CHARS = 32
 

@@ -13,6 +13,7 @@ import time
 import grpc
 
 from elastico.domain import JobKind
+from elastico.limits import NORM_TPUT_MAX
 from elastico.logging import get_logger
 from elastico.rpc.security import ClientTLS, ReloadingStub
 from elastico.v1 import predictor_pb2, predictor_pb2_grpc, types_pb2
@@ -20,9 +21,6 @@ from services.node_agent.runner import LedgerEntry
 
 log = get_logger(component="observations")
 
-#: largest normalised throughput the predictor accepts (services/predictor/observation_rules.py; services do not
-#: import each other, so it is repeated here and a test holds the two equal)
-NORM_TPUT_MAX = 1.2
 
 _KIND = {JobKind.TRAINING.value: types_pb2.JOB_KIND_TRAINING, JobKind.INFERENCE.value: types_pb2.JOB_KIND_INFERENCE}
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import math
 from collections.abc import Container
 
+from elastico import limits as L
 from elastico.limits import too_long
 from services.predictor.features import KNOWN_GPUS, Observation
 
-NORM_TPUT_MAX = 1.2  # largest normalised throughput accepted (module docstring)
+NORM_TPUT_MAX = L.NORM_TPUT_MAX  # largest normalised throughput accepted (module docstring)
 BATCH_SIZE_MAX = 1 << 20  # per-GPU samples per step; beyond it a typo or junk
 MEM_USED_MIB_MAX = float(1 << 20)  # 1 TiB of device memory; no GPU has more
 

@@ -31,7 +31,7 @@ def test_normalised_throughputs_outside_the_range_are_refused(v):
 
 
 def test_the_node_agent_reports_only_what_the_predictor_accepts():
-    assert agent_obs.NORM_TPUT_MAX == rules.NORM_TPUT_MAX  # repeated there (services are independent)
+    assert agent_obs.NORM_TPUT_MAX == rules.NORM_TPUT_MAX  # one bound for both (elastico.limits)
 
 
 @pytest.mark.parametrize("t", [math.nan, math.inf, 1e300, NOW + 301, NOW - 3601, -1.0])
