@@ -400,10 +400,9 @@ def validate_demand_report(r: DemandReport, now_s: float, path: str = "report") 
 
 def _max_chars(value: str, limit: int, path: str) -> None:
     """At most ``limit`` characters, all printable (no control character reaches a log or a terminal)."""
-    if len(value) > limit:
-        raise InvalidSpec(path, too_long(len(value), limit))
-    if not value.isprintable():
-        raise InvalidSpec(path, "must not contain control or other non-printable characters")
+    problem = L.text_problem(value, limit)
+    if problem:
+        raise InvalidSpec(path, problem)
 
 
 def _batch_size(value: int, path: str) -> None:

@@ -146,6 +146,15 @@ def field_key(key: str) -> str:
     return '["' + "".join(parts) + '"]'
 
 
+def text_problem(value: str, limit: int) -> str | None:
+    """Why ``value`` is no acceptable text field (over ``limit`` characters, or not printable), or None."""
+    if len(value) > limit:
+        return too_long(len(value), limit)
+    if not value.isprintable():
+        return "must not contain control or other non-printable characters"
+    return None
+
+
 def too_long(length: int, limit: int, unit: str = "characters") -> str:
     """The message of a length violation (never quotes the value)."""
     return f"must be at most {limit} {unit}, got {length}"

@@ -18,21 +18,11 @@ import math
 from collections.abc import Container
 
 from elastico import limits as L
-from elastico.limits import too_long
 from services.predictor.features import KNOWN_GPUS, Observation
 
 NORM_TPUT_MAX = L.NORM_TPUT_MAX  # largest normalised throughput accepted (module docstring)
 BATCH_SIZE_MAX = 1 << 20  # per-GPU samples per step; beyond it a typo or junk
 MEM_USED_MIB_MAX = float(1 << 20)  # 1 TiB of device memory; no GPU has more
-
-
-def text_problem(value: str, limit: int) -> str | None:
-    """Why ``value`` is not an acceptable string field (too long, control characters), or None."""
-    if len(value) > limit:
-        return too_long(len(value), limit)
-    if not value.isprintable():
-        return "must not contain control or other non-printable characters"
-    return None
 
 
 def norm_problem(value: float) -> str | None:

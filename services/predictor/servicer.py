@@ -46,7 +46,7 @@ _PROFILE_MAX_CHARS = {"job_id": L.JOB_ID_MAX_CHARS, "model_family": L.MODEL_FAMI
 def profile_from_pb(m: prpb.TaskProfile, path: str) -> JobProfile:
     """Convert a TaskProfile to a JobProfile; raises InvalidSpec naming ``path.field``."""
     for name, limit in _PROFILE_MAX_CHARS.items():
-        problem = rules.text_problem(getattr(m, name), limit)  # bounded and printable
+        problem = L.text_problem(getattr(m, name), limit)  # bounded and printable
         if problem:
             raise InvalidSpec(f"{path}.{name}", problem)
     if m.batch_size > rules.BATCH_SIZE_MAX:
@@ -103,7 +103,7 @@ def _observation_entries(request: prpb.ReportObservationRequest, peer, now: floa
     entries = []
     for i, o in enumerate(request.observations):
         path = f"observations[{i}]"
-        problem = rules.text_problem(o.node_id, L.NODE_ID_MAX_CHARS) or (None if o.node_id else "must not be empty")
+        problem = L.text_problem(o.node_id, L.NODE_ID_MAX_CHARS) or (None if o.node_id else "must not be empty")
         if problem:
             raise InvalidSpec(f"{path}.node_id", problem)
         if peer is not None and peer.role == "node" and o.node_id != peer.node_id:

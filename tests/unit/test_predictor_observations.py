@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from elastico.errors import ConfigError
+from elastico.limits import text_problem
 from services.node_agent import observations as agent_obs
 from services.predictor import datasets as D
 from services.predictor import observation_rules as rules
@@ -46,12 +47,12 @@ def test_measurement_times_within_the_window_are_accepted(t):
 
 @pytest.mark.parametrize("text", ["\x1b[31mEvil\x00", "a\nb", "tab\there", "\u2028"])
 def test_control_characters_are_refused(text):
-    assert rules.text_problem(text, 128) == "must not contain control or other non-printable characters"
+    assert text_problem(text, 128) == "must not contain control or other non-printable characters"
 
 
 def test_printable_text_is_accepted_and_long_text_refused():
-    assert rules.text_problem("ResNet-50 (Ü)", 128) is None
-    assert rules.text_problem("x" * 129, 128) == "must be at most 128 characters, got 129"
+    assert text_problem("ResNet-50 (Ü)", 128) is None
+    assert text_problem("x" * 129, 128) == "must be at most 128 characters, got 129"
 
 
 def _obs(family: str = "ResNet-50", gpu: str = "v100", a: float = 0.7, b: float = 0.8) -> Observation:
