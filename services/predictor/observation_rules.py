@@ -21,7 +21,7 @@ from elastico import limits as L
 from services.predictor.features import KNOWN_GPUS, Observation
 
 NORM_TPUT_MAX = L.NORM_TPUT_MAX  # largest normalised throughput accepted (module docstring)
-BATCH_SIZE_MAX = 1 << 20  # per-GPU samples per step; beyond it a typo or junk
+BATCH_SIZE_MAX = L.BATCH_SIZE_MAX  # per-GPU samples per step, as a job spec's (elastico.limits)
 MEM_USED_MIB_MAX = float(1 << 20)  # 1 TiB of device memory; no GPU has more
 
 
