@@ -243,7 +243,10 @@ def _header(path: Path) -> list[str]:
 
 def load_inference(paths: list[str | Path], gpus: int, span_s: float, seed: int,
                    inference_fraction: float = 0.25, slo_factor: float = 10.0) -> InferenceServices | None:
-    """Build inference services from the given files (detected by header); None if no instance file."""
+    """Build inference services from the given files (detected by header); None when no file is given.
+
+    The instance file (``instance_sn``) gives the services and their lifetimes; the Azure profiles and the pod
+    list only shape their demand, so without it the services would silently be none: that is an error."""
     inst, profs, names, need = None, [], [], None
     for p in map(Path, paths):
         h = _header(p)
@@ -260,6 +263,10 @@ def load_inference(paths: list[str | Path], gpus: int, span_s: float, seed: int,
         else:
             raise TraceError(f"{p}: unrecognised inference trace header {h[:4]}")
     if inst is None:
+        if paths:
+            raise TraceError(f"inference traces {', '.join(Path(p).name for p in paths)}: none is an instance file "
+                             "(alibaba2025_dlrm_inference_gpu_instances.csv schema, column instance_sn), which gives "
+                             "the services and their lifetimes; the others only shape their demand")
         return None
     if not profs:
         profs, names = [np.ones(60)], ["flat"]

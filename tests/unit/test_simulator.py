@@ -117,6 +117,17 @@ def test_bad_trace_is_a_clear_error_naming_line_and_column(tmp_path, text, says)
     assert says in str(err.value) and str(bad) in str(err.value)
 
 
+def test_inference_traces_without_an_instance_file_are_an_error_not_zero_services(tmp_path):
+    """Profiles and pod sizes alone give no services: a run must not silently become training-only."""
+    trace = write_small_trace(tmp_path / "t.csv")
+    demand_only = [p for p in INFERENCE_TRACES if "instances" not in p.name]
+    with pytest.raises(TraceError) as err:
+        build_workload(str(trace), 16, [str(p) for p in demand_only], estimator="rule")
+    assert "instance_sn" in str(err.value) and demand_only[0].name in str(err.value)
+    w = build_workload(str(trace), 16, [str(p) for p in INFERENCE_TRACES], estimator="rule")
+    assert w.inf is not None and len(w.inf.start_s) > 0
+
+
 def test_cli_reports_bad_trace_without_traceback(tmp_path, capsys):
     from simulator.__main__ import main
 
