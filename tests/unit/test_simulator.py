@@ -128,6 +128,18 @@ def test_inference_traces_without_an_instance_file_are_an_error_not_zero_service
     assert w.inf is not None and len(w.inf.start_s) > 0
 
 
+@pytest.mark.parametrize("policy", ["exclusive-fifo", "exclusive-backfill", "lucid"])
+def test_a_long_job_running_alone_is_not_a_stall(tmp_path, policy):
+    """A job running alone for longer than the stall window (nothing else left to happen) still completes."""
+    trace = tmp_path / "long.csv"
+    days = SimConfig(gpus=8).stall_s / 86400 + 10
+    trace.write_text("arrival_time_s,job_type,num_gpus,duration_v100_s_derived\n"
+                     f"0,ResNet-18 (batch size 16),1,3600\n60,ResNet-18 (batch size 16),1,{days * 86400:.0f}\n")
+    w = build_workload(str(trace), 8, estimator="rule")
+    (r,), (s,) = run_policies(w, [policy], SimConfig(gpus=8))
+    assert s["unfinished"] == 0 and r.completion_s[1] >= days * 86400
+
+
 def test_cli_reports_bad_trace_without_traceback(tmp_path, capsys):
     from simulator.__main__ import main
 
