@@ -13,6 +13,8 @@
 #   jobs                          zset, every job by submission sequence            (created)
 #   jobs:tenant:<t>               zset, the tenant's jobs by sequence               (created)
 #   jobs:active                   set, non-terminal jobs                            (every state change)
+#   jobs:tenant:<t>:active        zset, the tenant's non-terminal jobs by sequence  (every write; counted by a
+#                                 creation with ``live_limit``: refused at that many, 'tenant_limit')
 #   jobs:state:<s>                zset, terminal state s by sequence                (entering s)
 #   jobs:tenant:<t>:state:<s>     zset, the tenant's jobs in terminal state s       (entering s)
 #   jobs:finished                 zset, terminal jobs by finish time (unix s)       (entering a terminal state)
@@ -41,6 +43,12 @@ local function apply(tx)
     local v = tonumber(cur[1] or '0')
     if v ~= w.expected_version then return {'version', w.job_id, tostring(v), tostring(w.expected_version)} end
     olds[i] = cur
+  end
+  for _, w in ipairs(tx.jobs) do
+    if w.live_limit and w.live_limit > 0 then
+      local live = redis.call('ZCARD', p .. 'jobs:tenant:' .. w.tenant .. ':active')
+      if live >= w.live_limit then return {'tenant_limit', w.tenant, tostring(live)} end
+    end
   end
   local pending = {}
   local order = {}
@@ -84,6 +92,7 @@ local function apply(tx)
     end
     if TERMINAL[w.state] then
       redis.call('SREM', p .. 'jobs:active', w.job_id)
+      if tenant then redis.call('ZREM', p .. 'jobs:tenant:' .. tenant .. ':active', w.job_id) end
       if seq and tenant and old_state ~= w.state then
         redis.call('ZADD', p .. 'jobs:state:' .. w.state, seq, w.job_id)
         redis.call('ZADD', p .. 'jobs:tenant:' .. tenant .. ':state:' .. w.state, seq, w.job_id)
@@ -91,6 +100,7 @@ local function apply(tx)
       end
     else
       redis.call('SADD', p .. 'jobs:active', w.job_id)
+      if seq and tenant then redis.call('ZADD', p .. 'jobs:tenant:' .. tenant .. ':active', seq, w.job_id) end
     end
   end
   for _, k in ipairs(order) do
@@ -253,6 +263,8 @@ if not redis.call('GET', p .. 'jobs:indexed') then
         redis.call('ZADD', p .. 'jobs:state:' .. f[2], seq, id)
         redis.call('ZADD', p .. 'jobs:tenant:' .. tenant .. ':state:' .. f[2], seq, id)
         redis.call('ZADD', p .. 'jobs:finished', tonumber(job.updated_at_s) or 0, id)
+      else
+        redis.call('ZADD', p .. 'jobs:tenant:' .. tenant .. ':active', seq, id)
       end
       indexed = indexed + 1
     end

@@ -16,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from elastico.domain import DemandReport, NodeInfo, Placement, Workload
-from elastico.errors import Conflict, NotFound, StaleEpoch, Unavailable
+from elastico.errors import Conflict, NotFound, ResourceExhausted, StaleEpoch, Unavailable
 from elastico.state import codec, lua
 from elastico.state.keys import Keys
 from elastico.state.store import (
@@ -28,6 +28,7 @@ from elastico.state.store import (
     Transaction,
     event_from_fields,
     gpu_capacity_units,
+    tenant_limit_message,
 )
 
 P = ParamSpec("P")
@@ -95,7 +96,8 @@ class RedisStore(StoreBase):
             "claim_request": list(tx.claim_request) if tx.claim_request is not None else None,
             "jobs": [{"job_id": w.job_id, "expected_version": w.expected_version, "new_version": w.new_version,
                       "state": w.state, "data_arg": arg(w.data), "index_score": w.index_score, "index_seq": w.index_seq,
-                      "tenant": w.tenant, "request_id": w.request_id, "time_s": repr(float(w.time_s))}
+                      "tenant": w.tenant, "request_id": w.request_id, "time_s": repr(float(w.time_s)),
+                      "live_limit": w.live_limit}
                      for w in tx.jobs],
             "gpus": [{"node_id": d.node_id, "gpu_index": d.gpu_index, "share_units": d.share_units, "mem_mib": d.mem_mib}
                      for d in tx.gpus],
@@ -118,6 +120,8 @@ class RedisStore(StoreBase):
             return Conflict(f"unknown GPU {detail[0]}")
         if kind == "capacity":
             return Conflict(f"GPU {detail[0]} lacks capacity")
+        if kind == "tenant_limit":
+            return ResourceExhausted(tenant_limit_message(detail[0], int(detail[1])))
         raise RuntimeError(f"unexpected script result {result!r}")  # pragma: no cover
 
     @_unavailable_on_connection_error

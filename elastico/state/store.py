@@ -36,7 +36,7 @@ from elastico.domain import (
     Workload,
     drain_key,
 )
-from elastico.errors import Conflict, NotFound, StaleEpoch, WrongState
+from elastico.errors import Conflict, NotFound, ResourceExhausted, StaleEpoch, WrongState
 from elastico.state import codec
 
 SHARE_UNITS_PER_PCT = 100
@@ -63,6 +63,9 @@ class JobWrite:
     tenant: str = ""  # the job's tenant (creation only: indexed by it)
     request_id: str = ""  # the job's request id (creation only: the retention sweep drops its mapping with it)
     time_s: float = 0.0  # the job's updated_at_s (entering a terminal state: its finish time, for retention)
+    # creation only: refused (ResourceExhausted, nothing written) when the tenant already has this many jobs in a
+    # non-terminal state; 0 = no limit
+    live_limit: int = 0
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,12 @@ class DuplicateRequest(Exception):
         self.job_id = job_id
 
 
+def tenant_limit_message(tenant: str, live: int) -> str:
+    """What a submission refused by the per-tenant limit of live jobs answers (every backend says the same)."""
+    return (f"tenant {tenant!r} has {live} jobs queued or running, its limit "
+            "(ELASTICO_MAX_LIVE_JOBS_PER_TENANT): retry when some finish or cancel some")
+
+
 def request_key(tenant: str, request_id: str) -> str:
     """The idempotency key of a submission: request ids are a tenant's own, so one tenant can neither take
     another's ids first nor learn which it has used ("/" is in neither's alphabet)."""
@@ -155,9 +164,10 @@ def request_key(tenant: str, request_id: str) -> str:
 class Store(Protocol):
     """Cluster state shared by the services. All methods are coroutines; all changes are atomic."""
 
-    async def create_job(self, job: Job) -> tuple[Job, bool]: ...
-    async def create_jobs(self, jobs: Sequence[Job]) -> list[tuple[Job, bool]]:
-        """``create_job`` for each job (each on its own, idempotent by request id), in one round trip."""
+    async def create_job(self, job: Job, *, live_limit: int = 0) -> tuple[Job, bool]: ...
+    async def create_jobs(self, jobs: Sequence[Job], *, live_limit: int = 0) -> list[tuple[Job, bool] | ResourceExhausted]:
+        """``create_job`` for each job (each on its own, idempotent by request id), in one round trip; a job
+        its tenant's ``live_limit`` refuses is its ResourceExhausted in the list."""
         ...
     async def get_job(self, job_id: str) -> Job: ...
     async def find_job_by_request(self, tenant: str, request_id: str) -> Job | None: ...
@@ -247,13 +257,13 @@ class StoreBase:
 
     async def _apply_each(self, txs: Sequence[Transaction]) -> list[Exception | None]:
         """Run each transaction atomically on its own, in order; per transaction None or the error it raised
-        (StaleEpoch, Conflict, DuplicateRequest), a failed one having changed nothing. Backends override this
-        to send the whole list in one round trip."""
+        (StaleEpoch, Conflict, DuplicateRequest, ResourceExhausted), a failed one having changed nothing.
+        Backends override this to send the whole list in one round trip."""
         out: list[Exception | None] = []
         for tx in txs:
             try:
                 await self._apply(tx)
-            except (StaleEpoch, Conflict, DuplicateRequest) as exc:
+            except (StaleEpoch, Conflict, DuplicateRequest, ResourceExhausted) as exc:
                 out.append(exc)
             else:
                 out.append(None)
@@ -290,19 +300,25 @@ class StoreBase:
         raise NotImplementedError
 
     # --- jobs ---------------------------------------------------------------------------------------
-    async def create_job(self, job: Job) -> tuple[Job, bool]:
+    async def create_job(self, job: Job, *, live_limit: int = 0) -> tuple[Job, bool]:
         """Store a new PENDING job; idempotent by ``job.request_id`` within its tenant (:func:`request_key`).
 
         One atomic transaction (one Redis round trip): claim the request id, write the job, index it under
-        the next submission sequence number, append its event.
+        the next submission sequence number, append its event. ``live_limit`` > 0: a new job is refused
+        (ResourceExhausted) while its tenant has that many jobs in a non-terminal state (a retry of a request
+        already stored still returns its job).
 
         Returns:
             (the stored job, True) or, when the request id was seen before, (the existing job, False).
         """
-        return (await self.create_jobs([job]))[0]
+        result = (await self.create_jobs([job], live_limit=live_limit))[0]
+        if isinstance(result, ResourceExhausted):
+            raise result
+        return result
 
-    async def create_jobs(self, jobs: Sequence[Job]) -> list[tuple[Job, bool]]:
-        """``create_job`` for each job, each its own atomic transaction, all sent in one round trip.
+    async def create_jobs(self, jobs: Sequence[Job], *, live_limit: int = 0) -> list[tuple[Job, bool] | ResourceExhausted]:
+        """``create_job`` for each job, each its own atomic transaction, all sent in one round trip; a job its
+        tenant's ``live_limit`` refuses is its ResourceExhausted in the list (the others are unaffected).
 
         Two jobs with the same request id in one call: the first is created, the second returns it.
         """
@@ -315,16 +331,18 @@ class StoreBase:
             txs.append(Transaction(
                 claim_request=(key, job.job_id),
                 jobs=[JobWrite(job.job_id, 0, 1, job.state.value, codec.dumps(job), index_seq=True,
-                               tenant=job.spec.tenant, request_id=key, time_s=now)],
+                               tenant=job.spec.tenant, request_id=key, time_s=now, live_limit=live_limit)],
                 events=[_event(job)],
             ))
-        out: list[tuple[Job, bool]] = []
+        out: list[tuple[Job, bool] | ResourceExhausted] = []
         for job, tx, err in zip(stored, txs, await self._apply_each(txs), strict=True):
             if err is None:
                 self._note_written(tx.jobs[0].data, job)
                 out.append((job, True))
             elif isinstance(err, DuplicateRequest):
                 out.append((await self.get_job(err.job_id), False))
+            elif isinstance(err, ResourceExhausted):
+                out.append(err)
             else:
                 raise err
         return out

@@ -78,8 +78,9 @@ class SubmitBatcher:
     number of round trips.
     """
 
-    def __init__(self, store: Store, max_batch: int = MAX_SUBMIT_BATCH) -> None:
+    def __init__(self, store: Store, live_limit: int = 0, max_batch: int = MAX_SUBMIT_BATCH) -> None:
         self._store = store
+        self._live_limit = live_limit  # a tenant's non-terminal jobs at most (Store.create_jobs); 0 = no limit
         self._max = max_batch
         self._queue: list[tuple[Job, asyncio.Future[tuple[Job, bool]]]] = []
         self._writer: asyncio.Task[None] | None = None
@@ -98,7 +99,7 @@ class SubmitBatcher:
             while self._queue:
                 batch, self._queue = self._queue[:self._max], self._queue[self._max:]
                 try:
-                    results = await self._store.create_jobs([job for job, _ in batch])
+                    results = await self._store.create_jobs([job for job, _ in batch], live_limit=self._live_limit)
                 except Exception as exc:  # noqa: BLE001 - every waiter gets the store's error (Unavailable...)
                     for _, fut in batch:
                         if not fut.done():
@@ -109,7 +110,11 @@ class SubmitBatcher:
                     raise
                 else:
                     for (_, fut), result in zip(batch, results, strict=True):
-                        if not fut.done():  # a cancelled caller (its RPC ended) retries by request id
+                        if fut.done():  # a cancelled caller (its RPC ended) retries by request id
+                            continue
+                        if isinstance(result, Exception):  # refused by its tenant's limit: that caller only
+                            fut.set_exception(result)
+                        else:
                             fut.set_result(result)
         finally:
             self._writer = None
@@ -129,7 +134,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         self._store = store
         self._settings = settings
         self._on_change = on_change or (lambda why: None)
-        self._submits = SubmitBatcher(store)
+        self._submits = SubmitBatcher(store, settings.max_live_jobs_per_tenant)
         self._bound_log = None
 
     def _log(self):

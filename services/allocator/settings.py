@@ -67,6 +67,9 @@ class AllocatorSettings(Settings):
     forecast_window_s: float = 3600.0
     # the Allocator API's bearer tokens (hashed; python -m elastico.auth): required unless ELASTICO_INSECURE=1
     auth_tokens_file: str = ""
+    # a tenant's jobs queued or running at most: a submission beyond answers RESOURCE_EXHAUSTED (one tenant cannot
+    # flood the store and every round's view); 0 = no limit
+    max_live_jobs_per_tenant: int = 10_000
     decide_worker: str = "process"  # where policy.decide runs: "process" (own core, loop keeps serving) or "thread"
     # --- finished-job retention: the leader's sweep (Store.sweep_finished_jobs) -------------------------------
     job_retention_s: float = 7 * 86400.0  # a finished job (succeeded/failed/cancelled) is deleted this long after, s
@@ -98,7 +101,7 @@ class AllocatorSettings(Settings):
             raise ConfigError(f"ELASTICO_NODE_GRACE_S={self.node_grace_s}: must be >= 0")
         if not 1 <= self.max_tenants <= 16:
             raise ConfigError(f"ELASTICO_MAX_TENANTS={self.max_tenants}: must be in [1, 16]")
-        for name in ("job_retention_s", "job_retention_max", "job_retention_sweep_s"):
+        for name in ("job_retention_s", "job_retention_max", "job_retention_sweep_s", "max_live_jobs_per_tenant"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"ELASTICO_{name.upper()}={getattr(self, name)}: must be >= 0")
         if self.policy_max_attempts < 0:

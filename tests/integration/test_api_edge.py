@@ -194,3 +194,35 @@ async def test_list_pages_stay_receivable_by_a_default_client(server):
             if not token:
                 break
     assert pages >= 2 and len(seen) == len(set(seen)) and set(seen) == ids
+
+
+async def test_a_tenant_at_its_live_job_limit_gets_resource_exhausted_and_others_still_submit(redis_server):
+    """Concurrent submissions (one batched store write) past ELASTICO_MAX_LIVE_JOBS_PER_TENANT: exactly the
+    limit is created, the rest answer RESOURCE_EXHAUSTED naming the setting, another tenant is unaffected."""
+    from elastico.v1 import types_pb2
+
+    store = RedisStore.from_url(redis_server.url, namespace=f"limit-{uuid.uuid4().hex[:8]}")
+    settings = AllocatorSettings.from_env({}, insecure=True, redis_url=redis_server.url, port=0,
+                                          max_live_jobs_per_tenant=3)
+    srv, port = await create_server(settings, [ServiceBinding(
+        "elastico.v1.Allocator", AllocatorServicer(store, settings), allocator_pb2_grpc.add_AllocatorServicer_to_server)])
+    await srv.start()
+
+    def request(tenant: str, rid: str) -> allocator_pb2.SubmitJobRequest:
+        spec = types_pb2.JobSpec(name="n", tenant=tenant, kind=types_pb2.JOB_KIND_TRAINING, model_family="ResNet-50",
+                                 batch_size=32, training=types_pb2.TrainingWork(total_steps=10))
+        return allocator_pb2.SubmitJobRequest(request_id=rid, spec=spec)
+
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = allocator_pb2_grpc.AllocatorStub(ch)
+            calls = [stub.SubmitJob(request("t", f"r{i}"), timeout=10) for i in range(6)]
+            calls.append(stub.SubmitJob(request("u", "r0"), timeout=10))
+            results = await asyncio.gather(*calls, return_exceptions=True)
+    finally:
+        await srv.stop(0)
+        await store.close()
+    refused = [r for r in results[:6] if isinstance(r, grpc.aio.AioRpcError)]
+    assert len(refused) == 3 and all(r.code() is grpc.StatusCode.RESOURCE_EXHAUSTED for r in refused)
+    assert "ELASTICO_MAX_LIVE_JOBS_PER_TENANT" in refused[0].details()
+    assert not isinstance(results[6], Exception) and results[6].created

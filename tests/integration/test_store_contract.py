@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from elastico.domain import GpuSlice, JobState, Placement, Shape, StateReason
-from elastico.errors import Conflict, NotFound, StaleEpoch, WrongState
+from elastico.errors import Conflict, NotFound, ResourceExhausted, StaleEpoch, WrongState
 from tests.conftest import make_job, make_node, make_spec
 
 
@@ -268,6 +268,28 @@ async def test_create_jobs_batch_is_idempotent_per_request_and_indexed_in_order(
     events = [e for e in await store.read_events("0") if e.job_id in (a.job_id, b.job_id)]
     assert [(e.job_id, e.state) for e in events] == [(a.job_id, JobState.PENDING), (b.job_id, JobState.PENDING)]
     assert await store.create_jobs([]) == []
+
+
+async def test_a_tenant_past_its_live_job_limit_is_refused_atomically_and_alone(store):
+    """``live_limit`` counts the tenant's non-terminal jobs: the next one is refused and nothing is written;
+    other tenants, retries of stored requests and room freed by a finished job are unaffected."""
+    a = [await store.create_job(make_job(request_id=f"a{i}"), live_limit=2) for i in range(2)]
+    with pytest.raises(ResourceExhausted) as err:
+        await store.create_job(make_job(request_id="a-over"), live_limit=2)
+    assert "'team-a' has 2 jobs queued or running" in str(err.value)
+    assert await store.find_job_by_request("team-a", "a-over") is None  # nothing written
+    again, created = await store.create_job(make_job(request_id="a0"), live_limit=2)
+    assert not created and again.job_id == a[0][0].job_id  # a retry still answers its job
+    results = await store.create_jobs([make_job(request_id="a-batch"), make_job(request_id="b0", spec=make_spec(tenant="team-b"))],
+                                      live_limit=2)
+    assert isinstance(results[0], ResourceExhausted) and results[1][1] is True  # the other tenant's job is created
+    done = a[0][0]
+    await store.update_job(done, replace(done, state=JobState.CANCELLED, reason=StateReason.CANCELLED_BY_CLIENT))
+    _, created = await store.create_job(make_job(request_id="a-after"), live_limit=2)
+    assert created  # the cancelled job no longer counts
+    with pytest.raises(ResourceExhausted):
+        await store.create_job(make_job(request_id="a-over-2"), live_limit=2)
+    assert (await store.create_job(make_job(request_id="a-nolimit")))[1]  # no limit given: none applies
 
 
 async def test_update_jobs_each_change_is_checked_on_its_own(store):
