@@ -201,6 +201,34 @@ def memory_misfit(spec: JobSpec, gpu_mem_mib: int) -> str:
             f"healthy GPU has {gpu_mem_mib} MiB")
 
 
+def healthy_memory(nodes: Sequence[NodeInfo]) -> dict[str, list[int]]:
+    """Node id -> the memory (MiB) of each of its healthy GPUs: what :func:`placement_misfit` reads."""
+    return {n.node_id: [g.mem_total_mib for g in n.gpus if g.healthy] for n in nodes}
+
+
+def placement_misfit(spec: JobSpec, healthy: Mapping[str, Sequence[int]]) -> str:
+    """Why ``spec`` can never be placed on the ``healthy`` GPUs (:func:`healthy_memory`) as they are; "" when
+    some shape can.
+
+    A declared shape (a job declaring none: one GPU) needs ``num_gpus`` healthy GPUs with at least its memory on
+    the job's allowed nodes, on one node when the gang fits the largest node (the allocator never splits such a
+    gang), else that many in all."""
+    total = sum(map(len, healthy.values()))
+    if (n_req := spec_num_gpus(spec)) > total:
+        return f"needs {n_req} GPUs; the cluster has {total}"
+    if why := memory_misfit(spec, max((m for mems in healthy.values() for m in mems), default=0)):
+        return why
+    node_max = max(map(len, healthy.values()), default=0)
+    allowed = [mems for node, mems in healthy.items() if not spec.allowed_nodes or node in spec.allowed_nodes]
+    for n, mem in [(s.num_gpus, s.mem_mib) for s in spec.shapes] or [(1, 0)]:
+        fit = [sum(1 for m in mems if m >= mem) for mems in allowed]
+        if max(fit, default=0) >= n or (n > node_max and sum(fit) >= n):
+            return ""
+    where = f"its allowed nodes ({', '.join(spec.allowed_nodes)})" if spec.allowed_nodes else "the cluster"
+    return (f"no declared shape finds enough healthy GPUs with its memory on {where} (a gang of up to "
+            f"{node_max} GPUs runs inside one node)")
+
+
 def spec_num_gpus(spec: JobSpec) -> int:
     """Gang size: the explicit shapes' GPU count (the largest), else 1."""
     return max((s.num_gpus for s in spec.shapes), default=1)

@@ -66,9 +66,9 @@ from services.allocator.plan import (
     ViewIndex,
     build_view,
     current_reports,
-    memory_misfit,
+    healthy_memory,
     node_fresh,
-    spec_num_gpus,
+    placement_misfit,
     still_running,
     transitions,
     translate,
@@ -132,7 +132,7 @@ class _Cluster:
     nodes: list[NodeInfo]  # every registered node, GPUs with committed usage
     node_map: dict[str, NodeInfo]
     workloads: dict[str, dict[str, Workload]]  # node id -> job id -> its agent's report
-    total_gpus: int = 0  # healthy GPUs of the cluster
+    never: frozenset[str] = frozenset()  # pending jobs that cannot be placed on the healthy cluster as it is
     touched: set[str] = field(default_factory=set)  # nodes whose desired state the round changed (nudged)
 
 
@@ -360,7 +360,7 @@ class Scheduler:
             cluster.jobs = [j for j in jobs if not j.state.terminal]
         if released:
             cluster.nodes = await self.store.list_nodes()  # releases changed committed usage
-        cluster.total_gpus = await self._mark_never_schedulable(epoch, cluster.jobs, cluster.nodes)
+        cluster.never = await self._mark_never_schedulable(epoch, cluster.jobs, cluster.nodes)
 
     async def _decide(self, epoch: int, cluster: _Cluster, now: float, rep: RoundReport) -> _RoundDecision:
         """View, estimate, the policy's decision (when jobs are pending) and its report."""
@@ -386,7 +386,7 @@ class Scheduler:
         t1 = time.perf_counter()
         # with services running, every round decides: their demand moves without any job arriving
         serving = bool((view.jobs.kind[view.running] == INFERENCE).any())
-        decided, prepared = await self._decide_and_prepare(policy, view, index, list(observed), cluster.total_gpus, epoch) \
+        decided, prepared = await self._decide_and_prepare(policy, view, index, list(observed), cluster.never, epoch) \
             if len(view.pending) or serving else (None, None)
         rep.decide_seconds = time.perf_counter() - t1
         if decided is None and observed:  # nothing to decide: the policy still predicts the running jobs' speeds
@@ -436,7 +436,7 @@ class Scheduler:
         placing = {j.job_id for j, _ in batch}
         left = [index.jobs[int(r)] for r in view.pending if index.jobs[int(r)].job_id not in placing]
         for outcome in await asyncio.gather(self._commit(epoch, batch, rep, cluster.touched),
-                                            self._mark_unschedulable_now(epoch, left, cluster.total_gpus, rep, decided.prepared),
+                                            self._mark_unschedulable_now(epoch, left, cluster.never, rep, decided.prepared),
                                             return_exceptions=True):
             if isinstance(outcome, BaseException):  # StaleEpoch, Unavailable: after both have finished
                 raise outcome
@@ -528,30 +528,32 @@ class Scheduler:
             out.append((t, new))
         return out
 
-    async def _mark_never_schedulable(self, epoch: int, jobs: list[Job], nodes: list[NodeInfo]) -> int:
-        """A pending job larger than the whole cluster, or whose every declared shape needs more memory than its
-        largest GPU has, says so (NEVER_SCHEDULABLE) instead of waiting silently.
+    async def _mark_never_schedulable(self, epoch: int, jobs: list[Job], nodes: list[NodeInfo]) -> frozenset[str]:
+        """A pending job that no healthy GPUs of the cluster as it is can host (:func:`plan.placement_misfit`: too
+        large, memory, its allowed nodes, a one-node gang) says so (NEVER_SCHEDULABLE) instead of waiting silently.
 
-        Returns the cluster's healthy GPUs."""
-        total = sum(1 for n in nodes for g in n.gpus if g.healthy)
+        Returns the ids of those jobs (UNSCHEDULABLE_NOW leaves them alone)."""
         if not nodes:
-            return total
-        biggest = max((g.mem_total_mib for n in nodes for g in n.gpus if g.healthy), default=0)
+            return frozenset()
+        healthy = healthy_memory(nodes)
+        memo: dict[tuple, str] = {}  # jobs asking for the same GPUs get the same answer (most pending jobs)
 
         def why(spec: JobSpec) -> str:
-            n = spec_num_gpus(spec)
-            return f"needs {n} GPUs; the cluster has {total}" if n > total else memory_misfit(spec, biggest)
+            key = (tuple((s.num_gpus, s.mem_mib) for s in spec.shapes), spec.allowed_nodes)
+            if key not in memo:
+                memo[key] = placement_misfit(spec, healthy)
+            return memo[key]
 
-        marks = [(i, j, w) for i, j in enumerate(jobs) if j.state is JobState.PENDING
-                 and j.reason is not StateReason.NEVER_SCHEDULABLE and (w := why(j.spec))]
+        never = [(i, j, w) for i, j in enumerate(jobs) if j.state is JobState.PENDING and (w := why(j.spec))]
+        marks = [(i, j, w) for i, j, w in never if j.reason is not StateReason.NEVER_SCHEDULABLE]
         if not marks:
-            return total
+            return frozenset(j.job_id for _, j, _ in never)
         results = await self.store.update_jobs(
             [(j, replace(j, reason=StateReason.NEVER_SCHEDULABLE, message=w)) for _, j, w in marks], epoch=epoch)
         for (i, _, _), new in zip(marks, results, strict=True):
             if not isinstance(new, Conflict):
                 jobs[i] = new
-        return total
+        return frozenset(j.job_id for _, j, _ in never)
 
     async def _commit(self, epoch: int, batch: list[tuple[Job, Placement]], rep: RoundReport, touched: set[str]) -> bool:
         """All of the round's placements in one fenced, all-or-nothing commit; False when it was rejected."""
@@ -575,17 +577,16 @@ class Scheduler:
         return True
 
     @staticmethod
-    def _mark_candidates(pending: list[Job], total_gpus: int) -> list[Job]:
+    def _mark_candidates(pending: list[Job], never: frozenset[str]) -> list[Job]:
         """Pending jobs that would get UNSCHEDULABLE_NOW if left queued: not marked yet, and able to fit at all."""
-        return [j for j in pending if j.reason is not StateReason.UNSCHEDULABLE_NOW
-                and not (total_gpus and spec_num_gpus(j.spec) > total_gpus)]
+        return [j for j in pending if j.reason is not StateReason.UNSCHEDULABLE_NOW and j.job_id not in never]
 
     @staticmethod
     def _marked(jobs: list[Job]) -> list[tuple[Job, Job]]:
         return [(j, replace(j, reason=StateReason.UNSCHEDULABLE_NOW, message=UNSCHEDULABLE_NOW_MESSAGE)) for j in jobs]
 
     async def _decide_and_prepare(self, policy: Policy, view: ClusterView, index: ViewIndex, rows: list[int],
-                                  total_gpus: int, epoch: int) -> tuple[Decided, PreparedUpdates | None]:
+                                  never: frozenset[str], epoch: int) -> tuple[Decided, PreparedUpdates | None]:
         """``(decided, prepared marks or None)``. While the worker *process* decides, the event loop is free: when
         the policy's per-round cap (as its last report gave it) means some candidates must stay queued, their
         UNSCHEDULABLE_NOW marks are encoded meanwhile (the round drops those of jobs it places: at most ``cap``
@@ -595,7 +596,7 @@ class Scheduler:
         prepared = None
         try:
             if self._spec is not None and cap:
-                candidates = self._mark_candidates([index.jobs[int(r)] for r in view.pending], total_gpus)
+                candidates = self._mark_candidates([index.jobs[int(r)] for r in view.pending], never)
                 if len(candidates) > cap:
                     await asyncio.sleep(0)  # the decide task hands the view to the worker first
                     prepared = self.store.prepare_updates(self._marked(candidates), epoch=epoch)
@@ -604,11 +605,11 @@ class Scheduler:
             raise
         return await task, prepared
 
-    async def _mark_unschedulable_now(self, epoch: int, left: list[Job], total_gpus: int, rep: RoundReport,
+    async def _mark_unschedulable_now(self, epoch: int, left: list[Job], never: frozenset[str], rep: RoundReport,
                                       prepared: PreparedUpdates | None = None) -> None:
         """Pending jobs this round leaves queued carry UNSCHEDULABLE_NOW: written once, on the transition (a job
         already marked, or one that can never fit, is left alone), in one batch; its event wakes no round."""
-        marks = self._mark_candidates(left, total_gpus)
+        marks = self._mark_candidates(left, never)
         if not marks:
             return
         if prepared is None:

@@ -230,6 +230,28 @@ async def test_jobs_no_gpu_has_the_memory_for_keep_no_gpu_from_others(store):
         assert marked.message == "every declared shape needs at least 16385 MiB per GPU; the largest healthy GPU has 16384 MiB"
 
 
+async def test_jobs_their_allowed_nodes_or_one_node_cannot_host_are_never_schedulable_once(store):
+    """A job pinned to a node without enough GPUs, and a one-node gang whose big-memory GPUs are spread over
+    nodes, say NEVER_SCHEDULABLE with the reason -- written once, never flipped to UNSCHEDULABLE_NOW by later
+    rounds -- while a job that fits is placed."""
+    await heartbeat(store, "n1", gpus=2)
+    await heartbeat(store, "n2", gpus=2)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(), lease)
+    pinned, _ = await store.create_job(make_job(spec=make_spec(allowed_nodes=("n1",), shapes=(Shape(3, 100.0, 1024),))))
+    other, _ = await store.create_job(make_job(spec=make_spec(tenant="team-b")))
+    for _ in range(3):
+        await heartbeat(store, "n1", gpus=2)
+        await heartbeat(store, "n2", gpus=2)
+        await sch.round(epoch)
+    assert (await store.get_job(other.job_id)).state is not JobState.PENDING
+    marked = await store.get_job(pinned.job_id)
+    assert (marked.state, marked.reason) == (JobState.PENDING, StateReason.NEVER_SCHEDULABLE)
+    assert "its allowed nodes (n1)" in marked.message
+    events = [e.reason for e in await store.read_events("0") if e.job_id == pinned.job_id]
+    assert events == [StateReason.SUBMITTED, StateReason.NEVER_SCHEDULABLE]
+
+
 async def test_a_placement_the_store_cannot_take_holds_no_gpu_for_more_than_a_round(store):
     """On GPUs of two memory sizes, a job declaring a big-memory shape (it fits the big GPU, which is taken) and a
     small one: the policy may plan the big shape on a small GPU, which the store cannot take. That job sits out the

@@ -435,6 +435,25 @@ def test_a_queued_job_is_planned_only_in_shapes_whose_memory_some_gpu_has():
     assert memory_misfit(mixed.spec, 16384) == "" and memory_misfit(plain.spec, 1) == ""
 
 
+def test_placement_misfit_says_why_a_job_can_never_run_on_the_healthy_cluster():
+    """Too large, memory, allowed nodes, a one-node gang on heterogeneous memory: each is a reason; a job some
+    healthy GPUs can host (within one node, or a larger gang over several) gets ""."""
+    from services.allocator.plan import healthy_memory, placement_misfit
+
+    small, big = node("n1", gpus=8, mem_mib=16384), node("n2", gpus=8, mem_mib=16384)
+    mixed = node("n3", gpus=2, mem_mib=81920)
+    healthy = healthy_memory([small, big, mixed])
+    ok = [make_spec(), make_spec(shapes=(Shape(16, 100.0, 8000),)), make_spec(shapes=(Shape(2, 50.0, 80000),)),
+          make_spec(allowed_nodes=("n2",), shapes=(Shape(8, 100.0, 16384),))]
+    assert [placement_misfit(s, healthy) for s in ok] == ["", "", "", ""]
+    assert placement_misfit(make_spec(shapes=(Shape(32, 100.0, 1),)), healthy) == "needs 32 GPUs; the cluster has 18"
+    assert "largest healthy GPU has 81920 MiB" in placement_misfit(make_spec(shapes=(Shape(1, 100.0, 90000),)), healthy)
+    # two 80-GiB GPUs exist, but on one node only for a 2-GPU gang; a 4-GPU one must stay in one node too
+    assert "on the cluster" in placement_misfit(make_spec(shapes=(Shape(4, 50.0, 80000),)), healthy)
+    assert "its allowed nodes (n3)" in placement_misfit(make_spec(allowed_nodes=("n3",), shapes=(Shape(4, 50.0, 100),)), healthy)
+    assert "its allowed nodes (gone)" in placement_misfit(make_spec(allowed_nodes=("gone",)), healthy)
+
+
 def test_make_placement_indexes_the_declared_list():
     from services.allocator.plan import make_placement
 
