@@ -496,8 +496,8 @@ class Engine:
         next_round = math.inf
         while self.heap and train_left > 0:
             t = self.heap[0][0]
-            # a running training job's completion is ahead, however far: only an idle gap is a stall
-            if t > cfg.max_sim_s or (t - busy_t > cfg.stall_s and not any(
+            # an arrival or service end ahead, or a running training job's completion, however far: not a stall
+            if t > cfg.max_sim_s or (t - busy_t > cfg.stall_s and not fixed_left and not any(
                     self.kind[j] == TRAINING and self.norm[j] > 0 for j in self.running)):
                 break
             if self.ready_heap:

@@ -140,6 +140,18 @@ def test_a_long_job_running_alone_is_not_a_stall(tmp_path, policy):
     assert s["unfinished"] == 0 and r.completion_s[1] >= days * 86400
 
 
+@pytest.mark.parametrize("policy", ["exclusive-fifo", "elastico"])
+def test_a_quiet_gap_before_the_next_arrival_is_not_a_stall(tmp_path, policy):
+    """An arrival further ahead than the stall window (a low --load spreads them so) is still simulated."""
+    trace = tmp_path / "gap.csv"
+    gap = SimConfig(gpus=8).stall_s + 10 * 86400
+    trace.write_text("arrival_time_s,job_type,num_gpus,duration_v100_s_derived\n"
+                     f"0,ResNet-18 (batch size 16),1,3600\n{gap:.0f},ResNet-18 (batch size 16),1,3600\n")
+    w = build_workload(str(trace), 8, estimator="rule")
+    (r,), (s,) = run_policies(w, [policy], SimConfig(gpus=8))
+    assert s["unfinished"] == 0 and r.completion_s[1] > gap
+
+
 def test_cli_reports_bad_trace_without_traceback(tmp_path, capsys):
     from simulator.__main__ import main
 
