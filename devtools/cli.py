@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -52,6 +53,7 @@ from elastico.rpc.security import read_token
 ROOT = Path(__file__).resolve().parents[1]
 EXIT_OK, EXIT_API, EXIT_USAGE = 0, 1, 2
 ACTIVE = (d.JobState.PENDING, d.JobState.PLACED, d.JobState.RUNNING)
+MAX_SPEC_FILE_BYTES = 4 << 20  # a job file larger than this is refused (specs are a few KiB each)
 
 
 class UsageError(Exception):
@@ -159,8 +161,13 @@ def _line_of(node: yaml.Node | None, field: str) -> int | None:
     return line
 
 
-def _duplicate_keys(node: yaml.Node, path: str = "spec") -> tuple[str, int] | None:
-    """The first repeated mapping key (YAML keeps the last silently; a job file should not)."""
+def _duplicate_keys(node: yaml.Node, path: str = "spec", visited: set[int] | None = None) -> tuple[str, int] | None:
+    """The first repeated mapping key (YAML keeps the last silently; a job file should not). Each node is
+    walked once: an alias shares its anchor's node, so a self-referring or nested-alias file stays linear."""
+    visited = set() if visited is None else visited
+    if id(node) in visited:
+        return None
+    visited.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen = set()
         for k, v in node.value:
@@ -168,15 +175,36 @@ def _duplicate_keys(node: yaml.Node, path: str = "spec") -> tuple[str, int] | No
             if k.value in seen:
                 return sub, k.start_mark.line + 1
             seen.add(k.value)
-            dup = _duplicate_keys(v, sub)
+            dup = _duplicate_keys(v, sub, visited)
             if dup:
                 return dup
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
-            dup = _duplicate_keys(v, f"{path}[{i}]")
+            dup = _duplicate_keys(v, f"{path}[{i}]", visited)
             if dup:
                 return dup
     return None
+
+
+def _read_spec_file(path: str) -> str:
+    """A job file's text: a regular file (or stdin) of at most ``MAX_SPEC_FILE_BYTES``, UTF-8."""
+    try:
+        if path == "-":
+            raw = sys.stdin.buffer.read(MAX_SPEC_FILE_BYTES + 1)
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO must not wait for a writer
+            with os.fdopen(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise UsageError(f"{path}: not a regular file")
+                raw = fh.read(MAX_SPEC_FILE_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_SPEC_FILE_BYTES:
+        raise UsageError(f"{path}: larger than {MAX_SPEC_FILE_BYTES >> 20} MiB; a job file holds specs, not data")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
 def load_specs(path: str) -> list[d.JobSpec]:
@@ -185,10 +213,7 @@ def load_specs(path: str) -> list[d.JobSpec]:
     Raises:
         UsageError: ``FILE:LINE: FIELD: problem`` for the first bad field; syntax errors with their line.
     """
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    text = _read_spec_file(path)
     name = "<stdin>" if path == "-" else path
     try:
         nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
@@ -197,6 +222,8 @@ def load_specs(path: str) -> list[d.JobSpec]:
         mark = exc.problem_mark or exc.context_mark
         where = f":{mark.line + 1}" if mark is not None else ""
         raise UsageError(f"{name}{where}: not valid YAML/JSON: {exc.problem or exc}") from None
+    except (yaml.YAMLError, RecursionError):
+        raise UsageError(f"{name}: not valid YAML/JSON for a job file (nested too deep)") from None
     specs = []
     for node, doc in zip(nodes, docs, strict=True):
         if doc is None:
