@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from elastico import limits as L
 from elastico.errors import ConfigError, Unauthenticated
 
 ROLES = ("tenant", "scheduler", "operator", "node")
@@ -43,6 +44,9 @@ class Identity:
     role: str
     tenant: str = ""  # the tenant a ``tenant`` identity acts as
     commands: tuple[str, ...] = ()  # allow-list of commands (argv prefixes); "*" = any
+    # highest job priority a ``tenant`` identity may submit (its token's ``max_priority``, default 0: only the
+    # operator raises a tenant's jobs above normal); operators and the scheduler are not bounded
+    max_priority: int = 0
 
     @property
     def any_tenant(self) -> bool:
@@ -81,7 +85,11 @@ def _identity(entry: dict, where: str) -> Identity:
     commands = entry.get("commands", [])
     if not isinstance(commands, list) or not all(isinstance(c, str) and c.strip() for c in commands):
         raise ConfigError(f"{where}: commands must be a list of non-empty strings")
-    return Identity(name=str(entry["name"]), role=role, tenant=tenant, commands=tuple(commands))
+    max_priority = entry.get("max_priority", 0)
+    if isinstance(max_priority, bool) or not isinstance(max_priority, int) or not 0 <= max_priority <= L.PRIORITY_MAX:
+        raise ConfigError(f"{where}: max_priority must be an integer in [0, {L.PRIORITY_MAX}]")
+    return Identity(name=str(entry["name"]), role=role, tenant=tenant, commands=tuple(commands),
+                    max_priority=max_priority)
 
 
 def load_tokens(path: str | Path) -> dict[str, Identity]:
@@ -176,15 +184,16 @@ def _write(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def issue(path: str | Path, name: str, role: str, tenant: str = "", commands: Sequence[str] = ()) -> str:
+def issue(path: str | Path, name: str, role: str, tenant: str = "", commands: Sequence[str] = (),
+          max_priority: int = 0) -> str:
     """Add a token for ``name`` to the file and return it (the only time it is shown)."""
     path = Path(path)
     data = _read(path)
     if any(t["name"] == name and not t.get("revoked") for t in data["tokens"]):
         raise ConfigError(f"{path}: an active token named {name!r} exists (revoke it first)")
     token = new_token()
-    entry = {"name": name, "role": role, "tenant": tenant, "commands": list(commands), "sha256": token_hash(token),
-             "created_unix_s": round(time.time(), 3)}
+    entry = {"name": name, "role": role, "tenant": tenant, "commands": list(commands), "max_priority": max_priority,
+             "sha256": token_hash(token), "created_unix_s": round(time.time(), 3)}
     _identity(entry, f"token {name!r}")  # validate before writing
     data["tokens"].append(entry)
     _write(path, data)
@@ -214,13 +223,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tenant", default="")
     p.add_argument("--allow-command", action="append", default=[], metavar="PREFIX",
                    help="an executable or argv prefix this identity may run ('*' = any); repeatable")
+    p.add_argument("--max-priority", type=int, default=0,
+                   help=f"highest job priority a tenant token may submit, 0-{L.PRIORITY_MAX} (default 0: normal at most)")
     r = sub.add_parser("revoke", help="revoke every token of a name")
     r.add_argument("--name", required=True)
     sub.add_parser("list", help="names, roles and tenants (never the tokens)")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "issue":
-            print(issue(args.file, args.name, args.role, args.tenant, args.allow_command))
+            print(issue(args.file, args.name, args.role, args.tenant, args.allow_command, args.max_priority))
         elif args.cmd == "revoke":
             n = revoke(args.file, args.name)
             print(f"revoked {n} token(s) named {args.name!r}")
@@ -228,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             for t in _read(Path(args.file))["tokens"]:
                 state = "revoked" if t.get("revoked") else "active"
-                print(f"{t['name']:<20} {t['role']:<9} {t.get('tenant', ''):<16} {state:<8} commands={t.get('commands', [])}")
+                print(f"{t['name']:<20} {t['role']:<9} {t.get('tenant', ''):<16} {state:<8} commands={t.get('commands', [])} max_priority={t.get('max_priority', 0)}")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

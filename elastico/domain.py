@@ -437,6 +437,8 @@ def validate_job_spec(spec: JobSpec, path: str = "spec") -> None:
     _max_chars(spec.command, L.COMMAND_MAX_CHARS, f"{path}.command")
     validate_labels(spec.labels, f"{path}.labels")
     _batch_size(spec.batch_size, f"{path}.batch_size")
+    if not -L.PRIORITY_MAX <= spec.priority <= L.PRIORITY_MAX:
+        raise InvalidSpec(f"{path}.priority", f"must be in [-{L.PRIORITY_MAX}, {L.PRIORITY_MAX}], got {spec.priority}")
     if spec.kind is JobKind.TRAINING:
         if spec.training is None:
             raise InvalidSpec(f"{path}.training", "is required for a training job")

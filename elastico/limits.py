@@ -58,6 +58,9 @@ Limit                           Value       Field(s)                            
                                             ``.demand[r]``, ``pools[r].capacity``   stay finite
 ``NORM_TPUT_MAX``               1.2         ``Observation.norm_tput_a/_b``          alone is the fastest;
                                             (predictor, node agent)                 20 % noise
+``PRIORITY_MAX``                1000        ``spec.priority`` in [-1000, 1000];     the policy's weight is
+                                            a tenant token's ``max_priority``       1 + priority: 1001x
+                                            caps it lower (``elastico.auth``)       normal at most
 ==============================  ==========  ======================================  ========================
 
 Text a person reads (names, model families, labels, node ids, commands, GPU types) must be printable
@@ -109,6 +112,7 @@ SHARE_PCT_MIN = 1.0
 BATCH_SIZE_MAX = 1 << 20
 TOTAL_STEPS_MAX = 10**12
 MAX_SLOWDOWN_MAX = 1000.0
+PRIORITY_MAX = 1000
 PRICER_VALUE_MAX = 1e12
 NORM_TPUT_MAX = 1.2  # largest observed normalised throughput (services/predictor/observation_rules.py says why)
 

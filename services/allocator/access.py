@@ -48,6 +48,10 @@ def submission_spec(identity: Identity | None, spec: JobSpec, requested_tenant: 
         if reserved:
             raise PermissionDenied(f"label keys under {RESERVED_LABEL_PREFIX!r} are reserved for the Kubernetes extender; "
                                    f"identity {identity.name!r} (role tenant) may not set {', '.join(reserved)}", "spec.labels")
+        if spec.priority > identity.max_priority:
+            raise PermissionDenied(f"identity {identity.name!r} (role tenant) may submit priority {identity.max_priority} "
+                                   f"at most, got {spec.priority} (its token's max_priority; an operator raises it)",
+                                   "spec.priority")
         spec = replace(spec, tenant=identity.tenant)
     if spec.command and not identity.may_run(spec.command):
         raise PermissionDenied(f"identity {identity.name!r} may not run this command (not in its allow-list)", "spec.command")

@@ -172,7 +172,7 @@ async def api(certs, redis_server, tmp_path) -> AsyncIterator[dict]:
     tokens_file = tmp_path / "tokens.json"
     tok = {
         "a": auth.issue(tokens_file, "alice", "tenant", tenant="team-a"),
-        "b": auth.issue(tokens_file, "bob", "tenant", tenant="team-b", commands=["/bin/echo"]),
+        "b": auth.issue(tokens_file, "bob", "tenant", tenant="team-b", commands=["/bin/echo"], max_priority=50),
         "op": auth.issue(tokens_file, "ops", "operator", commands=["*"]),
         "node": auth.issue(tokens_file, "agent", "node"),
         "revoked": auth.issue(tokens_file, "mallory", "tenant", tenant="team-a"),
@@ -309,6 +309,31 @@ async def test_commands_run_only_inside_the_callers_allow_list(api):
     assert await keyspace(api) == before
     assert (await submit(api["stub"]["b"], command="/bin/echo hi")).spec.command == "/bin/echo hi"
     assert (await submit(api["stub"]["op"], tenant="team-c", command="python3 train.py")).spec.tenant == "team-c"
+
+
+async def test_a_tenant_raises_its_jobs_priority_only_as_far_as_its_token_allows(api):
+    """A tenant token submits priority 0 at most unless its operator gave it a ``max_priority``; lower priorities
+    are free; beyond [-1000, 1000] is malformed for everyone. A refusal writes nothing."""
+    def prio(p: int, rid: str) -> apb.SubmitJobRequest:
+        s = spec()
+        s.priority = p
+        return apb.SubmitJobRequest(request_id=rid, spec=s)
+
+    before = await keyspace(api)
+    await expect(api["stub"]["a"].SubmitJob(prio(1, "p-1"), timeout=5), grpc.StatusCode.PERMISSION_DENIED, "spec.priority")
+    await expect(api["stub"]["b"].SubmitJob(prio(51, "p-2"), timeout=5), grpc.StatusCode.PERMISSION_DENIED, "spec.priority")
+    await expect(api["stub"]["op"].SubmitJob(prio(2**31 - 1, "p-3"), timeout=5), grpc.StatusCode.INVALID_ARGUMENT, "spec.priority")
+    assert await keyspace(api) == before
+    assert (await api["stub"]["a"].SubmitJob(prio(-5, "p-4"), timeout=5)).job.spec.priority == -5
+    assert (await api["stub"]["b"].SubmitJob(prio(50, "p-5"), timeout=5)).job.spec.priority == 50
+    assert (await api["stub"]["op"].SubmitJob(prio(1000, "p-6"), timeout=5)).job.spec.priority == 1000
+
+
+def test_a_tokens_max_priority_is_checked_when_issued(tmp_path):
+    with pytest.raises(ConfigError, match="max_priority"):
+        auth.issue(tmp_path / "t.json", "x", "tenant", tenant="t", max_priority=1001)
+    auth.issue(tmp_path / "t.json", "y", "tenant", tenant="t", max_priority=7)
+    assert auth.load_tokens(tmp_path / "t.json").popitem()[1].max_priority == 7
 
 
 async def test_hostile_authorization_metadata_never_yields_unknown(api):
