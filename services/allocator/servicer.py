@@ -22,7 +22,7 @@ import grpc
 
 from elastico.auth import TokenStore
 from elastico.domain import TENANT_RE, Job, JobKind, JobState, StateReason, validate_demand_report, validate_request_id
-from elastico.errors import Conflict, InvalidSpec, NotFound, WrongState
+from elastico.errors import Conflict, InvalidSpec, NotFound, ResourceExhausted, WrongState
 from elastico.limits import TENANT_MAX_CHARS
 from elastico.logging import get_logger
 from elastico.rpc import convert
@@ -135,6 +135,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         self._settings = settings
         self._on_change = on_change or (lambda why: None)
         self._submits = SubmitBatcher(store, settings.max_live_jobs_per_tenant)
+        self._watches: dict[str, int] = {}  # caller identity ("" insecure) -> WatchJobs streams it holds open
         self._bound_log = None
 
     def _log(self):
@@ -215,19 +216,37 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         wanted = {_require_job_id(j, f"job_ids[{i}]") for i, j in enumerate(request.job_ids)}
         identity = current_caller().identity
         tenant = access.visible_tenant(identity)
-        if not after:
-            after = await self._store.last_event_id()
-        owners: dict[str, bool] = {}  # job id -> the caller's tenant owns it (a tenant's watch sees only its jobs)
-        while not context.done():
-            for ev in await self._store.read_events(after, limit=500, block_s=self._settings.watch_poll_s):
-                after = ev.event_id
-                if wanted and ev.job_id not in wanted:
-                    continue
-                if tenant is not None and not await self._owned(ev.job_id, tenant, owners):
-                    continue
-                yield apb.JobEvent(event_id=ev.event_id, job_id=ev.job_id, state=convert.state_to_pb(ev.state),
-                                   reason=convert.reason_to_pb(ev.reason), message=ev.message, version=ev.version,
-                                   time_unix_s=ev.time_s)
+        caller = identity.name if identity is not None else ""
+        self._open_watch(caller)
+        try:
+            if not after:
+                after = await self._store.last_event_id()
+            owners: dict[str, bool] = {}  # job id -> the caller's tenant owns it (a tenant's watch sees only its jobs)
+            while not context.done():
+                for ev in await self._store.read_events(after, limit=500, block_s=self._settings.watch_poll_s):
+                    after = ev.event_id
+                    if wanted and ev.job_id not in wanted:
+                        continue
+                    if tenant is not None and not await self._owned(ev.job_id, tenant, owners):
+                        continue
+                    yield apb.JobEvent(event_id=ev.event_id, job_id=ev.job_id, state=convert.state_to_pb(ev.state),
+                                       reason=convert.reason_to_pb(ev.reason), message=ev.message, version=ev.version,
+                                       time_unix_s=ev.time_s)
+        finally:
+            self._watches[caller] -= 1
+            if not self._watches[caller]:
+                del self._watches[caller]
+
+    def _open_watch(self, caller: str) -> None:
+        """Count one more open WatchJobs stream of ``caller`` (each holds a Redis connection while it waits), or
+        refuse it past the per-caller and the server's limits."""
+        s = self._settings
+        if self._watches.get(caller, 0) >= s.max_watches_per_caller:
+            raise ResourceExhausted(f"{self._watches[caller]} WatchJobs streams of this caller are open, its limit "
+                                    "(ELASTICO_MAX_WATCHES_PER_CALLER); close one, or watch several jobs in one stream")
+        if sum(self._watches.values()) >= s.max_watches:
+            raise ResourceExhausted("the allocator serves ELASTICO_MAX_WATCHES WatchJobs streams already; retry later")
+        self._watches[caller] = self._watches.get(caller, 0) + 1
 
     async def _owned(self, job_id: str, tenant: str, owners: dict[str, bool]) -> bool:
         if job_id not in owners:

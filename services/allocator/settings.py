@@ -70,6 +70,10 @@ class AllocatorSettings(Settings):
     # a tenant's jobs queued or running at most: a submission beyond answers RESOURCE_EXHAUSTED (one tenant cannot
     # flood the store and every round's view); 0 = no limit
     max_live_jobs_per_tenant: int = 10_000
+    # WatchJobs streams open at once (each holds a Redis connection while it waits): per caller identity, and
+    # in all; a stream beyond answers RESOURCE_EXHAUSTED
+    max_watches_per_caller: int = 32
+    max_watches: int = 1024
     decide_worker: str = "process"  # where policy.decide runs: "process" (own core, loop keeps serving) or "thread"
     # --- finished-job retention: the leader's sweep (Store.sweep_finished_jobs) -------------------------------
     job_retention_s: float = 7 * 86400.0  # a finished job (succeeded/failed/cancelled) is deleted this long after, s
@@ -104,6 +108,9 @@ class AllocatorSettings(Settings):
         for name in ("job_retention_s", "job_retention_max", "job_retention_sweep_s", "max_live_jobs_per_tenant"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"ELASTICO_{name.upper()}={getattr(self, name)}: must be >= 0")
+        for name in ("max_watches_per_caller", "max_watches"):
+            if not 1 <= getattr(self, name) <= 100_000:
+                raise ConfigError(f"ELASTICO_{name.upper()}={getattr(self, name)}: must be in [1, 100000]")
         if self.policy_max_attempts < 0:
             raise ConfigError(f"ELASTICO_POLICY_MAX_ATTEMPTS={self.policy_max_attempts}: must be >= 0")
         self._validate_policy_options()

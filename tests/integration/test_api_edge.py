@@ -226,3 +226,43 @@ async def test_a_tenant_at_its_live_job_limit_gets_resource_exhausted_and_others
     assert len(refused) == 3 and all(r.code() is grpc.StatusCode.RESOURCE_EXHAUSTED for r in refused)
     assert "ELASTICO_MAX_LIVE_JOBS_PER_TENANT" in refused[0].details()
     assert not isinstance(results[6], Exception) and results[6].created
+
+
+async def test_watch_streams_are_bounded_per_caller_and_freed_when_closed(redis_server):
+    """Each WatchJobs stream holds a Redis connection while it waits: a caller past
+    ELASTICO_MAX_WATCHES_PER_CALLER gets RESOURCE_EXHAUSTED; closing a stream frees its place."""
+    store = RedisStore.from_url(redis_server.url, namespace=f"watch-{uuid.uuid4().hex[:8]}")
+    settings = AllocatorSettings.from_env({}, insecure=True, redis_url=redis_server.url, port=0, watch_poll_s=0.2,
+                                          max_watches_per_caller=2)
+    srv, port = await create_server(settings, [ServiceBinding(
+        "elastico.v1.Allocator", AllocatorServicer(store, settings), allocator_pb2_grpc.add_AllocatorServicer_to_server)])
+    await srv.start()
+
+    reads = []
+
+    async def opened(stub) -> grpc.aio.Call:
+        call = stub.WatchJobs(allocator_pb2.WatchJobsRequest(), timeout=30)
+        reads.append(asyncio.ensure_future(call.read()))  # waits for an event that never comes
+        await asyncio.sleep(0.5)  # the server has taken the stream up
+        assert not call.done()
+        return call
+
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = allocator_pb2_grpc.AllocatorStub(ch)
+            first, second = await opened(stub), await opened(stub)
+            third = stub.WatchJobs(allocator_pb2.WatchJobsRequest(), timeout=10)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await third.read()
+            assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "ELASTICO_MAX_WATCHES_PER_CALLER" in err.value.details()
+            first.cancel()
+            await asyncio.sleep(0.5)
+            again = await opened(stub)
+            assert again.done() is False  # taken up: the closed stream's place was freed
+            second.cancel()
+            again.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+    finally:
+        await srv.stop(0)
+        await store.close()
