@@ -378,9 +378,11 @@ class Scheduler:
             log.debug("pending jobs sit out this round: their last placement could not be applied",
                       job_ids=sorted(self._not_applied))
         jobs = [j for j in cluster.jobs if j.job_id not in skip] if skip else cluster.jobs
-        view, index = build_view(jobs, cluster.nodes, self.types, self.resolve, now, self.s.node_stale_s,
-                                 self.s.time_scale, self.s.max_tenants, observed=self._readings(cluster.jobs, cluster.workloads),
-                                 demand_rps=forecasts)
+        # pure and a good part of a round with thousands of jobs pending: in a thread, so the event loop keeps
+        # answering the API meanwhile (it holds the GIL only between the interpreter's switches)
+        view, index = await asyncio.to_thread(
+            build_view, jobs, cluster.nodes, self.types, self.resolve, now, self.s.node_stale_s, self.s.time_scale,
+            self.s.max_tenants, observed=self._readings(cluster.jobs, cluster.workloads), demand_rps=forecasts)
         rep.pending = len(view.pending)
         observed = observed_speeds(view, index, cluster.workloads)
         t1 = time.perf_counter()

@@ -252,6 +252,27 @@ async def test_jobs_their_allowed_nodes_or_one_node_cannot_host_are_never_schedu
     assert events == [StateReason.SUBMITTED, StateReason.NEVER_SCHEDULABLE]
 
 
+async def test_the_view_is_built_off_the_event_loop(store, monkeypatch):
+    """With thousands of jobs pending, building the view is most of a round (~260 ms at 10,000): it runs in a
+    thread, so the API's other calls are answered meanwhile (a probe saw 300-ms stalls of every caller)."""
+    import threading
+
+    from services.allocator import rounds
+
+    threads = []
+
+    def recording(*args, **kw):
+        threads.append(threading.current_thread())
+        return build_view(*args, **kw)
+
+    monkeypatch.setattr(rounds, "build_view", recording)
+    await heartbeat(store, "n1")
+    lease, epoch = await leader(store, "a")
+    job, _ = await store.create_job(make_job())
+    assert (await Scheduler(store, settings(), lease).round(epoch)).placed == [job.job_id]
+    assert threads and all(t is not threading.main_thread() for t in threads)
+
+
 async def test_a_placement_the_store_cannot_take_holds_no_gpu_for_more_than_a_round(store):
     """On GPUs of two memory sizes, a job declaring a big-memory shape (it fits the big GPU, which is taken) and a
     small one: the policy may plan the big shape on a small GPU, which the store cannot take. That job sits out the
