@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from devtools.cli import MAX_SPEC_FILE_BYTES, UsageError, load_specs
+from devtools.jobfiles import MAX_SPEC_FILE_BYTES, UsageError, load_specs
 
 VALID = "name: x\nkind: training\nmodel_family: ResNet-50\nbatch_size: 32\ntraining: {total_steps: 10}\n"
 
