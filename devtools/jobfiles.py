@@ -11,8 +11,8 @@ import sys
 import yaml
 
 from elastico import domain as d
-from elastico.client import spec_from_dict
 from elastico.errors import InvalidSpec
+from elastico.specs import spec_from_dict
 
 MAX_SPEC_FILE_BYTES = 4 << 20  # a job file larger than this is refused (specs are a few KiB each)
 

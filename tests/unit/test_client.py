@@ -20,12 +20,12 @@ from elastico.client import (
     AllocatorError,
     AsyncAllocatorClient,
     ClientConfig,
-    spec_from_dict,
     split_field,
 )
 from elastico.errors import InvalidSpec
 from elastico.rpc import convert
 from elastico.rpc.security import ClientTLS
+from elastico.specs import spec_from_dict
 from elastico.v1 import allocator_pb2 as apb
 from elastico.v1 import allocator_pb2_grpc
 from elastico.v1 import types_pb2 as pb
