@@ -332,7 +332,9 @@ return out
 """
 
 # ARGV[1] = key prefix. Every registered node in one step: a flat list of
-# (node JSON, 'share_used,mem_used' of each of its GPUs in the JSON's order joined by ';').
+# (node JSON, 'share_used,mem_used' of each of its GPUs in the JSON's order joined by ';'). A member of ``nodes``
+# without a node record is removed (registration writes the record, then adds the member: a member alone was never
+# a node): a node agent may add members, so one that added junk costs this script once, not every round.
 NODES = r"""
 local p = ARGV[1]
 local ids = redis.call('SMEMBERS', p .. 'nodes')
@@ -340,7 +342,9 @@ table.sort(ids)
 local out = {}
 for _, id in ipairs(ids) do
   local data = redis.call('GET', p .. 'node:' .. id)
-  if data then
+  if not data then
+    redis.call('SREM', p .. 'nodes', id)
+  else
     local usage = {}
     for i, g in ipairs(cjson.decode(data).gpus) do
       local u = redis.call('HMGET', p .. 'gpu:' .. id .. ':' .. string.format('%d', g.index), 'share_used', 'mem_used')

@@ -13,6 +13,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from elastico.domain import DemandReport, NodeInfo, Placement, Workload
@@ -37,6 +38,10 @@ R = TypeVar("R")
 EVENT_STREAM_MAXLEN = 100_000
 
 
+# error replies of a Redis that cannot serve now (a long script, out of memory, loading, a replica): retryable
+_TRANSIENT_REPLIES = ("BUSY", "OOM", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+
+
 def _unavailable_on_connection_error(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -44,6 +49,10 @@ def _unavailable_on_connection_error(fn: Callable[P, Awaitable[R]]) -> Callable[
             return await fn(*args, **kwargs)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise Unavailable(f"redis unavailable: {exc}") from exc
+        except ResponseError as exc:
+            if str(exc).startswith(_TRANSIENT_REPLIES):
+                raise Unavailable(f"redis cannot serve now: {exc}") from exc
+            raise
 
     return wrapper
 

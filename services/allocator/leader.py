@@ -75,9 +75,14 @@ class LeaderLease:
         self._valid_until = valid_until
 
     async def run(self) -> None:
-        """Acquire/renew forever (cancel to stop)."""
+        """Acquire/renew forever (cancel to stop). No error ends it: an unexpected one is logged and the lease
+        lapses like an unreachable store's, so the replica leads again once the store answers."""
         while True:
-            await self.try_acquire()
+            try:
+                await self.try_acquire()
+            except Exception as exc:  # noqa: BLE001 - the renewal loop is this replica's only way back to leading
+                log.error("lease renewal failed unexpectedly", holder=self.holder, error=f"{type(exc).__name__}: {exc}")
+                self._set(None if self._clock() >= self._valid_until else self._epoch, self._valid_until)
             await asyncio.sleep(self.ttl_s / 3)
 
     def start(self) -> None:

@@ -4,6 +4,7 @@ was; no password or a wrong one gets no access; rediss:// with a CA from the URL
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
 from collections.abc import Iterator
@@ -236,3 +237,55 @@ async def test_rediss_url_with_the_ca_in_its_query_reaches_a_tls_redis(tmp_path)
             plain.ping()  # no plaintext on the TLS port
     finally:
         server.stop()
+
+
+async def test_junk_a_node_adds_to_the_node_set_is_dropped_by_the_next_listing(server):
+    """A node user may add members to ``nodes`` (it registers itself so); members with no node record were never
+    nodes: the allocator's listing removes them, so junk costs one listing, not every round."""
+    node1 = RedisStore.from_url(server.url_for("node.node-1"), namespace=NS)
+    alloc = RedisStore.from_url(server.url_for("allocator"), namespace=NS)
+    try:
+        await node1.put_node(make_node("node-1"))
+        with redis.Redis.from_url(server.url_for("node.node-1")) as r:
+            r.sadd(f"{{{NS}}}:nodes", *[f"ghost-{i}" for i in range(5000)])
+        assert [n.node_id for n in await alloc.list_nodes()] == ["node-1"]
+        with admin(server) as r:
+            assert r.smembers(f"{{{NS}}}:nodes") == {b"node-1"}
+    finally:
+        await node1.close()
+        await alloc.close()
+
+
+async def test_a_busy_or_full_redis_is_unavailable_not_an_unexpected_error(server, monkeypatch):
+    """Replies of a Redis that cannot serve now (a long script, out of memory) are retryable Unavailable, which
+    the lease loop and the rounds wait out; other error replies stay what they are."""
+    from elastico.errors import Unavailable
+    from services.allocator.leader import LeaderLease
+
+    store = RedisStore.from_url(server.url_for("allocator"), namespace=NS)
+    replies = iter(["BUSY Redis is busy running a script.", "OOM command not allowed when used memory > 'maxmemory'."])
+
+    async def refusing(*args, **kw):
+        raise redis.exceptions.ResponseError(next(replies))
+
+    try:
+        monkeypatch.setattr(store._r, "get", refusing)
+        for _ in range(2):
+            with pytest.raises(Unavailable, match="cannot serve now"):
+                await store.get_status("allocator")
+        monkeypatch.undo()
+        lease = LeaderLease(store, "a", ttl_s=0.3)
+        monkeypatch.setattr(store, "acquire_leadership", refusing)  # an error the lease does not expect
+        replies = iter(["ERR something else"] * 10)
+        task = asyncio.create_task(lease.run())
+        await asyncio.sleep(0.25)
+        assert not task.done()  # the renewal loop survives it
+        monkeypatch.undo()
+        for _ in range(20):
+            if lease.epoch is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert lease.epoch is not None  # and leads again once the store answers
+        task.cancel()
+    finally:
+        await store.close()
