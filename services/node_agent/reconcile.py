@@ -98,6 +98,7 @@ from services.node_agent.runner import (
     Runner,
     find_tagged,
     free_loopback_port,
+    path_safe_id,
     proc_start_ticks,
     serving_argv,
     synthetic_argv,
@@ -133,6 +134,7 @@ class Reconciler:
         self.mps = mps
         self.node_id = node_id
         self.state_dir = Path(state_dir)
+        self._refused_ids: set[str] = set()  # desired-state keys left out as not path-safe (logged once each)
         self.runner = Runner(self.state_dir, policy, fence_s, stop_grace_s)  # None = the default policy (never root)
         self.ledger = LedgerFile.load(self.state_dir / "ledger.json")
         self.stop_grace_s = stop_grace_s
@@ -161,9 +163,8 @@ class Reconciler:
             if (job_id, pid_) in known:
                 continue
             # started right before a crash, never recorded: launch.json has its entry
-            launch = workload_dir(self.state_dir, job_id, pid_) / "launch.json"
-            try:
-                entry = codec.loads(LedgerEntry, launch.read_text())
+            try:  # the tag comes from the process's environment: workload_dir refuses one that leaves the state dir
+                entry = codec.loads(LedgerEntry, (workload_dir(self.state_dir, job_id, pid_) / "launch.json").read_text())
             except (OSError, ValueError, KeyError) as exc:
                 log.error("unknown tagged workload process; killing it", job_id=job_id, pid=pid, error=str(exc))
                 self.runner.signal_group(LedgerEntry(job_id, pid_, _EMPTY_PLACEMENT, (), 0, 0, "", pid=pid,
@@ -226,6 +227,7 @@ class Reconciler:
             return await self._pass(gen, desired)
 
     async def _pass(self, gen: int, desired: dict[str, Placement]) -> SyncResult:
+        desired = self._path_safe(desired)
         now = time.time()
         await self.health.check(now, self._client_pids)
         self._observe_ends(now)
@@ -331,6 +333,18 @@ class Reconciler:
         return ended
 
     # --- 3. moving services --------------------------------------------------------------------------
+    def _path_safe(self, desired: dict[str, Placement]) -> dict[str, Placement]:
+        """Desired entries whose job and placement ids can name directories (the allocator's always can): one
+        that could not would make this root process write outside its state dir, so it is left out, and logged
+        once."""
+        bad = [k for k, p in desired.items()
+               if not (path_safe_id(k.removesuffix(DRAIN_SUFFIX)) and path_safe_id(placement_id(p)))]
+        for k in bad:
+            if k not in self._refused_ids:
+                self._refused_ids.add(k)
+                log.error("desired state names a job id that is not path-safe; ignored", job_id=k[:128])
+        return {k: p for k, p in desired.items() if k not in bad} if bad else desired
+
     async def _keep_moving(self, desired: dict[str, Placement]) -> int:
         """Re-key the workload running a moving service's previous placement under its drain key; returns how
         many stale drain replicas (an older move's, still in the ledger) had to be stopped to make room.

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -270,9 +271,24 @@ def kill_tagged(state_dir: str, sig: int = signal.SIGKILL) -> list[int]:
 
 
 # --- runner ----------------------------------------------------------------------------------------
+#: a job or placement id that may name a directory: no separator, no leading dot ("..", hidden names)
+PATH_SAFE_ID_RE = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}")
+
+
+def path_safe_id(value: str) -> bool:
+    """Whether ``value`` can name a directory under the state dir without leaving it."""
+    return PATH_SAFE_ID_RE.fullmatch(value) is not None
+
+
 def workload_dir(state_dir: Path, job_id: str, placement_id: str) -> Path:
-    safe = placement_id.replace(":", "_").replace("/", "_")
-    return state_dir / "workloads" / job_id / safe
+    """``<state>/workloads/<job>/<placement>``.
+
+    Raises:
+        ValueError: an id that would leave that directory (desired state is checked before it gets here).
+    """
+    if not (path_safe_id(job_id) and path_safe_id(placement_id)):
+        raise ValueError(f"job {job_id[:64]!r} / placement {placement_id[:64]!r}: not a path-safe id")
+    return state_dir / "workloads" / job_id / placement_id.replace(":", "_")
 
 
 def synthetic_argv(total_steps: float, start_steps: float, python: str = sys.executable) -> list[str]:

@@ -412,3 +412,27 @@ async def test_a_workload_s_end_is_reported_at_once_not_at_the_next_interval(clu
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_desired_state_with_ids_that_are_not_path_safe_writes_nothing_outside_the_state_dir(cluster):
+    """Job and placement ids name the agent's directories: desired entries whose ids would leave
+    ``<state>/workloads`` (a compromised writer of desired state) are ignored, and a valid one still starts."""
+    from elastico.state import codec
+
+    c, store = cluster, cluster["store"]
+    state = c["states"]["n1"]
+    outside = state.parent / "escaped"
+    job, _ = await store.create_job(make_job())
+    good = replace(slice_placement("n1", 40.0), job_id=job.job_id, epoch=c["epoch"], committed_at_s=1.0)
+    hostile = {f"../../{outside.name}": good, str(outside) + "-abs": good, "..": good, "a/../../b": good}
+    store._desired.setdefault("n1", {}).update({k: codec.dumps(replace(p, job_id=k)) for k, p in hostile.items()})
+    store._desired["n1"][job.job_id] = codec.dumps(good)
+    store._desired_gen["n1"] = store._desired_gen.get("n1", 0) + 1
+    with capture_logs() as logs:
+        await c["agents"]["n1"].reconcile()
+        await c["agents"]["n1"].reconcile()
+    assert not outside.exists() and not Path(str(outside) + "-abs").exists()
+    assert sorted(p.name for p in (state / "workloads").iterdir()) >= [job.job_id]
+    assert all(p.name not in ("..", "a", "b") for p in state.parent.iterdir() if p != state)
+    refused = [e["job_id"] for e in logs if e.get("event", "").startswith("desired state names a job id")]
+    assert sorted(refused) == sorted([f"../../{outside.name}", str(outside) + "-abs", "..", "a/../../b"])
