@@ -10,6 +10,7 @@ assignment, so every answer comes from exactly one model and names its version.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import Container
@@ -171,17 +172,34 @@ def save_private(model: InterferenceModel, path: Path) -> Path:
     return model.save(path)
 
 
+#: what one node's observations may weigh in a retrain (the newest are kept): at most this many rows of one pair
+#: (the same two profiles) and in all -- a node, or its certificate, cannot outvote the shipped data and the others
+OBSERVATIONS_PER_NODE_PAIR = 32
+OBSERVATIONS_PER_NODE = 100
+
+
 def _learnable_logged(texts: list[str], families: Container[str]) -> tuple[list[Observation], int]:
-    """Decode the logged observations and keep those the model may learn from (entries logged before the
-    checks of :func:`_observation_entries` existed may not pass them); returns them and how many were dropped."""
-    kept = []
-    for t in texts:
+    """Decode the logged observations (oldest first) and keep those the model may learn from (entries logged
+    before the checks of :func:`_observation_entries` existed may not pass them), each node's newest within
+    ``OBSERVATIONS_PER_NODE_PAIR`` / ``OBSERVATIONS_PER_NODE``; returns them and how many were dropped."""
+    kept: list[Observation] = []
+    per_node: dict[str, int] = {}
+    per_pair: dict[tuple, int] = {}
+    for t in reversed(texts):  # newest first: what a node's caps keep
         try:
-            obs = obslog.decode(t)
-        except (ValueError, KeyError, TypeError):
+            obs, raw = obslog.decode(t), json.loads(t)
+            node = str(raw.get("node_id", ""))
+            pair = (node, json.dumps(raw["a"], sort_keys=True), json.dumps(raw["b"], sort_keys=True))
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
-        if rules.learnable(obs, families):
-            kept.append(obs)
+        if not rules.learnable(obs, families):
+            continue
+        if per_node.get(node, 0) >= OBSERVATIONS_PER_NODE or per_pair.get(pair, 0) >= OBSERVATIONS_PER_NODE_PAIR:
+            continue
+        per_node[node] = per_node.get(node, 0) + 1
+        per_pair[pair] = per_pair.get(pair, 0) + 1
+        kept.append(obs)
+    kept.reverse()
     return kept, len(texts) - len(kept)
 
 

@@ -213,3 +213,18 @@ async def test_refresh_writes_its_own_file_and_keeps_junk_out_of_the_model(serve
     assert InterferenceModel.load(refreshed).version == servicer.model.version
     assert not {f for f in servicer.model.meta["families_seen"] if "evil" in f or "31m" in f}
     assert servicer.model.meta["training_rows"] == len(servicer._base_rows) + 25
+
+
+async def test_a_node_flooding_observations_counts_its_newest_rows_within_caps(served):
+    """A node (or its stolen certificate) flooding observations counts its newest 32 rows per pair and 100 in
+    all at a retrain (a probe's 88,840 forged rows took a 64-s, 1-GB retrain and set every prediction to 0.01);
+    another node's honest rows are all learnt."""
+    stub, servicer = served
+    spread = [obs(prof("ResNet-50", 8 + k), norm_tput_a=0.01, norm_tput_b=0.01, node_id="evil")
+              for k in range(40) for _ in range(20)]  # 800 rows over 40 pairs
+    forged = [obs(norm_tput_a=0.01, norm_tput_b=0.01, node_id="evil")] * 5000
+    honest = [obs(prof("ResNet-18", 16), node_id="good")] * 30
+    for batch in (spread, forged, honest):  # oldest first
+        assert (await stub.ReportObservation(prpb.ReportObservationRequest(observations=batch), timeout=20)).accepted == len(batch)
+    assert await servicer.refresh(force=True)
+    assert servicer.model.meta["training_rows"] == len(servicer._base_rows) + 100 + 30

@@ -375,3 +375,21 @@ def test_version_2_artifact_without_cap_classifiers_still_loads(rows: list[Obser
                       params=TrainParams(cap_model=False))
     np.testing.assert_array_equal(old.predict_pairs([(r.a, r.b)]), off.predict_pairs([(r.a, r.b)]))
     assert m.predict_pairs([(r.a, r.b)])[0, 0] == 1.0
+
+
+def test_the_clusters_own_domain_mean_starts_from_the_shipped_ones_and_moves_with_its_rows():
+    """The prior of a pair nobody measured in this cluster's environment (no "@env" domain) is the shipped
+    environments' mean until the cluster's own rows accumulate: one observation does not set it (it moved an
+    unrelated pair from 0.60 to 0.18), 1,000 mostly do. Shipped domains are unaffected."""
+    from services.predictor.model.encoders import CLUSTER_DOMAIN_N, JobPrior
+
+    shipped = [(JobProfile("ResNet-50", "v100", 64, env="gavel"), JobProfile("ResNet-18", "v100", 32, env="gavel"))] * 50
+    own = (JobProfile("ResNet-50", "v100", 64), JobProfile("ResNet-18", "v100", 32))
+    unseen = ["v100", "transformer|32", "recommendation|8192"]
+    for n, near_own in ((1, False), (1000, True)):
+        prior, _ = JobPrior.fit(shipped + [own] * n, np.array([0.8] * 50 + [0.2] * n), prior_n=2.0)
+        [v] = prior.values([unseen[0]], [unseen[1]], [unseen[2]])
+        expected = (0.2 * n + CLUSTER_DOMAIN_N * prior.global_mean) / (n + CLUSTER_DOMAIN_N)
+        assert v == pytest.approx(expected) and bool(abs(v - 0.2) < 0.1) is near_own, (n, v)
+    [g] = prior.values(["v100@gavel"], [unseen[1]], [unseen[2]])
+    assert g == pytest.approx(0.8)  # a shipped domain keeps its own mean
