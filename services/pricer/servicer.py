@@ -155,8 +155,15 @@ def _solve_to_pb(request: ppb.ComputeAllocationRequest, problem: PricingProblem,
 class PricerServicer(pricer_pb2_grpc.PricerServicer):
     def __init__(self, settings: PricerSettings) -> None:
         self._settings = settings
+        self._slots: asyncio.Semaphore | None = None  # created on the serving loop (settings.max_concurrent)
 
     async def ComputeAllocation(self, request: ppb.ComputeAllocationRequest, context: grpc.aio.ServicerContext) -> ppb.ComputeAllocationResponse:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self._settings.max_concurrent)
+        async with self._slots:  # bounds the memory of the requests in conversion or solve at once
+            return await self._compute(request, context)
+
+    async def _compute(self, request: ppb.ComputeAllocationRequest, context: grpc.aio.ServicerContext) -> ppb.ComputeAllocationResponse:
         # sizes are bounded before any array exists; the conversion (and later the solve) is CPU-bound, so both
         # run in a worker thread: the event loop keeps answering health checks and other calls meanwhile
         problem = await asyncio.to_thread(problem_from_pb, request, self._settings.max_jobs, self._settings.max_cells)

@@ -121,3 +121,41 @@ def test_max_cells_setting_is_validated():
 async def test_empty_job_list_is_fine(pricer):
     resp = await pricer.ComputeAllocation(ppb.ComputeAllocationRequest(pools=[ppb.ResourcePool(name="g", capacity=4)]), timeout=5)
     assert resp.status == ppb.SOLVER_STATUS_OPTIMAL and list(resp.assignments) == []
+
+
+async def test_requests_beyond_max_concurrent_wait_their_turn(monkeypatch):
+    """At most ``ELASTICO_MAX_CONCURRENT`` requests are solved at once (each can hold ~800 MB at the cell limit);
+    the others wait and are answered."""
+    import asyncio
+    import threading
+    import time
+
+    from services.pricer import servicer as pricer_servicer
+
+    running, peak, lock = [0], [0], threading.Lock()
+    solve = pricer_servicer._solve_to_pb
+
+    def slow_solve(*args):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.2)
+        try:
+            return solve(*args)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(pricer_servicer, "_solve_to_pb", slow_solve)
+    settings = PricerSettings.from_env({}, insecure=True, port=0, max_concurrent=2)
+    server, port = await create_server(settings, [ServiceBinding(
+        "elastico.v1.Pricer", PricerServicer(settings), pricer_pb2_grpc.add_PricerServicer_to_server)])
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = pricer_pb2_grpc.PricerStub(ch)
+            answers = await asyncio.gather(*[stub.ComputeAllocation(request(seed=k), timeout=20) for k in range(5)])
+    finally:
+        await server.stop(0)
+    assert len(answers) == 5 and all(len(a.assignments) == 30 for a in answers)
+    assert peak[0] == 2
