@@ -107,7 +107,7 @@ def run_part(spec: dict, common: dict, variant: int | None) -> dict:
     ceiling = throughput_ceiling(w.train, w.types, results[0].window_end_s, spec["gpus"], w.inf)
     ninf = 0 if w.inf is None else len(w.inf.start_s)
     head = (f"== {spec['gpus']} GPUs (nodes of {common['node_gpus']}), inference share {spec['share']:.2f}"
-            f"{' (trace-derived)' if spec['main'] else ''}: {ninf} services, {w.static_inference_gpus:.1f} GPUs on "
+            f"{' (trace-derived)' if spec['main'] and common['inference'] else ''}: {ninf} services, {w.static_inference_gpus:.1f} GPUs on "
             f"average under static allocation; {len(w.train.arrival_s)} training jobs at offered load "
             f"{w.train.offered_load:.2f} on the {w.training_gpus:.1f} GPUs left to training; estimate: "
             f"{w.estimator_name}; ground truth: {w.truth.measured_pairs} measured pairs")
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
               f"the requested GPU-time ({pods['by_count']:.3f} of the requested GPUs by count); headline share "
               f"{main_shares[0]:.2f}", flush=True)
     else:
-        main_shares = a.shares or [0.25]
+        main_shares = [0.0] if a.no_inference else (a.shares or [0.25])  # 0: no inference at all
     extra = [] if a.no_inference else [s for s in a.extra_shares if s not in main_shares]
     if a.smoke:
         a.sizes, a.loads, a.jobs_64, a.skip_speed = [16], [1.0], 40, True
