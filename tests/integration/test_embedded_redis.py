@@ -102,3 +102,22 @@ async def test_kill_9_and_restart_with_acl_users_keeps_every_transaction(tmp_pat
             redis.Redis(host=restarted.host, port=restarted.port, retry=Retry(NoBackoff(), 0)).set("x", 1)
     finally:
         restarted.stop()
+
+
+async def test_a_full_store_refuses_writes_as_unavailable_and_keeps_what_it_has(tmp_path):
+    """The local Redis has a memory ceiling (``--maxmemory``, no eviction): over it, writes are refused (the
+    suite maps the OOM reply to ``Unavailable``, test_redis_acl) and nothing stored is evicted."""
+    server = EmbeddedRedis(tmp_path / "r", maxmemory_mib=4)
+    server.start()
+    store = RedisStore.from_url(server.url, namespace="full")
+    try:
+        kept, _ = await store.create_job(make_job())
+        with redis.Redis.from_url(server.url) as r:
+            assert r.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
+            with pytest.raises(redis.exceptions.OutOfMemoryError):
+                for i in range(4096):  # small values: full means the next small write is refused too
+                    r.set(f"{{full}}:filler:{i}", b"x" * 4096)
+        assert (await store.get_job(kept.job_id)).job_id == kept.job_id
+    finally:
+        await store.close()
+        server.stop()

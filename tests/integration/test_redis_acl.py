@@ -263,10 +263,11 @@ async def test_a_busy_or_full_redis_is_unavailable_not_an_unexpected_error(serve
     from services.allocator.leader import LeaderLease
 
     store = RedisStore.from_url(server.url_for("allocator"), namespace=NS)
-    replies = iter(["BUSY Redis is busy running a script.", "OOM command not allowed when used memory > 'maxmemory'."])
+    replies = iter([redis.exceptions.ResponseError("BUSY Redis is busy running a script."),
+                    redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")])
 
     async def refusing(*args, **kw):
-        raise redis.exceptions.ResponseError(next(replies))
+        raise next(replies)
 
     try:
         monkeypatch.setattr(store._r, "get", refusing)
@@ -276,7 +277,7 @@ async def test_a_busy_or_full_redis_is_unavailable_not_an_unexpected_error(serve
         monkeypatch.undo()
         lease = LeaderLease(store, "a", ttl_s=0.3)
         monkeypatch.setattr(store, "acquire_leadership", refusing)  # an error the lease does not expect
-        replies = iter(["ERR something else"] * 10)
+        replies = iter([redis.exceptions.ResponseError("ERR something else")] * 10)
         task = asyncio.create_task(lease.run())
         await asyncio.sleep(0.25)
         assert not task.done()  # the renewal loop survives it
