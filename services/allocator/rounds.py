@@ -548,13 +548,12 @@ class Scheduler:
 
         never = [(i, j, w) for i, j in enumerate(jobs) if j.state is JobState.PENDING and (w := why(j.spec))]
         marks = [(i, j, w) for i, j, w in never if j.reason is not StateReason.NEVER_SCHEDULABLE]
-        if not marks:
-            return frozenset(j.job_id for _, j, _ in never)
-        results = await self.store.update_jobs(
-            [(j, replace(j, reason=StateReason.NEVER_SCHEDULABLE, message=w)) for _, j, w in marks], epoch=epoch)
-        for (i, _, _), new in zip(marks, results, strict=True):
-            if not isinstance(new, Conflict):
-                jobs[i] = new
+        if marks:
+            results = await self.store.update_jobs(
+                [(j, replace(j, reason=StateReason.NEVER_SCHEDULABLE, message=w)) for _, j, w in marks], epoch=epoch)
+            for (i, _, _), new in zip(marks, results, strict=True):
+                if not isinstance(new, Conflict):
+                    jobs[i] = new
         return frozenset(j.job_id for _, j, _ in never)
 
     async def _commit(self, epoch: int, batch: list[tuple[Job, Placement]], rep: RoundReport, touched: set[str]) -> bool:

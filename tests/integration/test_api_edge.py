@@ -95,13 +95,20 @@ async def test_health_watch_streams_serving_then_not_serving_before_the_port_clo
 
 
 async def test_an_open_watch_ends_cleanly_when_the_server_drains(server):
+    from elastico.v1 import types_pb2
+
     srv, addr = server
     async with grpc.aio.insecure_channel(addr) as ch:
-        stream = allocator_pb2_grpc.AllocatorStub(ch).WatchJobs(allocator_pb2.WatchJobsRequest(), timeout=10)
+        stub = allocator_pb2_grpc.AllocatorStub(ch)
+        stream = stub.WatchJobs(allocator_pb2.WatchJobsRequest(), timeout=10)
         await asyncio.sleep(0.3)
+        spec = types_pb2.JobSpec(name="w", tenant="t", kind=types_pb2.JOB_KIND_TRAINING, model_family="ResNet-50",
+                                 batch_size=32, training=types_pb2.TrainingWork(total_steps=10))
+        await stub.SubmitJob(allocator_pb2.SubmitJobRequest(request_id="drain-1", spec=spec), timeout=5)
+        await stream.read()  # the server's handler is serving the stream (on a busy machine it may start late)
         started = time.monotonic()
         stop = asyncio.create_task(srv.stop(2.0, drain_s=0.3))
-        async for _ in stream:
+        while await stream.read() != grpc.aio.EOF:
             pass
         assert await stream.code() is grpc.StatusCode.OK
         assert time.monotonic() - started < 1.0  # ended at the drain, not cut when the grace ran out
