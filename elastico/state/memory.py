@@ -37,7 +37,6 @@ class MemoryStore(StoreBase):
         self._clock = clock
         self._jobs: dict[str, tuple[int, str, str]] = {}  # job_id -> (version, state, data)
         self._active: set[str] = set()  # ids of non-terminal jobs
-        self._tenant_active: dict[str, set[str]] = {}  # tenant -> ids of its non-terminal jobs
         self._status: dict[str, str] = {}
         self._demand: dict[str, dict[float, str]] = {}  # job_id -> window end -> DemandReport JSON
         self._index: dict[str, int] = {}  # job_id -> submission sequence
@@ -67,9 +66,10 @@ class MemoryStore(StoreBase):
                 version = current[0] if current else 0
                 if version != w.expected_version:
                     raise Conflict(f"job {w.job_id} is at version {version}, expected {w.expected_version}")
-                live = len(self._tenant_active.get(w.tenant, ()))
-                if w.live_limit > 0 and live >= w.live_limit:
-                    raise ResourceExhausted(tenant_limit_message(w.tenant, live))
+                if w.live_limit > 0:
+                    live = sum(1 for j in self._active if self._meta.get(j, ("",))[0] == w.tenant)
+                    if live >= w.live_limit:
+                        raise ResourceExhausted(tenant_limit_message(w.tenant, live))
             pending: dict[tuple[str, int], list[int]] = {}
             for d in tx.gpus:
                 key = (d.node_id, d.gpu_index)
@@ -94,15 +94,12 @@ class MemoryStore(StoreBase):
                         self._seq += 1
                         self._index[w.job_id] = self._seq
                     self._meta[w.job_id] = (w.tenant, w.request_id)
-                tenant_live = self._tenant_active.setdefault(self._meta[w.job_id][0], set()) if w.job_id in self._meta else set()
                 if w.state in _TERMINAL:
                     self._active.discard(w.job_id)
-                    tenant_live.discard(w.job_id)
                     if w.job_id in self._meta and (old is None or old[1] != w.state):
                         self._finished[w.job_id] = w.time_s
                 else:
                     self._active.add(w.job_id)
-                    tenant_live.add(w.job_id)
             for key, used in pending.items():
                 self._gpu_used[key] = [max(0, used[0]), max(0, used[1])]
             for op in tx.desired:

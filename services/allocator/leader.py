@@ -48,12 +48,16 @@ class LeaderLease:
         return self._clock() - self._store_answered <= self.ttl_s
 
     async def try_acquire(self) -> int | None:
-        """One acquire-or-renew attempt; returns the epoch when leading."""
+        """One acquire-or-renew attempt; returns the epoch when leading. A failed one, whatever the error, keeps the
+        lease it holds until that lapses (the store may answer at the next attempt)."""
         started = self._clock()
         try:
             epoch = await self._store.acquire_leadership(self.holder, self.ttl_s)
-        except Unavailable as exc:
-            log.warning("lease renewal failed", holder=self.holder, error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - no error may end the renewals: the lease lapses as if unreachable
+            if isinstance(exc, Unavailable):
+                log.warning("lease renewal failed", holder=self.holder, error=str(exc))
+            else:
+                log.error("lease renewal failed unexpectedly", holder=self.holder, error=f"{type(exc).__name__}: {exc}")
             epoch = None if self._clock() >= self._valid_until else self._epoch
             self._set(epoch, self._valid_until)
             return self.epoch
@@ -75,14 +79,10 @@ class LeaderLease:
         self._valid_until = valid_until
 
     async def run(self) -> None:
-        """Acquire/renew forever (cancel to stop). No error ends it: an unexpected one is logged and the lease
-        lapses like an unreachable store's, so the replica leads again once the store answers."""
+        """Acquire/renew forever (cancel to stop); no error ends it (:meth:`try_acquire` lets the lease lapse
+        instead), so the replica leads again once the store answers."""
         while True:
-            try:
-                await self.try_acquire()
-            except Exception as exc:  # noqa: BLE001 - the renewal loop is this replica's only way back to leading
-                log.error("lease renewal failed unexpectedly", holder=self.holder, error=f"{type(exc).__name__}: {exc}")
-                self._set(None if self._clock() >= self._valid_until else self._epoch, self._valid_until)
+            await self.try_acquire()
             await asyncio.sleep(self.ttl_s / 3)
 
     def start(self) -> None:

@@ -32,8 +32,8 @@ def encode(obs: Observation, node_id: str, time_unix_s: float) -> str:
                        "node_id": node_id, "time_unix_s": time_unix_s})
 
 
-def decode(text: str) -> Observation:
-    d = json.loads(text)
+def from_record(d: dict) -> Observation:
+    """The observation of one decoded log record (:func:`encode`'s JSON; it also names the node and time)."""
 
     def prof(x: dict) -> JobProfile:
         return JobProfile(**{k: (math.nan if v is None else v) for k, v in x.items()})

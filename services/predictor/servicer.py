@@ -187,8 +187,8 @@ def _learnable_logged(texts: list[str], families: Container[str]) -> tuple[list[
     per_pair: dict[tuple, int] = {}
     for t in reversed(texts):  # newest first: what a node's caps keep
         try:
-            obs, raw = obslog.decode(t), json.loads(t)
-            node = str(raw.get("node_id", ""))
+            raw = json.loads(t)
+            obs, node = obslog.from_record(raw), str(raw.get("node_id", ""))
             pair = (node, json.dumps(raw["a"], sort_keys=True), json.dumps(raw["b"], sort_keys=True))
         except (ValueError, KeyError, TypeError, AttributeError):
             continue

@@ -155,11 +155,9 @@ def _solve_to_pb(request: ppb.ComputeAllocationRequest, problem: PricingProblem,
 class PricerServicer(pricer_pb2_grpc.PricerServicer):
     def __init__(self, settings: PricerSettings) -> None:
         self._settings = settings
-        self._slots: asyncio.Semaphore | None = None  # created on the serving loop (settings.max_concurrent)
+        self._slots = asyncio.Semaphore(settings.max_concurrent)  # binds to the serving loop at its first use
 
     async def ComputeAllocation(self, request: ppb.ComputeAllocationRequest, context: grpc.aio.ServicerContext) -> ppb.ComputeAllocationResponse:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self._settings.max_concurrent)
         async with self._slots:  # bounds the memory of the requests in conversion or solve at once
             return await self._compute(request, context)
 
