@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
@@ -13,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from elastico.rpc.server import ServiceBinding, create_server
 from elastico.state.redis_store import RedisStore
-from elastico.v1 import allocator_pb2, allocator_pb2_grpc, node_agent_pb2, node_agent_pb2_grpc, pricer_pb2_grpc
+from elastico.v1 import allocator_pb2, allocator_pb2_grpc, node_agent_pb2, node_agent_pb2_grpc, pricer_pb2_grpc, types_pb2
 from services.allocator.servicer import AllocatorServicer
 from services.allocator.settings import AllocatorSettings
 from services.node_agent.mps import make_mps
@@ -27,19 +28,35 @@ METHODS = ["/elastico.v1.Allocator/SubmitJob", "/elastico.v1.Allocator/GetJob", 
            "/elastico.v1.Allocator/GetClusterState", "/elastico.v1.Allocator/ReportDemand", "/elastico.v1.Pricer/ComputeAllocation", "/grpc.health.v1.Health/Check"]
 
 
-@pytest.fixture
-async def server(redis_server):
+@contextlib.asynccontextmanager
+async def edge_server(redis_server, **settings):
+    """The Allocator and Pricer APIs, insecure on a free port, over a fresh Redis namespace; ``settings`` override
+    the allocator's. Yields the server and its address."""
     store = RedisStore.from_url(redis_server.url, namespace=f"edge-{uuid.uuid4().hex[:8]}")
-    settings = AllocatorSettings.from_env({}, insecure=True, redis_url=redis_server.url, port=0, watch_poll_s=0.2)
+    allocator = AllocatorSettings.from_env({}, insecure=True, redis_url=redis_server.url, port=0, watch_poll_s=0.2,
+                                           **settings)
     bindings = [
-        ServiceBinding("elastico.v1.Allocator", AllocatorServicer(store, settings), allocator_pb2_grpc.add_AllocatorServicer_to_server),
+        ServiceBinding("elastico.v1.Allocator", AllocatorServicer(store, allocator), allocator_pb2_grpc.add_AllocatorServicer_to_server),
         ServiceBinding("elastico.v1.Pricer", PricerServicer(PricerSettings.from_env({}, insecure=True)), pricer_pb2_grpc.add_PricerServicer_to_server),
     ]
-    srv, port = await create_server(settings, bindings)
+    srv, port = await create_server(allocator, bindings)
     await srv.start()
-    yield srv, f"127.0.0.1:{port}"
-    await srv.stop(0)
-    await store.close()
+    try:
+        yield srv, f"127.0.0.1:{port}"
+    finally:
+        await srv.stop(0)
+        await store.close()
+
+
+@pytest.fixture
+async def server(redis_server):
+    async with edge_server(redis_server) as s:
+        yield s
+
+
+def training_spec(tenant: str = "t", **kw) -> types_pb2.JobSpec:
+    return types_pb2.JobSpec(name="n", tenant=tenant, kind=types_pb2.JOB_KIND_TRAINING, model_family="ResNet-50",
+                             batch_size=32, training=types_pb2.TrainingWork(total_steps=10), **kw)
 
 
 async def test_undecodable_requests_are_invalid_argument_never_unknown(server):
@@ -95,16 +112,12 @@ async def test_health_watch_streams_serving_then_not_serving_before_the_port_clo
 
 
 async def test_an_open_watch_ends_cleanly_when_the_server_drains(server):
-    from elastico.v1 import types_pb2
-
     srv, addr = server
     async with grpc.aio.insecure_channel(addr) as ch:
         stub = allocator_pb2_grpc.AllocatorStub(ch)
         stream = stub.WatchJobs(allocator_pb2.WatchJobsRequest(), timeout=10)
         await asyncio.sleep(0.3)
-        spec = types_pb2.JobSpec(name="w", tenant="t", kind=types_pb2.JOB_KIND_TRAINING, model_family="ResNet-50",
-                                 batch_size=32, training=types_pb2.TrainingWork(total_steps=10))
-        await stub.SubmitJob(allocator_pb2.SubmitJobRequest(request_id="drain-1", spec=spec), timeout=5)
+        await stub.SubmitJob(allocator_pb2.SubmitJobRequest(request_id="drain-1", spec=training_spec()), timeout=5)
         await stream.read()  # the server's handler is serving the stream (on a busy machine it may start late)
         started = time.monotonic()
         stop = asyncio.create_task(srv.stop(2.0, drain_s=0.3))
@@ -206,29 +219,14 @@ async def test_list_pages_stay_receivable_by_a_default_client(server):
 async def test_a_tenant_at_its_live_job_limit_gets_resource_exhausted_and_others_still_submit(redis_server):
     """Concurrent submissions (one batched store write) past ELASTICO_MAX_LIVE_JOBS_PER_TENANT: exactly the
     limit is created, the rest answer RESOURCE_EXHAUSTED naming the setting, another tenant is unaffected."""
-    from elastico.v1 import types_pb2
-
-    store = RedisStore.from_url(redis_server.url, namespace=f"limit-{uuid.uuid4().hex[:8]}")
-    settings = AllocatorSettings.from_env({}, insecure=True, redis_url=redis_server.url, port=0,
-                                          max_live_jobs_per_tenant=3)
-    srv, port = await create_server(settings, [ServiceBinding(
-        "elastico.v1.Allocator", AllocatorServicer(store, settings), allocator_pb2_grpc.add_AllocatorServicer_to_server)])
-    await srv.start()
-
     def request(tenant: str, rid: str) -> allocator_pb2.SubmitJobRequest:
-        spec = types_pb2.JobSpec(name="n", tenant=tenant, kind=types_pb2.JOB_KIND_TRAINING, model_family="ResNet-50",
-                                 batch_size=32, training=types_pb2.TrainingWork(total_steps=10))
-        return allocator_pb2.SubmitJobRequest(request_id=rid, spec=spec)
+        return allocator_pb2.SubmitJobRequest(request_id=rid, spec=training_spec(tenant))
 
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            stub = allocator_pb2_grpc.AllocatorStub(ch)
-            calls = [stub.SubmitJob(request("t", f"r{i}"), timeout=10) for i in range(6)]
-            calls.append(stub.SubmitJob(request("u", "r0"), timeout=10))
-            results = await asyncio.gather(*calls, return_exceptions=True)
-    finally:
-        await srv.stop(0)
-        await store.close()
+    async with edge_server(redis_server, max_live_jobs_per_tenant=3) as (_, addr), grpc.aio.insecure_channel(addr) as ch:
+        stub = allocator_pb2_grpc.AllocatorStub(ch)
+        calls = [stub.SubmitJob(request("t", f"r{i}"), timeout=10) for i in range(6)]
+        calls.append(stub.SubmitJob(request("u", "r0"), timeout=10))
+        results = await asyncio.gather(*calls, return_exceptions=True)
     refused = [r for r in results[:6] if isinstance(r, grpc.aio.AioRpcError)]
     assert len(refused) == 3 and all(r.code() is grpc.StatusCode.RESOURCE_EXHAUSTED for r in refused)
     assert "ELASTICO_MAX_LIVE_JOBS_PER_TENANT" in refused[0].details()
@@ -238,13 +236,6 @@ async def test_a_tenant_at_its_live_job_limit_gets_resource_exhausted_and_others
 async def test_watch_streams_are_bounded_per_caller_and_freed_when_closed(redis_server):
     """Each WatchJobs stream holds a Redis connection while it waits: a caller past
     ELASTICO_MAX_WATCHES_PER_CALLER gets RESOURCE_EXHAUSTED; closing a stream frees its place."""
-    store = RedisStore.from_url(redis_server.url, namespace=f"watch-{uuid.uuid4().hex[:8]}")
-    settings = AllocatorSettings.from_env({}, insecure=True, redis_url=redis_server.url, port=0, watch_poll_s=0.2,
-                                          max_watches_per_caller=2)
-    srv, port = await create_server(settings, [ServiceBinding(
-        "elastico.v1.Allocator", AllocatorServicer(store, settings), allocator_pb2_grpc.add_AllocatorServicer_to_server)])
-    await srv.start()
-
     reads = []
 
     async def opened(stub) -> grpc.aio.Call:
@@ -254,22 +245,18 @@ async def test_watch_streams_are_bounded_per_caller_and_freed_when_closed(redis_
         assert not call.done()
         return call
 
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            stub = allocator_pb2_grpc.AllocatorStub(ch)
-            first, second = await opened(stub), await opened(stub)
-            third = stub.WatchJobs(allocator_pb2.WatchJobsRequest(), timeout=10)
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await third.read()
-            assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "ELASTICO_MAX_WATCHES_PER_CALLER" in err.value.details()
-            first.cancel()
-            await asyncio.sleep(0.5)
-            again = await opened(stub)
-            assert again.done() is False  # taken up: the closed stream's place was freed
-            second.cancel()
-            again.cancel()
-            await asyncio.gather(*reads, return_exceptions=True)
-    finally:
-        await srv.stop(0)
-        await store.close()
+    async with edge_server(redis_server, max_watches_per_caller=2) as (_, addr), grpc.aio.insecure_channel(addr) as ch:
+        stub = allocator_pb2_grpc.AllocatorStub(ch)
+        first, second = await opened(stub), await opened(stub)
+        third = stub.WatchJobs(allocator_pb2.WatchJobsRequest(), timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await third.read()
+        assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "ELASTICO_MAX_WATCHES_PER_CALLER" in err.value.details()
+        first.cancel()
+        await asyncio.sleep(0.5)
+        again = await opened(stub)
+        assert again.done() is False  # taken up: the closed stream's place was freed
+        second.cancel()
+        again.cancel()
+        await asyncio.gather(*reads, return_exceptions=True)

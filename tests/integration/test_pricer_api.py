@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import AsyncIterator
 
@@ -18,14 +19,23 @@ from services.pricer.servicer import PricerServicer
 from services.pricer.settings import PricerSettings
 
 
+@contextlib.asynccontextmanager
+async def serving_pricer(**settings) -> AsyncIterator[pricer_pb2_grpc.PricerStub]:
+    """A pricer, insecure on a free port, with ``settings``; yields a stub to it."""
+    s = PricerSettings.from_env({}, insecure=True, port=0, **settings)
+    server, port = await create_server(s, [ServiceBinding("elastico.v1.Pricer", PricerServicer(s), pricer_pb2_grpc.add_PricerServicer_to_server)])
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            yield pricer_pb2_grpc.PricerStub(ch)
+    finally:
+        await server.stop(0)
+
+
 @pytest.fixture
 async def pricer() -> AsyncIterator[pricer_pb2_grpc.PricerStub]:
-    settings = PricerSettings.from_env({}, insecure=True, port=0, max_jobs=1000, max_cells=100_000)
-    server, port = await create_server(settings, [ServiceBinding("elastico.v1.Pricer", PricerServicer(settings), pricer_pb2_grpc.add_PricerServicer_to_server)])
-    await server.start()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-        yield pricer_pb2_grpc.PricerStub(ch)
-    await server.stop(0)
+    async with serving_pricer(max_jobs=1000, max_cells=100_000) as stub:
+        yield stub
 
 
 def request(jobs: int = 30, seed: int = 0) -> ppb.ComputeAllocationRequest:
@@ -147,15 +157,7 @@ async def test_requests_beyond_max_concurrent_wait_their_turn(monkeypatch):
                 running[0] -= 1
 
     monkeypatch.setattr(pricer_servicer, "_solve_to_pb", slow_solve)
-    settings = PricerSettings.from_env({}, insecure=True, port=0, max_concurrent=2)
-    server, port = await create_server(settings, [ServiceBinding(
-        "elastico.v1.Pricer", PricerServicer(settings), pricer_pb2_grpc.add_PricerServicer_to_server)])
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            stub = pricer_pb2_grpc.PricerStub(ch)
-            answers = await asyncio.gather(*[stub.ComputeAllocation(request(seed=k), timeout=20) for k in range(5)])
-    finally:
-        await server.stop(0)
+    async with serving_pricer(max_concurrent=2) as stub:
+        answers = await asyncio.gather(*[stub.ComputeAllocation(request(seed=k), timeout=20) for k in range(5)])
     assert len(answers) == 5 and all(len(a.assignments) == 30 for a in answers)
     assert peak[0] == 2
