@@ -17,7 +17,7 @@ scales the node agents' simulated GPUs by the same factor), applied to every tim
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
@@ -186,46 +186,71 @@ def allowed_gang_sizes(spec: JobSpec) -> set[int]:
     return {s.num_gpus for s in spec.shapes} or {1}
 
 
-def shapes_within(spec: JobSpec, gpu_mem_mib: int) -> tuple[Shape, ...]:
-    """The declared shapes of ``spec`` whose memory per GPU fits a GPU of ``gpu_mem_mib`` MiB (all of them when it
-    declares none: the policy's own shapes take a share of whatever memory the GPU has)."""
-    return tuple(s for s in spec.shapes if s.mem_mib <= gpu_mem_mib)
+#: a GPU as a declared shape sees it: (memory, MiB; GPU type)
+GpuKind = tuple[int, str]
 
 
-def memory_misfit(spec: JobSpec, gpu_mem_mib: int) -> str:
-    """Why no GPU of ``gpu_mem_mib`` MiB (the cluster's largest) can host any declared shape of ``spec``; "" when one
-    can (or the job declares none)."""
-    if not spec.shapes or shapes_within(spec, gpu_mem_mib):
+def gpu_type_matches(shape_type: str, gpu_type: str) -> bool:
+    """A shape naming a GPU type runs only on GPUs of that type (letter case and surrounding spaces aside); a
+    shape naming none runs on any."""
+    want = shape_type.strip().lower()
+    return not want or want == gpu_type.strip().lower()
+
+
+def shape_fits(shape: Shape, gpu: GpuKind) -> bool:
+    """True when a GPU ``(MiB, type)`` has the shape's memory per GPU and its GPU type."""
+    return shape.mem_mib <= gpu[0] and gpu_type_matches(shape.gpu_type, gpu[1])
+
+
+def shapes_within(spec: JobSpec, gpus: Iterable[GpuKind]) -> tuple[Shape, ...]:
+    """The declared shapes of ``spec`` that fit some GPU of ``gpus`` (:func:`shape_fits`; all of them when it
+    declares none: the policy's own shapes take a share of whatever GPU they get)."""
+    kinds = set(gpus)
+    return tuple(s for s in spec.shapes if any(shape_fits(s, g) for g in kinds))
+
+
+def hardware_misfit(spec: JobSpec, gpus: Iterable[GpuKind]) -> str:
+    """Why none of ``gpus`` (the cluster's healthy GPUs) can host any declared shape of ``spec`` -- memory or GPU
+    type; "" when one can (or the job declares none)."""
+    kinds = set(gpus)
+    if not spec.shapes or shapes_within(spec, kinds):
         return ""
-    return (f"every declared shape needs at least {min(s.mem_mib for s in spec.shapes)} MiB per GPU; the largest "
-            f"healthy GPU has {gpu_mem_mib} MiB")
+    biggest = max((m for m, _ in kinds), default=0)
+    if all(s.mem_mib > biggest for s in spec.shapes):
+        return (f"every declared shape needs at least {min(s.mem_mib for s in spec.shapes)} MiB per GPU; the largest "
+                f"healthy GPU has {biggest} MiB")
+    named = sorted({s.gpu_type.strip().lower() for s in spec.shapes})
+    have = sorted({t.strip().lower() or "unknown" for _, t in kinds})
+    return (f"no healthy GPU has both the memory and the GPU type of a declared shape (declared types: "
+            f"{', '.join(t or 'any' for t in named)}; the cluster's: {', '.join(have) or 'none'})")
 
 
-def healthy_memory(nodes: Sequence[NodeInfo]) -> dict[str, list[int]]:
-    """Node id -> the memory (MiB) of each of its healthy GPUs: what :func:`placement_misfit` reads."""
-    return {n.node_id: [g.mem_total_mib for g in n.gpus if g.healthy] for n in nodes}
+def healthy_gpus(nodes: Sequence[NodeInfo]) -> dict[str, list[GpuKind]]:
+    """Node id -> (memory, type) of each of its healthy GPUs: what :func:`placement_misfit` reads."""
+    return {n.node_id: [(g.mem_total_mib, g.gpu_type) for g in n.gpus if g.healthy] for n in nodes}
 
 
-def placement_misfit(spec: JobSpec, healthy: Mapping[str, Sequence[int]]) -> str:
-    """Why ``spec`` can never be placed on the ``healthy`` GPUs (:func:`healthy_memory`) as they are; "" when
+def placement_misfit(spec: JobSpec, healthy: Mapping[str, Sequence[GpuKind]]) -> str:
+    """Why ``spec`` can never be placed on the ``healthy`` GPUs (:func:`healthy_gpus`) as they are; "" when
     some shape can.
 
-    A declared shape (a job declaring none: one GPU) needs ``num_gpus`` healthy GPUs with at least its memory on
-    the job's allowed nodes, on one node when the gang fits the largest node (the allocator never splits such a
-    gang), else that many in all."""
+    A declared shape (a job declaring none: one GPU) needs ``num_gpus`` healthy GPUs with its memory and GPU type
+    on the job's allowed nodes, on one node when the gang fits the largest node (the allocator never splits such
+    a gang), else that many in all."""
     total = sum(map(len, healthy.values()))
     if (n_req := spec_num_gpus(spec)) > total:
         return f"needs {n_req} GPUs; the cluster has {total}"
-    if why := memory_misfit(spec, max((m for mems in healthy.values() for m in mems), default=0)):
+    if why := hardware_misfit(spec, (g for gpus in healthy.values() for g in gpus)):
         return why
     node_max = max(map(len, healthy.values()), default=0)
-    allowed = [mems for node, mems in healthy.items() if not spec.allowed_nodes or node in spec.allowed_nodes]
-    for n, mem in [(s.num_gpus, s.mem_mib) for s in spec.shapes] or [(1, 0)]:
-        fit = [sum(1 for m in mems if m >= mem) for mems in allowed]
+    allowed = [gpus for node, gpus in healthy.items() if not spec.allowed_nodes or node in spec.allowed_nodes]
+    for shape in spec.shapes or (None,):
+        n = shape.num_gpus if shape is not None else 1
+        fit = [sum(1 for g in gpus if shape is None or shape_fits(shape, g)) for gpus in allowed]
         if max(fit, default=0) >= n or (n > node_max and sum(fit) >= n):
             return ""
     where = f"its allowed nodes ({', '.join(spec.allowed_nodes)})" if spec.allowed_nodes else "the cluster"
-    return (f"no declared shape finds enough healthy GPUs with its memory on {where} (a gang of up to "
+    return (f"no declared shape finds enough healthy GPUs with its memory and GPU type on {where} (a gang of up to "
             f"{node_max} GPUs runs inside one node)")
 
 
@@ -301,10 +326,10 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
             free[(n.node_id, g.index)] = [cap_share - share_units(g.allocated_share_pct), cap_mem - g.allocated_mem_mib]
     row_of_gpu = {k: i for i, k in enumerate(gpu_keys)}
     placed = [j for j in jobs if j.state in (JobState.PLACED, JobState.RUNNING) and j.placement is not None]
-    # a queued job none of whose declared shapes fits any GPU's memory stays out of the round: planned anyway, it
-    # would hold GPUs on paper that its placement then cannot get, every round, and keep other jobs off them
-    biggest = max(mem, default=0)
-    pending = sorted((j for j in jobs if j.state is JobState.PENDING and not memory_misfit(j.spec, biggest)),
+    # a queued job none of whose declared shapes fits any GPU (memory, type) stays out of the round: planned anyway,
+    # it would hold GPUs on paper that its placement then cannot get, every round, and keep other jobs off them
+    kinds = sorted(set(zip(mem, gtype)))
+    pending = sorted((j for j in jobs if j.state is JobState.PENDING and not hardware_misfit(j.spec, kinds)),
                      key=lambda j: (j.submitted_at_s, j.job_id))
     rows = placed + pending
     N, G, K = len(rows), len(gpu_keys), max_tenants
@@ -357,13 +382,15 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
     # the jobs' constraints travel with the view, and every policy honours them: declared shapes (a declaring
     # job is planned in them only), the gang sizes each job allows, the GPUs of the nodes a job is pinned to
     # a queued job is planned in the declared shapes some GPU has the memory for, on the GPUs with that memory
-    declared = tuple(tuple(j.spec.shapes) if r < len(placed) else shapes_within(j.spec, biggest) for r, j in enumerate(rows))
-    mem_arr = np.array(mem, np.int64)
+    declared = tuple(tuple(j.spec.shapes) if r < len(placed) else shapes_within(j.spec, kinds) for r, j in enumerate(rows))
+    kind_of_gpu = np.array([kinds.index(k) for k in zip(mem, gtype)], np.int64)  # (few kinds: list lookups are cheap)
     pinned = {}
     for r, j in enumerate(rows):
         mask = np.array([n in j.spec.allowed_nodes for n, _ in gpu_keys], bool) if j.spec.allowed_nodes else None
-        if r >= len(placed) and declared[r] and (small := mem_arr < min(s.mem_mib for s in declared[r])).any():
-            mask = ~small if mask is None else mask & ~small
+        # a queued declaring job: only the GPUs some declared shape fits
+        if r >= len(placed) and declared[r] and not (
+                hosts := np.array([any(shape_fits(s, k) for s in declared[r]) for k in kinds], bool)[kind_of_gpu]).all():
+            mask = hosts if mask is None else mask & hosts
         if mask is not None:
             pinned[r] = mask
     table = DeclaredJobTable(kind=kind, type_idx=type_idx, num_gpus=num_gpus,
@@ -481,7 +508,8 @@ def _candidates(job: Job, slices_on: Sequence[tuple[str, int, int, str]], share_
     if not job.spec.shapes:
         return [make_placement(job, slices_on, share_pct, iso_rate, solo_util)]
     return [make_placement(job, slices_on, share_pct, iso_rate, solo_util, i)
-            for i in declared_matches(job.spec.shapes, len(slices_on), share_pct)]
+            for i in declared_matches(job.spec.shapes, len(slices_on), share_pct)
+            if all(gpu_type_matches(job.spec.shapes[i].gpu_type, t) for *_, t in slices_on)]
 
 
 def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
@@ -663,13 +691,13 @@ def _empty_gpus_for(job: Job, row: int, n: int, share_pct: float, view: ClusterV
                     free: Mapping[tuple[str, int], list[int]], planned: set[int]) -> list[int]:
     """GPU rows for ``job`` (view row ``row``)'s declared shape on ``n`` GPUs at ``share_pct`` among its allowed
     GPUs that are empty -- no tenant committed or in the view, none of the decision's placements aimed at them
-    -- and have its memory (the first node with room, lowest GPUs first, keeping the topology); ``[]`` when
+    -- and have its memory and GPU type (the first node with room, lowest GPUs first, keeping the topology); ``[]`` when
     there are not enough."""
-    need = min((s.mem_mib for s in job.spec.shapes if s.num_gpus == n and abs(s.compute_share_pct - share_pct) < 1e-6),
-               default=None)
-    if need is None:
+    shapes = [s for s in job.spec.shapes if s.num_gpus == n and abs(s.compute_share_pct - share_pct) < 1e-6]
+    if not shapes:
         return []
-    ok = np.array([g not in planned and bool((view.gpu_job[g] < 0).all()) and int(index.gpu_mem_mib[g]) >= need
+    ok = np.array([g not in planned and bool((view.gpu_job[g] < 0).all())
+                   and any(shape_fits(s, (int(index.gpu_mem_mib[g]), index.gpu_type[g])) for s in shapes)
                    and free.get(k) == [FULL_GPU_SHARE_UNITS, int(index.gpu_mem_mib[g])] for g, k in enumerate(index.gpus)], bool)
     g = pick_gang(np.zeros(len(ok)), ok, n, view.topo, allowed=gpu_mask(view.jobs, row)) if len(ok) else None
     return [] if g is None else [int(x) for x in g]

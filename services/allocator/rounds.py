@@ -66,7 +66,7 @@ from services.allocator.plan import (
     ViewIndex,
     build_view,
     current_reports,
-    healthy_memory,
+    healthy_gpus,
     node_fresh,
     placement_misfit,
     still_running,
@@ -532,16 +532,16 @@ class Scheduler:
 
     async def _mark_never_schedulable(self, epoch: int, jobs: list[Job], nodes: list[NodeInfo]) -> frozenset[str]:
         """A pending job that no healthy GPUs of the cluster as it is can host (:func:`plan.placement_misfit`: too
-        large, memory, its allowed nodes, a one-node gang) says so (NEVER_SCHEDULABLE) instead of waiting silently.
+        large, memory or GPU type, its allowed nodes, a one-node gang) says so (NEVER_SCHEDULABLE) instead of waiting silently.
 
         Returns the ids of those jobs (UNSCHEDULABLE_NOW leaves them alone)."""
         if not nodes:
             return frozenset()
-        healthy = healthy_memory(nodes)
+        healthy = healthy_gpus(nodes)
         memo: dict[tuple, str] = {}  # jobs asking for the same GPUs get the same answer (most pending jobs)
 
         def why(spec: JobSpec) -> str:
-            key = (tuple((s.num_gpus, s.mem_mib) for s in spec.shapes), spec.allowed_nodes)
+            key = (tuple((s.num_gpus, s.mem_mib, s.gpu_type) for s in spec.shapes), spec.allowed_nodes)
             if key not in memo:
                 memo[key] = placement_misfit(spec, healthy)
             return memo[key]

@@ -419,7 +419,7 @@ def test_a_queued_job_is_planned_only_in_shapes_whose_memory_some_gpu_has():
     """A job whose every declared shape needs more memory than any GPU has stays out of the view (planned anyway it
     would hold GPUs on paper, round after round, that its placement cannot get); one with some shapes that fit is
     planned in those only, on the GPUs with their memory."""
-    from services.allocator.plan import memory_misfit
+    from services.allocator.plan import hardware_misfit
 
     huge = make_job(spec=make_spec(shapes=(Shape(1, 50.0, 20000), Shape(1, 100.0, 2**40))), submitted_at_s=NOW - 9)
     mixed = make_job(spec=make_spec(shapes=(Shape(1, 50.0, 30000), Shape(2, 50.0, 12000))), submitted_at_s=NOW - 8)
@@ -430,19 +430,19 @@ def test_a_queued_job_is_planned_only_in_shapes_whose_memory_some_gpu_has():
     assert view.jobs.declared[0] == (Shape(2, 50.0, 12000),)
     assert view.jobs.allowed_gpus[0].tolist() == [False, False, True, True]
     assert view.jobs.allowed_gpus[1] is None
-    assert memory_misfit(huge.spec, 16384) == ("every declared shape needs at least 20000 MiB per GPU; the largest "
-                                               "healthy GPU has 16384 MiB")
-    assert memory_misfit(mixed.spec, 16384) == "" and memory_misfit(plain.spec, 1) == ""
+    assert hardware_misfit(huge.spec, [(16384, "v100")]) == ("every declared shape needs at least 20000 MiB per GPU; "
+                                                             "the largest healthy GPU has 16384 MiB")
+    assert hardware_misfit(mixed.spec, [(16384, "v100")]) == "" and hardware_misfit(plain.spec, [(1, "v100")]) == ""
 
 
 def test_placement_misfit_says_why_a_job_can_never_run_on_the_healthy_cluster():
     """Too large, memory, allowed nodes, a one-node gang on heterogeneous memory: each is a reason; a job some
     healthy GPUs can host (within one node, or a larger gang over several) gets ""."""
-    from services.allocator.plan import healthy_memory, placement_misfit
+    from services.allocator.plan import healthy_gpus, placement_misfit
 
     small, big = node("n1", gpus=8, mem_mib=16384), node("n2", gpus=8, mem_mib=16384)
     mixed = node("n3", gpus=2, mem_mib=81920)
-    healthy = healthy_memory([small, big, mixed])
+    healthy = healthy_gpus([small, big, mixed])
     ok = [make_spec(), make_spec(shapes=(Shape(16, 100.0, 8000),)), make_spec(shapes=(Shape(2, 50.0, 80000),)),
           make_spec(allowed_nodes=("n2",), shapes=(Shape(8, 100.0, 16384),))]
     assert [placement_misfit(s, healthy) for s in ok] == ["", "", "", ""]
@@ -452,6 +452,47 @@ def test_placement_misfit_says_why_a_job_can_never_run_on_the_healthy_cluster():
     assert "on the cluster" in placement_misfit(make_spec(shapes=(Shape(4, 50.0, 80000),)), healthy)
     assert "its allowed nodes (n3)" in placement_misfit(make_spec(allowed_nodes=("n3",), shapes=(Shape(4, 50.0, 100),)), healthy)
     assert "its allowed nodes (gone)" in placement_misfit(make_spec(allowed_nodes=("gone",)), healthy)
+
+
+def test_a_shape_naming_a_gpu_type_is_planned_and_placed_on_gpus_of_that_type_only():
+    """On a cluster of two GPU types, a queued job whose shapes name one type (any letter case) may use only the
+    GPUs of that type, whatever the policy picks; one naming a type the cluster lacks stays out of the view and
+    gets a reason that names the types; a shape naming no type runs anywhere."""
+    from services.allocator.plan import healthy_gpus, placement_misfit
+
+    a100 = make_job(spec=make_spec(shapes=(Shape(1, 50.0, 8000, gpu_type=" A100 "),)), submitted_at_s=NOW - 9)
+    h100 = make_job(spec=make_spec(shapes=(Shape(1, 50.0, 8000, gpu_type="h100"),)), submitted_at_s=NOW - 8)
+    anyt = make_job(spec=make_spec(shapes=(Shape(1, 50.0, 8000),)), submitted_at_s=NOW - 7)
+    nodes = [node("n1", gpus=2, gpu_type="v100"), node("n2", gpus=2, gpu_type="a100")]
+    view, idx = build_view([a100, h100, anyt], nodes, TYPES, RESOLVE, NOW, 15)
+    assert [j.job_id for j in idx.jobs] == [a100.job_id, anyt.job_id]
+    assert view.jobs.allowed_gpus[0].tolist() == [False, False, True, True]
+    assert view.jobs.allowed_gpus[1] is None
+    healthy = healthy_gpus(nodes)
+    assert placement_misfit(a100.spec, healthy) == "" and placement_misfit(anyt.spec, healthy) == ""
+    assert placement_misfit(h100.spec, healthy) == ("no healthy GPU has both the memory and the GPU type of a declared "
+                                                    "shape (declared types: h100; the cluster's: a100, v100)")
+    # two A100 GPUs, on one node: a 2-GPU gang of them fits, a 3-GPU one never does
+    assert placement_misfit(make_spec(shapes=(Shape(2, 50.0, 8000, gpu_type="a100"),)), healthy) == ""
+    assert "memory and GPU type on the cluster" in placement_misfit(
+        make_spec(shapes=(Shape(3, 50.0, 8000, gpu_type="a100"),)), healthy)
+    # whatever GPUs a decision names, the job lands on its type: the V100s are refused, an empty A100 taken
+    plan = translate(Decision(place=[(0, np.array([0]), 50.0)]), view, idx)
+    assert plan.place == [] and "not among the job's allowed GPUs" in " ".join(why for _, why in plan.dropped)
+    plan = translate(Decision(place=[(0, np.array([2]), 50.0)]), view, idx)
+    assert [(j.job_id, [(s.node_id, s.gpu_index) for s in p.slices]) for j, p in plan.place] == [(a100.job_id, [("n2", 0)])]
+
+
+def test_a_declared_shape_of_another_gpu_type_is_not_the_one_a_placement_gets():
+    """A job declaring the same (GPUs, share) for two types gets, on each GPU, the shape of that GPU's type."""
+    from services.allocator.plan import _candidates, make_placement
+
+    job = make_job(spec=make_spec(shapes=(Shape(1, 50.0, 30000, gpu_type="a100"), Shape(1, 50.0, 8000, gpu_type="v100"))))
+    on_v100 = _candidates(job, [("n1", 0, 16384, "v100")], 50.0, 1.0, 1.0)
+    on_a100 = _candidates(job, [("n2", 0, 81920, "A100")], 50.0, 1.0, 1.0)
+    assert [p.shape_index for p in on_v100] == [1] and [p.shape_index for p in on_a100] == [0]
+    assert _candidates(job, [("n3", 0, 81920, "h100")], 50.0, 1.0, 1.0) == []
+    assert make_placement(job, [("n1", 0, 16384, "v100")], 50.0, 1.0).shape_index == 0  # (the index itself: no type check)
 
 
 def test_make_placement_indexes_the_declared_list():
