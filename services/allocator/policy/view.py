@@ -19,6 +19,7 @@ front ends apply a decision only as far as :func:`services.allocator.policy.cont
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -94,16 +95,16 @@ class Topology:
         """``gpus`` GPUs in nodes of ``node_gpus`` (the last node smaller when it does not divide)."""
         return cls.from_gpu_node(np.arange(gpus) // max(1, int(node_gpus)))
 
-    @property
+    @cached_property
     def num_nodes(self) -> int:
         return int(len(self.node_size))
 
-    @property
+    @cached_property
     def max_node(self) -> int:
         """GPUs of the largest node: a gang up to this size must stay inside one node."""
         return int(self.node_size.max()) if len(self.node_size) else 0
 
-    @property
+    @cached_property
     def flat(self) -> bool:
         """One node holds every GPU: the topology constrains nothing."""
         return len(self.node_size) <= 1
@@ -133,10 +134,16 @@ class ClusterView:
     types: TypeTable  # job-type profiles
     topology: Topology | None = None  # GPUs' nodes; None = a flat pool (one node)
 
-    @property
+    @cached_property
     def topo(self) -> Topology:
         """The view's topology (a flat one-node pool when none was given)."""
         return self.topology if self.topology is not None else Topology.uniform(self.num_gpus, max(1, self.num_gpus))
+
+    @cached_property
+    def held(self) -> np.ndarray:
+        """[N] GPUs each job holds in this view (0 when not running); computed once, as the view is a snapshot."""
+        held = self.gpu_job[self.gpu_job >= 0]
+        return np.bincount(held, minlength=len(self.jobs.kind)) if len(held) else np.zeros(len(self.jobs.kind), np.int64)
 
     @property
     def num_gpus(self) -> int:

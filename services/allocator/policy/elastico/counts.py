@@ -85,8 +85,7 @@ def min_gpus(p: ElastiCoParams, view: ClusterView, idx: np.ndarray) -> np.ndarra
 
 def held_gpus(view: ClusterView, idx: np.ndarray) -> np.ndarray:
     """GPUs each job of ``idx`` holds now (0 when not running)."""
-    held = view.gpu_job[view.gpu_job >= 0]
-    return np.bincount(held, minlength=len(view.jobs.kind))[idx] if len(held) else np.zeros(len(idx), np.int64)
+    return view.held[idx]
 
 
 def relaunch(view: ClusterView, gj, gs, d: Decision, j: int, target: np.ndarray) -> None:
