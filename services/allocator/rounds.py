@@ -59,6 +59,7 @@ from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient,
 from services.allocator.decider import Decided, PolicySpec, ProcessDecider, run_policy
 from services.allocator.demand_tracker import DemandTracker
 from services.allocator.estimate import TypeResolver, default_kappa, default_types, exclusive_matrix
+from services.allocator.fit import healthy_gpus, placement_misfit
 from services.allocator.leader import LeaderLease
 from services.allocator.pair_estimate import PairEstimate
 from services.allocator.plan import (
@@ -66,9 +67,7 @@ from services.allocator.plan import (
     ViewIndex,
     build_view,
     current_reports,
-    healthy_gpus,
     node_fresh,
-    placement_misfit,
     still_running,
     transitions,
     translate,
@@ -531,7 +530,7 @@ class Scheduler:
         return out
 
     async def _mark_never_schedulable(self, epoch: int, jobs: list[Job], nodes: list[NodeInfo]) -> frozenset[str]:
-        """A pending job that no healthy GPUs of the cluster as it is can host (:func:`plan.placement_misfit`: too
+        """A pending job that no healthy GPUs of the cluster as it is can host (:func:`fit.placement_misfit`: too
         large, memory or GPU type, its allowed nodes, a one-node gang) says so (NEVER_SCHEDULABLE) instead of waiting silently.
 
         Returns the ids of those jobs (UNSCHEDULABLE_NOW leaves them alone)."""

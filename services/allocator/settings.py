@@ -54,7 +54,7 @@ class AllocatorSettings(Settings):
     train_floor: float = _policy_default("train_floor")
     # ElastiCo GPU-count shapes: grow gangs onto idle GPUs, shrink queued gangs to halvings that fit (measured
     # scaling curves), give grown GPUs back when jobs wait. On by default, as in the simulator: a job only
-    # ever runs at the gang sizes its explicit shapes declare (plan.allowed_gang_sizes), so a workload that
+    # ever runs at the gang sizes its explicit shapes declare (fit.allowed_gang_sizes), so a workload that
     # cannot restart at another data-parallel size declares one size and is never resized
     elastic_gpus: bool = _policy_default("elastic_gpus")
     # the objective knob between JCT and work done: the least fraction of its isolated speed a queued gang

@@ -419,7 +419,7 @@ def test_a_queued_job_is_planned_only_in_shapes_whose_memory_some_gpu_has():
     """A job whose every declared shape needs more memory than any GPU has stays out of the view (planned anyway it
     would hold GPUs on paper, round after round, that its placement cannot get); one with some shapes that fit is
     planned in those only, on the GPUs with their memory."""
-    from services.allocator.plan import hardware_misfit
+    from services.allocator.fit import hardware_misfit
 
     huge = make_job(spec=make_spec(shapes=(Shape(1, 50.0, 20000), Shape(1, 100.0, 2**40))), submitted_at_s=NOW - 9)
     mixed = make_job(spec=make_spec(shapes=(Shape(1, 50.0, 30000), Shape(2, 50.0, 12000))), submitted_at_s=NOW - 8)
@@ -438,7 +438,7 @@ def test_a_queued_job_is_planned_only_in_shapes_whose_memory_some_gpu_has():
 def test_placement_misfit_says_why_a_job_can_never_run_on_the_healthy_cluster():
     """Too large, memory, allowed nodes, a one-node gang on heterogeneous memory: each is a reason; a job some
     healthy GPUs can host (within one node, or a larger gang over several) gets ""."""
-    from services.allocator.plan import healthy_gpus, placement_misfit
+    from services.allocator.fit import healthy_gpus, placement_misfit
 
     small, big = node("n1", gpus=8, mem_mib=16384), node("n2", gpus=8, mem_mib=16384)
     mixed = node("n3", gpus=2, mem_mib=81920)
@@ -458,7 +458,7 @@ def test_a_shape_naming_a_gpu_type_is_planned_and_placed_on_gpus_of_that_type_on
     """On a cluster of two GPU types, a queued job whose shapes name one type (any letter case) may use only the
     GPUs of that type, whatever the policy picks; one naming a type the cluster lacks stays out of the view and
     gets a reason that names the types; a shape naming no type runs anywhere."""
-    from services.allocator.plan import healthy_gpus, placement_misfit
+    from services.allocator.fit import healthy_gpus, placement_misfit
 
     a100 = make_job(spec=make_spec(shapes=(Shape(1, 50.0, 8000, gpu_type=" A100 "),)), submitted_at_s=NOW - 9)
     h100 = make_job(spec=make_spec(shapes=(Shape(1, 50.0, 8000, gpu_type="h100"),)), submitted_at_s=NOW - 8)
