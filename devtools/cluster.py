@@ -40,7 +40,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import stat
 import subprocess
@@ -49,10 +48,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from devtools import processes
 from elastico import redis_acl
 from elastico.config import redact_url
 from elastico.healthcheck import health_status
@@ -63,7 +62,6 @@ HTTP_PROCS = {"prometheus": "/-/ready", "grafana": "/api/health"}  # monitoring 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 
 
-TAG_VAR = "ELASTICO_WORKLOAD_TAG"  # services/node_agent/runner.py: "<state dir>|<job>|<placement>" on every workload
 
 
 @dataclass
@@ -84,36 +82,6 @@ def run_dir() -> Path:
 
 def _state_file() -> Path:
     return run_dir() / "cluster.json"
-
-
-def _start_ticks(pid: int) -> int | None:
-    """Start time of ``pid`` (clock ticks since boot, ``/proc/<pid>/stat`` field 22); None when it is gone or a zombie
-    (a dead child of ours not yet reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rsplit(") ", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if rest[0] in ("Z", "X") else int(rest[19])
-
-
-def _ident(pid: int) -> str:
-    return f"{pid}@{_start_ticks(pid)}"
-
-
-def _running(p: dict) -> bool:
-    """Whether the process recorded in ``p`` still runs: its pid is alive and, where its start time is recorded, it is
-    the same process (not another one that got the pid after it died). A pid recorded without a start time (a state
-    file of an older version, or a tool that replaced the pid alone) is taken on the pid alone."""
-    ticks = _start_ticks(p["pid"])
-    if ticks is None:
-        return False
-    ident = p.get("ident", "")
-    return ident == f"{p['pid']}@{ticks}" if ident.startswith(f"{p['pid']}@") else True
-
-
-def _alive(pid: int) -> bool:
-    return _start_ticks(pid) is not None
 
 
 def _port_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -188,7 +156,7 @@ def _start(name: str, argv: list[str], env: dict[str, str], address: str, log: P
         if out != subprocess.DEVNULL:
             os.close(out)
     own = {k: v for k, v in env.items() if k.startswith("ELASTICO_") or os.environ.get(k) != v}
-    return Proc(name, p.pid, address, str(log), _ident(p.pid), list(argv), own, cwd)
+    return Proc(name, p.pid, address, str(log), processes.ident(p.pid), list(argv), own, cwd)
 
 
 def _spawn(name: str, module: str, env: dict[str, str], logs: Path, address: str) -> Proc:
@@ -201,8 +169,8 @@ def up(nodes: int, timeout_s: float = 30.0, monitoring: bool | None = None) -> d
     if monitoring is None:
         monitoring = os.environ.get("ELASTICO_MONITORING", "").strip().lower() in ("1", "true", "yes", "on")
     state = load_state()
-    if state and any(_running(p) for p in state["procs"]):
-        dead = [p for p in state["procs"] if not _running(p)]
+    if state and any(processes.running(p) for p in state["procs"]):
+        dead = [p for p in state["procs"] if not processes.running(p)]
         if dead:
             restart(state, dead, timeout_s)
             print("cluster running again; endpoints:")
@@ -231,7 +199,7 @@ def up(nodes: int, timeout_s: float = 30.0, monitoring: bool | None = None) -> d
             redis, redis_urls = _start_embedded_redis(rd, nodes, state)
             # same command line again (port, data dir with the AOF, ACL file) when up restarts it
             procs.append(Proc("redis", redis.proc.pid, f"127.0.0.1:{redis.port}", str(rd / "redis" / "redis.log"),
-                              _ident(redis.proc.pid), redis.command(), {}, os.getcwd()))
+                              processes.ident(redis.proc.pid), redis.command(), {}, os.getcwd()))
             save()
         count = len(SERVICES) + nodes
         ports = _ports(2 * count if monitoring else count)  # the second half: metrics ports
@@ -519,7 +487,7 @@ def _wait_port(port: int, pid: int, log: Path, timeout_s: float) -> None:
             sock.settimeout(1.0)
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 return
-        if not _alive(pid):
+        if not processes.alive(pid):
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             raise RuntimeError(f"redis exited during start-up; log tail:\n{tail}")
         if time.monotonic() > deadline:
@@ -534,7 +502,7 @@ def wait_serving(state: dict, timeout_s: float) -> None:
     tls = client_tls(state if "client" in state else None, token=False)
     while pending:
         for p in list(pending):
-            if not _running(p):
+            if not processes.running(p):
                 tail = Path(p["log"]).read_text()[-3000:] if Path(p["log"]).exists() else ""
                 raise RuntimeError(f"{p['name']} exited during start-up; log tail:\n{tail}")
             if _health(p, tls) == "SERVING":
@@ -551,7 +519,7 @@ def print_endpoints(state: dict) -> None:
     tls = client_tls(state, token=False)
     print(f"{'process':<12} {'pid':>7}  {'endpoint':<22} health")
     for p in state["procs"]:
-        health = _health(p, tls) if _running(p) else "DEAD (not running; `up` restarts it)"
+        health = _health(p, tls) if processes.running(p) else "DEAD (not running; `up` restarts it)"
         endpoint = redact_url(state["redis_url"]) if p["name"] == "redis" else p["address"]
         print(f"{p['name']:<12} {p['pid']:>7}  {endpoint:<22} {health}")
 
@@ -568,15 +536,15 @@ def down(quiet: bool = False, grace_s: float = 10.0) -> None:
         return
     procs = state["procs"]
     state_dirs = _node_state_dirs(state)
-    services = [p["pid"] for p in procs if p["name"] != "redis" and _running(p)]
-    strays = [pid for pid in _agents_of(state_dirs) if pid not in services]
-    _stop(services + strays, grace_s)
-    workloads = _workloads_of(state_dirs)
-    _stop(workloads, grace_s, rescan=lambda: _workloads_of(state_dirs))
-    redis = [p["pid"] for p in procs if p["name"] == "redis" and _running(p)]
-    _stop(redis, grace_s)
+    services = [p["pid"] for p in procs if p["name"] != "redis" and processes.running(p)]
+    strays = [pid for pid in processes.agents_of(state_dirs) if pid not in services]
+    processes.stop(services + strays, grace_s)
+    workloads = processes.workloads_of(state_dirs)
+    processes.stop(workloads, grace_s, rescan=lambda: processes.workloads_of(state_dirs))
+    redis = [p["pid"] for p in procs if p["name"] == "redis" and processes.running(p)]
+    processes.stop(redis, grace_s)
     _state_file().unlink(missing_ok=True)
-    left = [pid for pid in services + strays + redis if _alive(pid)] + _workloads_of(state_dirs)
+    left = [pid for pid in services + strays + redis if processes.alive(pid)] + processes.workloads_of(state_dirs)
     if left:
         print(f"WARNING: still running after SIGKILL: pids {', '.join(map(str, left))}", file=sys.stderr)
     if not quiet:
@@ -593,79 +561,6 @@ def _node_state_dirs(state: dict) -> list[Path]:
             d = p.get("env", {}).get("ELASTICO_STATE_DIR") or str(run_dir() / "nodes" / p["name"])
             out.append(Path(d).resolve())
     return out
-
-
-def _procs() -> Iterable[int]:
-    """Every pid in /proc but ours."""
-    me = os.getpid()
-    return (int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and int(e.name) != me)
-
-
-def _environ(pid: int) -> dict[str, str]:
-    """``/proc/<pid>/environ`` (the environment it was started with); {} when unreadable or gone."""
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(item.split("=", 1) for item in raw.decode(errors="surrogateescape").split("\0") if "=" in item)
-
-
-def _agents_of(state_dirs: list[Path]) -> list[int]:
-    """Pids of the node agents (``-m services.node_agent``, our uid) whose ELASTICO_STATE_DIR is one of ``state_dirs``."""
-    dirs, uid, out = {str(d) for d in state_dirs}, os.getuid(), []
-    for pid in _procs():
-        try:
-            if os.stat(f"/proc/{pid}").st_uid != uid:
-                continue
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[1:3] == [b"-m", b"services.node_agent"] and _alive(pid):
-            sd = _environ(pid).get("ELASTICO_STATE_DIR", "")
-            if sd and str(Path(sd).resolve()) in dirs:
-                out.append(pid)
-    return out
-
-
-def _workloads_of(state_dirs: list[Path]) -> list[int]:
-    """Pids of the workload processes (shims, commands and what they started, whatever their user) of these state
-    dirs: those whose environment carries a workload tag naming one. A process that left its session and dropped
-    its environment is out of sight (only a cgroup would hold it)."""
-    dirs, out = {str(d) for d in state_dirs}, []
-    for pid in _procs():
-        tag = _environ(pid).get(TAG_VAR, "")
-        if tag and tag.split("|", 1)[0] in dirs and _alive(pid):
-            out.append(pid)
-    return out
-
-
-def _signal(pid: int, sig: int) -> None:
-    """``sig`` to the process group ``pid`` leads (a service and what it started; a shim and its workload), else to
-    ``pid`` alone (a process started by hand may share its group with others)."""
-    try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _stop(pids: list[int], grace_s: float, rescan=None) -> None:
-    """SIGTERM ``pids``, SIGKILL those still alive after ``grace_s`` (and, with ``rescan``, what it finds then)."""
-    if not pids:
-        return
-    for pid in pids:
-        _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in {*pids, *(rescan() if rescan else ())}:
-        if _alive(pid):
-            _signal(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def ps() -> None:
@@ -700,7 +595,7 @@ def status() -> bool:
     print_endpoints(state)
     print()
     print(f"{'node':<10} {'gpu':>3}  {'type':<6} {'memory':>10}  {'allocated':>9}  backend")
-    dead = [p["name"] for p in state["procs"] if not _running(p)]
+    dead = [p["name"] for p in state["procs"] if not processes.running(p)]
     for p in state["procs"]:
         if not p["name"].startswith("node-") or p["name"] in dead:
             continue

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from devtools import cluster
+from devtools import cluster, processes
 from elastico import auth
 from elastico.redis_embedded import free_port
 from elastico.v1 import allocator_pb2 as apb
@@ -114,7 +114,7 @@ def kill9(pid: int) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
         return
-    while cluster._alive(pid):  # noqa: SLF001 - not our child (a restarted process): wait until it is gone
+    while processes.alive(pid):  # not our child (a restarted process): wait until it is gone
         time.sleep(0.02)
 
 

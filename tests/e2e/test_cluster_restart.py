@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import cluster
+from devtools import cluster, processes
 from tests.e2e._suite import children, fast_suite, running_training_job, until
 
 TAG = "ELASTICO_WORKLOAD_TAG"
@@ -88,9 +88,9 @@ def test_up_restarts_a_killed_agent_which_readopts_and_down_leaves_nothing(suite
     state, out = _quiet(cluster.up, 2)
     new = {p["name"]: p for p in cluster.load_state()["procs"]}[home]
     assert f"restarted {home}: pid {old_pid} was not running; now pid {new['pid']}" in out, out
-    assert new["pid"] != old_pid and _running(new["pid"]) and new["ident"] == cluster._ident(new["pid"])
+    assert new["pid"] != old_pid and _running(new["pid"]) and new["ident"] == processes.ident(new["pid"])
     assert [p["pid"] for p in state["procs"] if p["name"] == home] == [new["pid"]]
-    assert cluster._running(new) and _quiet(cluster.status)[0] is True
+    assert processes.running(new) and _quiet(cluster.status)[0] is True
     # the same workload, re-adopted from the ledger: same supervisor and process, reported running, no second run
     assert "re-adopted running workloads from the ledger" in log.read_text()[mark:]
     readopted = until(lambda: [x for x in agents[home].workloads([job.job_id]) if x.status == "running"], 10)
@@ -106,7 +106,7 @@ def test_up_restarts_a_killed_agent_which_readopts_and_down_leaves_nothing(suite
     with open(os.devnull, "wb") as devnull:
         by_hand = subprocess.Popen(new["argv"], env=env, cwd=new["cwd"], stdout=devnull, stderr=subprocess.STDOUT)
     try:
-        cluster.wait_serving({"procs": [{**new, "pid": by_hand.pid, "ident": cluster._ident(by_hand.pid)}],
+        cluster.wait_serving({"procs": [{**new, "pid": by_hand.pid, "ident": processes.ident(by_hand.pid)}],
                               "client": state["client"]}, 30)
         with pytest.raises(RuntimeError, match=f"cannot restart {home}: its port .* is taken"):
             _quiet(cluster.up, 2)

@@ -15,23 +15,23 @@ import time
 
 import pytest
 
-from devtools import cluster
+from devtools import cluster, processes
 from tests.conftest import reachable_dir
 
 
 def test_a_recorded_process_is_the_same_process_not_just_the_same_pid():
-    me = {"pid": os.getpid(), "ident": cluster._ident(os.getpid())}
-    assert cluster._running(me)
+    me = {"pid": os.getpid(), "ident": processes.ident(os.getpid())}
+    assert processes.running(me)
     pid, ticks = me["ident"].split("@")
-    assert not cluster._running({**me, "ident": f"{pid}@{int(ticks) - 1}"})  # the pid was reused by a later process
-    assert cluster._running({"pid": os.getpid()})  # a state file of an older version: the pid alone
-    assert cluster._running({"pid": os.getpid(), "ident": "1@5"})  # pid replaced by a tool that kept the old ident
+    assert not processes.running({**me, "ident": f"{pid}@{int(ticks) - 1}"})  # the pid was reused by a later process
+    assert processes.running({"pid": os.getpid()})  # a state file of an older version: the pid alone
+    assert processes.running({"pid": os.getpid(), "ident": "1@5"})  # pid replaced by a tool that kept the old ident
     zombie = subprocess.Popen([sys.executable, "-c", ""])
     deadline = time.monotonic() + 10
-    while cluster._start_ticks(zombie.pid) is not None and time.monotonic() < deadline:
+    while processes.start_ticks(zombie.pid) is not None and time.monotonic() < deadline:
         time.sleep(0.02)
     try:
-        assert not cluster._running({"pid": zombie.pid, "ident": ""})  # exited, not yet reaped: dead
+        assert not processes.running({"pid": zombie.pid, "ident": ""})  # exited, not yet reaped: dead
     finally:
         zombie.wait()
 
