@@ -83,12 +83,11 @@ class ElastiCo(Policy[ElastiCoParams]):
         self.learn_due = self.uses_observations  # once per round, when the training pass first looks at the cluster
         jobs = view.jobs
         gj, gs = view.scratch()
-        N = len(jobs.kind)
-        W = np.zeros(N)
+        W = np.zeros(len(jobs.kind))  # read at the round's running and pending rows only
         act = np.concatenate([view.running, view.pending])
         if len(act):
             W[act] = self.weights(view, act)
-        W[jobs.kind == INFERENCE] = 1e6  # inference is never the tenant to sacrifice
+            W[act[jobs.kind[act] == INFERENCE]] = 1e6  # inference is never the tenant to sacrifice
         size_services(self, view, gj, gs, W, d)
         queued = view.pending[jobs.kind[view.pending] == TRAINING]
         queued = queued[jobs.num_gpus[queued] <= view.num_gpus]  # queued training jobs that fit the cluster

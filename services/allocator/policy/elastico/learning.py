@@ -33,7 +33,7 @@ def corrected_estimate(M: np.ndarray, view: ClusterView) -> tuple[np.ndarray, in
     x = np.concatenate([pair[:, 0], pair[:, 1]])  # observed job
     y = np.concatenate([pair[:, 1], pair[:, 0]])  # its co-tenant
     keep = np.isfinite(obs[x])
-    keep[keep] = [len(jobs.gpus[i]) == 1 for i in x[keep]]  # alone on one GPU
+    keep[keep] = view.held[x[keep]] == 1  # on one GPU only
     ta, tb, v = jobs.type_idx[x[keep]], jobs.type_idx[y[keep]], obs[x[keep]]
     new = ~(M[ta, tb] <= v + 1e-9)  # overrated, or no estimate (NaN)
     if not new.any():
