@@ -229,7 +229,7 @@ def pick_gang(score: np.ndarray, feasible: np.ndarray, n: int, topo: Topology | 
             return None
         if flat_score:  # the first node with room, its first n GPUs
             return idx[node == fits[0]][:n]
-        keep = np.isin(node, fits)
+        keep = cnt[node] >= n  # GPUs on a node with room for the gang
         idx, node, sc = idx[keep], node[keep], sc[keep]
     order = np.lexsort((-sc, node))  # by node, best score first within a node (stable: lowest position on ties)
     node_o, sc_o = node[order], sc[order]

@@ -147,7 +147,8 @@ def regrow(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: De
             plan[j] = max(up)
     topo = view.topo
     one_node = topo is not None and not topo.flat
-    node_empty = None  # empty GPUs per node, of `empty`
+    node_empty: list[int] | None = None  # empty GPUs per node, of `empty`
+    most_empty = 0
     stale = False  # a placement changed the empty GPUs
     for j, n in plan.items():
         if stale:
@@ -157,9 +158,12 @@ def regrow(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: De
         if one_node and allowed is None and n <= topo.max_node:
             # a gang of one node needs a node with n of its own and empty GPUs: without one, no placement
             if node_empty is None:
-                node_empty = np.bincount(topo.gpu_node[empty], minlength=topo.num_nodes)
-            own_nodes, own_n = np.unique(topo.gpu_node[own], return_counts=True)
-            if max(int(node_empty.max()), int((node_empty[own_nodes] + own_n).max())) < n:
+                node_empty = np.bincount(topo.gpu_node[empty], minlength=topo.num_nodes).tolist()
+                most_empty = max(node_empty)
+            own_n: dict[int, int] = {}  # its GPUs per node (a few: counted in Python, not np.unique)
+            for nd in topo.gpu_node[own].tolist():
+                own_n[nd] = own_n.get(nd, 0) + 1
+            if max([most_empty, *(node_empty[nd] + c for nd, c in own_n.items())]) < n:
                 continue
         # its own GPUs plus empty ones, kept in the topology (own GPUs first: the gang stays where it is
         # when its node has room)
