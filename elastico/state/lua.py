@@ -1,7 +1,7 @@
 """Lua scripts run atomically inside Redis. Keys are built from the prefix passed as ARGV[1]
 (see ``elastico.state.keys``: all keys share one hash tag, so one slot)."""
 
-# The body of one transaction (see elastico.state.store.Transaction), shared by APPLY and APPLY_EACH.
+# The body of one transaction (see elastico.state.transaction.Transaction), shared by APPLY and APPLY_EACH.
 # Records (job JSON, placement JSON) travel as their own ARGV entries, named by index (``data_arg``) in
 # the transaction JSON: no JSON-in-JSON escaping to encode in the client and decode in the script.
 # Every check runs before the first write, so a transaction that fails writes nothing. A job write with

@@ -16,15 +16,13 @@ from elastico.errors import Conflict, NotFound, ResourceExhausted, StaleEpoch
 from elastico.state import codec
 from elastico.state.store import (
     DEMAND_REPORTS_MAX,
-    DuplicateRequest,
     JobEvent,
     StoreBase,
-    SweepResult,
-    Transaction,
     event_from_fields,
     gpu_capacity_units,
     tenant_limit_message,
 )
+from elastico.state.transaction import DuplicateRequest, SweepResult, Transaction
 
 _TERMINAL = ("succeeded", "failed", "cancelled")
 

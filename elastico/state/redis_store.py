@@ -22,15 +22,13 @@ from elastico.state import codec, lua
 from elastico.state.keys import Keys
 from elastico.state.store import (
     DEMAND_REPORTS_MAX,
-    DuplicateRequest,
     JobEvent,
     StoreBase,
-    SweepResult,
-    Transaction,
     event_from_fields,
     gpu_capacity_units,
     tenant_limit_message,
 )
+from elastico.state.transaction import DuplicateRequest, SweepResult, Transaction
 
 P = ParamSpec("P")
 R = TypeVar("R")

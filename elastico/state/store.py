@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Protocol, cast, runtime_checkable
 
 from elastico.domain import (
@@ -38,6 +38,16 @@ from elastico.domain import (
 )
 from elastico.errors import Conflict, NotFound, ResourceExhausted, StaleEpoch, WrongState
 from elastico.state import codec
+from elastico.state.transaction import (
+    DesiredOp,
+    DuplicateRequest,
+    EventRecord,
+    GpuDelta,
+    JobWrite,
+    PreparedUpdates,
+    SweepResult,
+    Transaction,
+)
 
 SHARE_UNITS_PER_PCT = 100
 WRITTEN_CACHE_MAX = 20_000  # records remembered between two list_active_jobs calls (see StoreBase._note_written)
@@ -49,103 +59,10 @@ def share_units(pct: float) -> int:
     return int(round(pct * SHARE_UNITS_PER_PCT))
 
 
-@dataclass(frozen=True)
-class JobWrite:
-    """Replace a job record if its version is still ``expected_version`` (0 = must not exist yet)."""
-
-    job_id: str
-    expected_version: int
-    new_version: int
-    state: str
-    data: str  # JSON of the new Job
-    index_score: int | None = None  # add to the job index with this score (creation only)
-    index_seq: bool = False  # add to the job index scored by the next submission sequence number (creation only)
-    tenant: str = ""  # the job's tenant (creation only: indexed by it)
-    request_id: str = ""  # the job's request id (creation only: the retention sweep drops its mapping with it)
-    time_s: float = 0.0  # the job's updated_at_s (entering a terminal state: its finish time, for retention)
-    # creation only: refused (ResourceExhausted, nothing written) when the tenant already has this many jobs in a
-    # non-terminal state; 0 = no limit
-    live_limit: int = 0
-
-
-@dataclass(frozen=True)
-class GpuDelta:
-    """Add (or with negative values, release) a compute share and memory on one GPU."""
-
-    node_id: str
-    gpu_index: int
-    share_units: int  # 1/100 percent
-    mem_mib: int
-
-
-@dataclass(frozen=True)
-class DesiredOp:
-    """Set (``data`` = Placement JSON) or delete (``data`` = None) one job in a node's desired state."""
-
-    node_id: str
-    job_id: str
-    data: str | None
-
-
-@dataclass(frozen=True)
-class EventRecord:
-    """An event to append to the job event stream."""
-
-    job_id: str
-    state: str
-    reason: str
-    message: str
-    version: int
-    time_s: float
-
-
-@dataclass
-class Transaction:
-    """One atomic change. ``epoch`` not None = fenced: rejected unless it equals the current epoch."""
-
-    epoch: int | None = None
-    claim_request: tuple[str, str] | None = None  # (request_id, job_id): fails if request_id is taken
-    jobs: list[JobWrite] = field(default_factory=list)
-    gpus: list[GpuDelta] = field(default_factory=list)
-    desired: list[DesiredOp] = field(default_factory=list)
-    events: list[EventRecord] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class PreparedUpdates:
-    """``update_jobs`` changes encoded ahead of time (``Store.prepare_updates``), applied by ``apply_updates``.
-
-    Lets a caller do the encoding while it waits for something else (a round: while the policy decides).
-    """
-
-    items: tuple[tuple[Transaction, Job], ...]  # (its transaction, the job it stores) per change
-
-    def only(self, job_ids: set[str]) -> PreparedUpdates:
-        """The changes of ``job_ids`` only (in their original order)."""
-        return PreparedUpdates(tuple(it for it in self.items if it[1].job_id in job_ids))
-
-
-@dataclass(frozen=True)
-class SweepResult:
-    """What one ``sweep_finished_jobs`` step did."""
-
-    deleted: int = 0  # finished jobs deleted (record, index entries, request id mapping)
-    indexed: int = 0  # records of a namespace older than the job indexes indexed by the backfill
-    more: bool = False  # the step stopped at its limit: more work is due now
-
-
 DEFAULT_JOB_RETENTION_S = 7 * 86400.0
 DEFAULT_JOB_RETENTION_MAX = 100_000
 DEMAND_REPORTS_MAX = 10_000  # demand reports kept per job at most (a reporter with distinct window ends is bounded)
 SWEEP_LIMIT = 1000  # jobs deleted (or backfilled) per sweep step at most: one bounded Redis script call
-
-
-class DuplicateRequest(Exception):
-    """Internal: the transaction's request id already maps to ``job_id``."""
-
-    def __init__(self, job_id: str) -> None:
-        super().__init__(job_id)
-        self.job_id = job_id
 
 
 def tenant_limit_message(tenant: str, live: int) -> str:

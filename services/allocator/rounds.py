@@ -53,7 +53,8 @@ from elastico.coloc.profiles import TypeTable
 from elastico.domain import Job, JobSpec, JobState, NodeInfo, Placement, StateReason, Workload
 from elastico.errors import Conflict, ElasticoError, StaleEpoch, Unavailable, WrongState
 from elastico.logging import get_logger
-from elastico.state.store import PreparedUpdates, Store
+from elastico.state.store import Store
+from elastico.state.transaction import PreparedUpdates
 from services.allocator import triggers
 from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient, pool_names
 from services.allocator.decider import Decided, PolicySpec, ProcessDecider, run_policy

@@ -358,7 +358,7 @@ def test_redis_transaction_payload_carries_every_field():
     from dataclasses import fields
 
     from elastico.state.redis_store import RedisStore
-    from elastico.state.store import DesiredOp, EventRecord, GpuDelta, JobWrite, Transaction
+    from elastico.state.transaction import DesiredOp, EventRecord, GpuDelta, JobWrite, Transaction
 
     tx = Transaction(epoch=1, claim_request=("r", "j"), jobs=[JobWrite("j", 0, 1, "pending", "{}", index_seq=True)],
                      gpus=[GpuDelta("n", 0, 100, 5)], desired=[DesiredOp("n", "j", "{}"), DesiredOp("n", "k", None)],
