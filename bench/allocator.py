@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import os
 import statistics
 import subprocess
@@ -392,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.allocator", description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="reduced sizes for CI (< 30 s); targets are not judged")
     a = ap.parse_args(argv)
+    if a.smoke:  # CI runs the smoke under a 90-s timeout: a run stuck for 75 s dumps every thread's stack first
+        faulthandler.dump_traceback_later(75.0)
     jobs, rounds, pending = (400, 3, 300) if a.smoke else (3000, 9, 1000)
     services, report_rps = (16, 50.0) if a.smoke else (SERVICES, REPORT_RPS)
     print(f"bench.allocator: {NODES} nodes x {GPUS_PER_NODE} GPUs (registered with put_node; agents played by the bench), "
