@@ -14,7 +14,6 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,9 +21,6 @@ from elastico.domain import Job, JobState, NodeInfo, StateReason, Workload
 from services.allocator import metrics as m
 from services.allocator.plan import ViewIndex
 from services.allocator.policy import ClusterView
-
-if TYPE_CHECKING:
-    from services.allocator.rounds import RoundReport
 
 # elastico_allocator_degraded{component} -> how its degradation notes (RoundReport.degraded) begin
 DEGRADED_PREFIXES = {"pricer": ("pricer",), "predictor": ("predictor",), "nodes": ("nodes", "node ")}
@@ -35,6 +31,28 @@ STALE_NODE_PREFIX = "node "
 # current accuracy and go NaN (no alert) once no co-located job has been observed for a while
 ERROR_WINDOW = 512
 ERROR_WINDOW_S = 600.0
+
+
+@dataclass
+class RoundReport:
+    """What one round did (returned for tests and the benchmark; also logged and published)."""
+
+    epoch: int
+    pending: int = 0
+    placed_jobs: int = 0
+    placed: list[str] = field(default_factory=list)
+    started: int = 0
+    released: dict[str, int] = field(default_factory=dict)
+    preempted: int = 0
+    resized: int = 0
+    evictions: dict[str, int] = field(default_factory=dict)  # pod evictions requested, by what the policy meant
+    dropped: int = 0
+    unschedulable: int = 0  # pending jobs newly marked UNSCHEDULABLE_NOW by this round
+    conflict: str = ""
+    seconds: float = 0.0
+    decide_seconds: float = 0.0
+    gap: float | None = None
+    degraded: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

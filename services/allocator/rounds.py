@@ -74,7 +74,7 @@ from services.allocator.plan import (
     translate,
 )
 from services.allocator.policy import INFERENCE, ClusterView, Decision, Policy, make_policy, options_for
-from services.allocator.round_metrics import RoundMetrics, RoundOutcome, observed_speeds, pending_reasons
+from services.allocator.round_metrics import RoundMetrics, RoundOutcome, RoundReport, observed_speeds, pending_reasons
 from services.allocator.settings import AllocatorSettings
 
 log = get_logger(component="rounds")
@@ -100,28 +100,6 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-
-
-@dataclass
-class RoundReport:
-    """What one round did (returned for tests and the benchmark; also logged and published)."""
-
-    epoch: int
-    pending: int = 0
-    placed_jobs: int = 0
-    placed: list[str] = field(default_factory=list)
-    started: int = 0
-    released: dict[str, int] = field(default_factory=dict)
-    preempted: int = 0
-    resized: int = 0
-    evictions: dict[str, int] = field(default_factory=dict)  # pod evictions requested, by what the policy meant
-    dropped: int = 0
-    unschedulable: int = 0  # pending jobs newly marked UNSCHEDULABLE_NOW by this round
-    conflict: str = ""
-    seconds: float = 0.0
-    decide_seconds: float = 0.0
-    gap: float | None = None
-    degraded: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -10,8 +10,8 @@ from elastico.domain import GpuSlice, Placement, Shape, TrainingWork, Workload, 
 from elastico.state.memory import MemoryStore
 from services.allocator.decider import predicted_norm
 from services.allocator.plan import build_view
-from services.allocator.round_metrics import RoundMetrics
-from services.allocator.rounds import RoundReport, Scheduler
+from services.allocator.round_metrics import RoundMetrics, RoundReport
+from services.allocator.rounds import Scheduler
 from tests.conftest import make_job, make_spec
 from tests.integration.test_allocator_rounds import heartbeat, leader, settings
 

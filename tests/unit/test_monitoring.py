@@ -29,10 +29,10 @@ from services.allocator.round_metrics import (
     ERROR_WINDOW_S,
     RoundMetrics,
     RoundOutcome,
+    RoundReport,
     effective_utilisation,
     pending_reasons,
 )
-from services.allocator.rounds import RoundReport
 from tests.conftest import make_job, make_node
 from tests.unit import _policy_builders as pb
 
