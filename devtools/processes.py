@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-TAG_VAR = "ELASTICO_WORKLOAD_TAG"  # services/node_agent/runner.py: "<state dir>|<job>|<placement>" on every workload
+from services.node_agent.runner import TAG_VAR
 
 
 def start_ticks(pid: int) -> int | None:

@@ -317,10 +317,10 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
     pinned = {}
     for r, j in enumerate(rows):
         mask = np.array([n in j.spec.allowed_nodes for n, _ in gpu_keys], bool) if j.spec.allowed_nodes else None
-        # a queued declaring job: only the GPUs some declared shape fits
-        if r >= len(placed) and declared[r] and not (
-                hosts := np.array([any(shape_fits(s, k) for s in declared[r]) for k in kinds], bool)[kind_of_gpu]).all():
-            mask = hosts if mask is None else mask & hosts
+        if r >= len(placed) and declared[r]:  # a queued declaring job: only the GPUs some declared shape fits
+            hosts = np.array([any(shape_fits(s, k) for s in declared[r]) for k in kinds], bool)[kind_of_gpu]
+            if not hosts.all():
+                mask = hosts if mask is None else mask & hosts
         if mask is not None:
             pinned[r] = mask
     table = DeclaredJobTable(kind=kind, type_idx=type_idx, num_gpus=num_gpus,

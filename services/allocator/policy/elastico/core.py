@@ -7,7 +7,7 @@ import numpy as np
 from elastico.coloc.rates import share_speed
 from services.allocator.policy.baselines import Policy
 from services.allocator.policy.elastico.cache import PolicyMemo
-from services.allocator.policy.elastico.counts import count_shapes_on, defragment, give_back, held_gpus, regrow
+from services.allocator.policy.elastico.counts import count_shapes_on, defragment, give_back, regrow
 from services.allocator.policy.elastico.learning import corrected_estimate
 from services.allocator.policy.elastico.params import ElastiCoParams
 from services.allocator.policy.elastico.preemption import preempt
@@ -117,7 +117,7 @@ class ElastiCo(Policy[ElastiCoParams]):
             # every waiting one may grow onto them (they would keep them at the next give-back), and so may
             # gangs running shrunk below their request
             run = view.running[jobs.kind[view.running] == TRAINING]
-            shrunk = held_gpus(view, run) < jobs.num_gpus[run]
+            shrunk = view.held[run] < jobs.num_gpus[run]
             regrow(p, self.memo, view, gj, gs, d, run[(W[run] > W[waiting].max()) | shrunk])
         if count_shapes_on(p, view):
             defragment(p, self.memo, view, gj, gs, d)

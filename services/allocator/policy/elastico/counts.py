@@ -83,11 +83,6 @@ def min_gpus(p: ElastiCoParams, view: ClusterView, idx: np.ndarray) -> np.ndarra
     return out
 
 
-def held_gpus(view: ClusterView, idx: np.ndarray) -> np.ndarray:
-    """GPUs each job of ``idx`` holds now (0 when not running)."""
-    return view.held[idx]
-
-
 def relaunch(view: ClusterView, gj, gs, d: Decision, j: int, target: np.ndarray) -> None:
     """Restart running job ``j`` on GPUs ``target`` at its share: a preemption and a placement in one round,
     which the engine and the live allocator apply as a resize (one restart)."""
@@ -120,7 +115,7 @@ def regrow(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: De
         return
     gone = set(d.preempt) | {int(j) for j, _ in d.resize}
     cand = np.concatenate([run, np.fromiter(fresh, np.int64, len(fresh))])
-    ngpu = np.concatenate([held_gpus(view, run), [len(g) for _, g in fresh.values()]]).astype(np.int64)
+    ngpu = np.concatenate([view.held[run], [len(g) for _, g in fresh.values()]]).astype(np.int64)
     # the same jobs on the same gangs as a pass with no offer, none with more work left: none again
     # (a saving only shrinks with the remaining time)
     rem = view.jobs.remaining_est_s[cand]
@@ -147,8 +142,7 @@ def regrow(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: De
             plan[j] = max(up)
     topo = view.topo
     one_node = topo is not None and not topo.flat
-    node_empty: list[int] | None = None  # empty GPUs per node, of `empty`
-    most_empty = 0
+    node_empty = None  # empty GPUs per node, of `empty`
     stale = False  # a placement changed the empty GPUs
     for j, n in plan.items():
         if stale:
@@ -158,12 +152,9 @@ def regrow(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d: De
         if one_node and allowed is None and n <= topo.max_node:
             # a gang of one node needs a node with n of its own and empty GPUs: without one, no placement
             if node_empty is None:
-                node_empty = np.bincount(topo.gpu_node[empty], minlength=topo.num_nodes).tolist()
-                most_empty = max(node_empty)
-            own_n: dict[int, int] = {}  # its GPUs per node (a few: counted in Python, not np.unique)
-            for nd in topo.gpu_node[own].tolist():
-                own_n[nd] = own_n.get(nd, 0) + 1
-            if max([most_empty, *(node_empty[nd] + c for nd, c in own_n.items())]) < n:
+                node_empty = np.bincount(topo.gpu_node[empty], minlength=topo.num_nodes)
+            own_nodes, own_n = np.unique(topo.gpu_node[own], return_counts=True)
+            if max(int(node_empty.max()), int((node_empty[own_nodes] + own_n).max())) < n:
                 continue
         # its own GPUs plus empty ones, kept in the topology (own GPUs first: the gang stays where it is
         # when its node has room)
@@ -258,7 +249,7 @@ def give_back(p: ElastiCoParams, view: ClusterView, gj, gs, W, d: Decision, wait
     run = view.running[jobs.kind[view.running] == TRAINING]
     if len(run) == 0:
         return False
-    extra = held_gpus(view, run) - jobs.num_gpus[run]  # GPUs held beyond the request
+    extra = view.held[run] - jobs.num_gpus[run]  # GPUs held beyond the request
     keep = (extra > 0) & (view.now_s - jobs.last_change_s[run] >= p.min_run_s)  # hysteresis, as for preemption
     if p.keep_heavy_growth:
         keep &= W[run] < W[waiting].max()

@@ -142,9 +142,7 @@ def place_training(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision, que
             pol.priced_at_s = view.now_s
         d.info["pricing"] = info
     # a service's slowdown is bounded by its SLO check (tenant_ok), not weighed as lost utility
-    act = np.concatenate([view.running, view.pending])  # every tenant, placed this round or before
-    Wt = W.copy()
-    Wt[act[jobs.kind[act] == INFERENCE]] = 0.0
+    Wt = np.where(jobs.kind == INFERENCE, 0.0, W)
     attempts = 0
     failed: set = set()
     state = None  # built on the first prediction (most rounds fail the capacity precheck first)
