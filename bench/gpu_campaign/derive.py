@@ -1,6 +1,8 @@
 """Campaign JSON -> the derived CSV tables in the project's data schemas, plus a provenance file.
 
-``python3 -m bench.gpu_campaign.derive RUN.json --out DIR`` writes, prefixed with the GPU type (``h200_...``):
+``python3 -m bench.gpu_campaign.derive RUN.json [RUN.json ...] --out DIR`` writes, prefixed with the GPU type
+(``h200_...``), from one run or several on one GPU type (a later run measuring what an earlier one could not fit
+in its budget); every row names its ``run``, and every rate is normalised by :func:`baselines`:
 
 * ``isolated_throughputs.csv`` -- ``data/gavel_isolated_throughputs.csv``'s columns (training jobs alone at MPS
   100, ``scale_factor`` 1) plus ``precision`` and the solo NVML/GPM counters (the predictor's profile fields);
@@ -11,7 +13,8 @@
 * ``share_curves.csv`` -- every solo point (workload, share, rate, normalised) with the fitted ``u`` of
   ``speed = min(1, share/u)`` and its error;
 * ``point_counters.csv`` -- the device counters sampled inside every point's window;
-* ``provenance.json`` -- GPU, driver, CUDA, torch, date, the campaign's command and this converter's.
+* ``provenance.json`` -- GPU, driver, CUDA, torch, date, the campaign's command and this converter's; per run
+  its command, source hash and the points it measured.
 
 Job types follow Gavel's ``"<model> (batch size <n>)"``, with `` [amp]`` appended for bf16-autocast jobs (the
 family and batch size still parse the way ``services.predictor.datasets.parse_gavel_job_type`` reads them).
@@ -24,11 +27,13 @@ import argparse
 import csv
 import hashlib
 import json
+import shlex
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.gpu_campaign.stats import fit_share_curve
 from bench.gpu_campaign.workloads import WORKLOADS
 
 ISOLATED_COLUMNS = ("worker_type", "job_type", "model", "batch_size", "scale_factor", "isolated_tput", "precision",
@@ -36,13 +41,15 @@ ISOLATED_COLUMNS = ("worker_type", "job_type", "model", "batch_size", "scale_fac
 PAIR_COLUMNS = ("gpu_type", "job_type_a", "job_type_b", "model_a", "batch_size_a", "model_b", "batch_size_b",
                 "same_type", "isolated_tput_a", "isolated_tput_b", "coloc_tput_a", "coloc_tput_b", "norm_tput_a",
                 "norm_tput_b", "norm_tput_sum", "coloc_failed", "a_equals_isolated", "b_equals_isolated",
-                "share_a_pct", "share_b_pct", "env")
+                "share_a_pct", "share_b_pct", "env", "run")
 TI_COLUMNS = ("gpu_type", "stage", "job_type_train", "service", "share_train_pct", "share_service_pct",
               "priority_train", "priority_service", "isolated_tput_train", "coloc_tput_train", "norm_tput_train",
               "solo_max_rps_within_slo", "coloc_max_rps_within_slo", "norm_capacity_service", "offered_rps",
-              "served_frac", "p50_ms", "p99_ms", "slo_ms", "failed")
-CURVE_COLUMNS = ("gpu_type", "workload", "job_type", "kind", "share_pct", "rate", "norm", "u_fit", "fit_rmse", "fit_n")
-COUNTER_COLUMNS = ("gpu_type", "stage", "label", "sm_util_pct", "mem_bw_util_pct", "tensor_util_pct", "mem_used_mib")
+              "served_frac", "p50_ms", "p99_ms", "slo_ms", "failed", "run")
+CURVE_COLUMNS = ("gpu_type", "workload", "job_type", "kind", "share_pct", "rate", "norm", "u_fit", "fit_rmse", "fit_n",
+                 "run")
+COUNTER_COLUMNS = ("gpu_type", "stage", "label", "sm_util_pct", "mem_bw_util_pct", "tensor_util_pct", "mem_used_mib",
+                   "run")
 FILES = ("isolated_throughputs.csv", "coloc_pairs.csv", "train_infer_pairs.csv", "share_curves.csv",
          "point_counters.csv", "provenance.json")
 
@@ -75,89 +82,150 @@ def _write(path: Path, columns: Sequence[str], rows: Iterable[dict[str, Any]]) -
     return n
 
 
-def provenance(report: dict[str, Any], source: Path, argv: Sequence[str]) -> dict[str, Any]:
+def _runtime(report: dict[str, Any]) -> dict[str, Any]:
+    """GPU, driver, CUDA and torch of one run."""
     env = (report["stages"].get("environment") or {}).get("result") or {}
     nvml = (report["stages"].get("nvml") or {}).get("result") or {}
     tr = env.get("torch_runtime") or {}
     smi = (env.get("smi_query") or "").splitlines()
     smi_row = dict(zip([c.strip() for c in smi[0].split(",")], [c.strip() for c in smi[-1].split(",")])) if len(smi) > 1 else {}
     inv = (nvml.get("inventory") or [{}])[0]
+    return {"gpu": tr.get("device") or smi_row.get("name"), "gpu_uuid": inv.get("uuid"), "gpu_type": nvml.get("gpu_type"),
+            "driver": smi_row.get("driver_version"), "cuda": tr.get("cuda"),
+            "torch": tr.get("torch") or (env.get("packages") or {}).get("torch")}
+
+
+def _command(report: dict[str, Any]) -> str:
     args = report.get("args") or {}
-    cmd = ["python3", "-m", "bench.gpu_campaign"] + [
-        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in args.items()
-        if v not in (None, False) and k != "params"]
+    return " ".join(["python3", "-m", "bench.gpu_campaign"] + [
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {shlex.quote(str(v))}") for k, v in args.items()
+        if v not in (None, False) and k != "params"])
+
+
+def provenance(runs: Sequence[tuple[dict[str, Any], Path]], argv: Sequence[str]) -> dict[str, Any]:
+    """The first run's machine, and per run its date, status, command, source hash and the points it measured."""
+    first = runs[0][0]
     return {
-        "gpu": tr.get("device") or smi_row.get("name"), "gpu_uuid": inv.get("uuid"), "gpu_type": nvml.get("gpu_type"),
-        "driver": smi_row.get("driver_version"), "cuda": tr.get("cuda"),
-        "torch": tr.get("torch") or (env.get("packages") or {}).get("torch"),
-        "date": report.get("started_at"), "finished_at": report.get("finished_at"), "mode": report.get("mode"),
-        "status": report.get("status"), "schema": report.get("schema"), "command": " ".join(cmd),
-        "window_s": report.get("window_s"), "budget_s": report.get("budget_s"),
-        "source": str(source), "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+        **_runtime(first), "date": first.get("started_at"), "finished_at": runs[-1][0].get("finished_at"),
+        "mode": first.get("mode"), "status": first.get("status"), "schema": first.get("schema"),
+        "command": _command(first), "window_s": first.get("window_s"), "budget_s": first.get("budget_s"),
+        "source": str(runs[0][1]), "source_sha256": hashlib.sha256(runs[0][1].read_bytes()).hexdigest(),
         "derived_by": " ".join(["python3", "-m", "bench.gpu_campaign.derive", *argv]),
-        "workloads": report.get("workloads"),
+        "workloads": first.get("workloads"),
+        "runs": [{"run": i, **_runtime(r), "date": r.get("started_at"), "status": r.get("status"),
+                  "command": _command(r), "window_s": r.get("window_s"), "source": str(src),
+                  "source_sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
+                  "points": [p["label"] for st in r["stages"] for p in _points(r, st)]}
+                 for i, (r, src) in enumerate(runs, 1)],
     }
 
 
-def derive(report: dict[str, Any], source: Path, out: Path, argv: Sequence[str] = ()) -> dict[str, int]:
-    """Write every table of the module docstring into ``out``; rows written per file."""
-    prov = provenance(report, source, argv)
+def _rate(t: dict[str, Any]) -> float | None:
+    """A tenant's rate: steps/s, or a service's highest rate served within its SLO (None: within it at no rate
+    searched, or failed)."""
+    if t.get("error") or t.get("steps_per_s") is None:
+        return None
+    if WORKLOADS[t["workload"]].kind == "serve":
+        return (t.get("detail") or {}).get("max_rps_within_slo")
+    return float(t["steps_per_s"])
+
+
+def baselines(runs: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per run, each workload's rate alone at MPS 100 that its points are normalised by.
+
+    A training job's is its fastest solo run over all runs (a repeat is only ever slowed, e.g. by another
+    convolution algorithm chosen at warm-up); a service's stays its own run's, since each run fixes the service's
+    offered rate and SLO from its own first solo point.
+    """
+    own = [{p["tenants"][0]["workload"]: _rate(p["tenants"][0]) for p in _points(r, "solo") if p.get("tenants")}
+           for r in runs]
+    best: dict[str, float] = {}
+    for b in own:
+        for w, v in b.items():
+            if v and WORKLOADS[w].kind == "train":
+                best[w] = max(best.get(w, 0.0), v)
+    return [{**{w: v for w, v in b.items() if v and WORKLOADS[w].kind == "serve"}, **best} for b in own]
+
+
+def derive(runs: Sequence[tuple[dict[str, Any], Path]], out: Path, argv: Sequence[str] = ()) -> dict[str, int]:
+    """Write every table of the module docstring into ``out`` from one or more runs on one GPU type; rows written
+    per file. Each row carries its ``run`` (1-based, as in the provenance file's ``runs``)."""
+    prov = provenance(runs, argv)
     gpu = prov["gpu_type"] or "unknown"
+    others = {r["run"]: r["gpu_type"] for r in prov["runs"] if r["gpu_type"] != prov["gpu_type"]}
+    if others:
+        raise ValueError(f"runs on other GPU types than run 1's {prov['gpu_type']!r}: {others}")
     out.mkdir(parents=True, exist_ok=True)
-    solo = {p["tenants"][0]["workload"]: p for p in _points(report, "solo") if p.get("tenants")}
-    base = {w: p["tenants"][0].get("rate") for w, p in solo.items()}
-    iso = []
-    for w, p in solo.items():
-        wl, c = WORKLOADS[w], _gpu0(p)
-        if wl.kind != "train" or base.get(w) is None:
+    bases = baselines([r for r, _ in runs])
+
+    def norm(t: dict[str, Any], base: dict[str, float]) -> float | None:
+        rate, b = _rate(t), base.get(t["workload"])
+        if rate is None and WORKLOADS[t["workload"]].kind == "serve" and not t.get("error") and b:
+            return 0.0  # the service met its SLO at no rate searched: below every rate it was offered
+        return rate / b if rate is not None and b else None
+
+    iso, tt, ti, curves, counters = [], [], [], [], []
+    best = bases[0]
+    for w, v in best.items():
+        wl = WORKLOADS[w]
+        if wl.kind != "train":
             continue
+        solo = next(p for r, _ in runs for p in _points(r, "solo") if p["tenants"][0]["workload"] == w
+                    and _rate(p["tenants"][0]) == v)
         iso.append({"worker_type": gpu, "job_type": job_type(w), "model": wl.model, "batch_size": wl.batch_size,
-                    "scale_factor": 1, "isolated_tput": base[w], "precision": wl.precision, **c})
-    tt, ti = [], []
-    for stage in ("pairs", "priority", "splits"):
-        for p in _points(report, stage):
-            ts = p.get("tenants") or []
-            if len(ts) != 2:
-                continue
-            kinds = [WORKLOADS[t["workload"]].kind for t in ts]
-            if kinds == ["train", "train"]:
-                a, b = ts
-                failed = bool(a.get("error") or b.get("error"))
-                na, nb = a.get("norm"), b.get("norm")
-                tt.append({"gpu_type": gpu, "job_type_a": job_type(a["workload"]), "job_type_b": job_type(b["workload"]),
-                           "model_a": WORKLOADS[a["workload"]].model, "batch_size_a": WORKLOADS[a["workload"]].batch_size,
-                           "model_b": WORKLOADS[b["workload"]].model, "batch_size_b": WORKLOADS[b["workload"]].batch_size,
-                           "same_type": int(a["workload"] == b["workload"]), "isolated_tput_a": base.get(a["workload"]),
-                           "isolated_tput_b": base.get(b["workload"]), "coloc_tput_a": a.get("rate"),
-                           "coloc_tput_b": b.get("rate"), "norm_tput_a": na, "norm_tput_b": nb,
-                           "norm_tput_sum": (na + nb) if na is not None and nb is not None else None,
-                           "coloc_failed": int(failed), "a_equals_isolated": 0, "b_equals_isolated": 0,
-                           "share_a_pct": a.get("share_pct"), "share_b_pct": b.get("share_pct"), "env": "campaign"})
-            elif sorted(kinds) == ["serve", "train"]:
-                tr, sv = (ts[0], ts[1]) if kinds[0] == "train" else (ts[1], ts[0])
-                pr = dict(zip([t["workload"] for t in ts], p.get("priorities") or [None, None]))
-                det, lat = sv.get("detail") or {}, sv.get("latency_ms") or {}
-                ti.append({"gpu_type": gpu, "stage": stage, "job_type_train": job_type(tr["workload"]),
-                           "service": job_type(sv["workload"]), "share_train_pct": tr.get("share_pct"),
-                           "share_service_pct": sv.get("share_pct"), "priority_train": pr.get(tr["workload"]),
-                           "priority_service": pr.get(sv["workload"]), "isolated_tput_train": base.get(tr["workload"]),
-                           "coloc_tput_train": tr.get("rate"), "norm_tput_train": tr.get("norm"),
-                           "solo_max_rps_within_slo": base.get(sv["workload"]),
-                           "coloc_max_rps_within_slo": det.get("max_rps_within_slo"),
-                           "norm_capacity_service": sv.get("norm"), "offered_rps": det.get("rate_rps"),
-                           "served_frac": det.get("served_frac"), "p50_ms": lat.get("p50"), "p99_ms": lat.get("p99"),
-                           "slo_ms": det.get("slo_ms"), "failed": int(bool(tr.get("error") or sv.get("error")))})
-    fits = ((report["stages"].get("shares") or {}).get("result") or {}).get("fits") or {}
-    curves = []
-    for p in _points(report, "solo") + _points(report, "shares"):
-        for t in p.get("tenants") or []:
-            f = fits.get(t["workload"]) or {}
-            curves.append({"gpu_type": gpu, "workload": t["workload"], "job_type": job_type(t["workload"]),
-                           "kind": WORKLOADS[t["workload"]].kind, "share_pct": t.get("share_pct"),
-                           "rate": t.get("rate"), "norm": t.get("norm"), "u_fit": f.get("u"),
-                           "fit_rmse": f.get("rmse"), "fit_n": f.get("n")})
-    counters = [{"gpu_type": gpu, "stage": st, "label": p["label"], **_gpu0(p)}
-                for st in report["stages"] for p in _points(report, st)]
+                    "scale_factor": 1, "isolated_tput": v, "precision": wl.precision, **_gpu0(solo)})
+    shares: dict[str, list[tuple[float, float]]] = {}
+    for run, ((report, _), base) in enumerate(zip(runs, bases), 1):
+        for stage in ("pairs", "priority", "splits"):
+            for p in _points(report, stage):
+                ts = p.get("tenants") or []
+                if len(ts) != 2:
+                    continue
+                kinds = [WORKLOADS[t["workload"]].kind for t in ts]
+                if kinds == ["train", "train"]:
+                    a, b = ts
+                    na, nb = norm(a, base), norm(b, base)
+                    tt.append({"gpu_type": gpu, "job_type_a": job_type(a["workload"]),
+                               "job_type_b": job_type(b["workload"]), "model_a": WORKLOADS[a["workload"]].model,
+                               "batch_size_a": WORKLOADS[a["workload"]].batch_size,
+                               "model_b": WORKLOADS[b["workload"]].model,
+                               "batch_size_b": WORKLOADS[b["workload"]].batch_size,
+                               "same_type": int(a["workload"] == b["workload"]),
+                               "isolated_tput_a": base.get(a["workload"]), "isolated_tput_b": base.get(b["workload"]),
+                               "coloc_tput_a": _rate(a), "coloc_tput_b": _rate(b), "norm_tput_a": na, "norm_tput_b": nb,
+                               "norm_tput_sum": (na + nb) if na is not None and nb is not None else None,
+                               "coloc_failed": int(bool(a.get("error") or b.get("error"))), "a_equals_isolated": 0,
+                               "b_equals_isolated": 0, "share_a_pct": a.get("share_pct"),
+                               "share_b_pct": b.get("share_pct"), "env": "campaign", "run": run})
+                elif sorted(kinds) == ["serve", "train"]:
+                    tr, sv = (ts[0], ts[1]) if kinds[0] == "train" else (ts[1], ts[0])
+                    pr = dict(zip([t["workload"] for t in ts], p.get("priorities") or [None, None]))
+                    det, lat = sv.get("detail") or {}, sv.get("latency_ms") or {}
+                    ti.append({"gpu_type": gpu, "stage": stage, "job_type_train": job_type(tr["workload"]),
+                               "service": job_type(sv["workload"]), "share_train_pct": tr.get("share_pct"),
+                               "share_service_pct": sv.get("share_pct"), "priority_train": pr.get(tr["workload"]),
+                               "priority_service": pr.get(sv["workload"]),
+                               "isolated_tput_train": base.get(tr["workload"]), "coloc_tput_train": _rate(tr),
+                               "norm_tput_train": norm(tr, base), "solo_max_rps_within_slo": base.get(sv["workload"]),
+                               "coloc_max_rps_within_slo": det.get("max_rps_within_slo"),
+                               "norm_capacity_service": norm(sv, base), "offered_rps": det.get("rate_rps"),
+                               "served_frac": det.get("served_frac"), "p50_ms": lat.get("p50"),
+                               "p99_ms": lat.get("p99"), "slo_ms": det.get("slo_ms"),
+                               "failed": int(bool(tr.get("error") or sv.get("error"))), "run": run})
+        for p in _points(report, "solo") + _points(report, "shares"):
+            for t in p.get("tenants") or []:
+                y = norm(t, base)
+                curves.append({"gpu_type": gpu, "workload": t["workload"], "job_type": job_type(t["workload"]),
+                               "kind": WORKLOADS[t["workload"]].kind, "share_pct": t.get("share_pct"),
+                               "rate": _rate(t), "norm": y, "run": run})
+                if y is not None:
+                    shares.setdefault(t["workload"], []).append((float(t.get("share_pct") or 100), y))
+        counters += [{"gpu_type": gpu, "stage": st, "label": p["label"], **_gpu0(p), "run": run}
+                     for st in report["stages"] for p in _points(report, st)]
+    fits = {w: fit_share_curve(pts) for w, pts in shares.items()}
+    for c in curves:
+        f = fits.get(c["workload"]) or {}
+        c.update(u_fit=f.get("u"), fit_rmse=f.get("rmse"), fit_n=f.get("n"))
     n = {"isolated_throughputs.csv": _write(out / f"{gpu}_isolated_throughputs.csv", ISOLATED_COLUMNS, iso),
          "coloc_pairs.csv": _write(out / f"{gpu}_coloc_pairs.csv", PAIR_COLUMNS, tt),
          "train_infer_pairs.csv": _write(out / f"{gpu}_train_infer_pairs.csv", TI_COLUMNS, ti),
@@ -171,19 +239,26 @@ def derive(report: dict[str, Any], source: Path, out: Path, argv: Sequence[str] 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="python3 -m bench.gpu_campaign.derive", description=__doc__.split("\n\n")[0])
-    ap.add_argument("json", type=Path, help="the campaign's gpu_campaign.json")
+    ap.add_argument("json", type=Path, nargs="+", help="the campaign's gpu_campaign.json, one per run (same GPU type)")
     ap.add_argument("--out", type=Path, default=Path("."), help="folder for the tables (default .)")
     args = ap.parse_args(argv)
+    runs = []
+    for path in args.json:
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"derive: cannot read {path}: {exc}", file=sys.stderr)
+            return 2
+        if report.get("schema") != "elastico.gpu_campaign/1" or "stages" not in report:
+            print(f"derive: {path} is not a campaign report (schema {report.get('schema')!r}, needs stages)",
+                  file=sys.stderr)
+            return 2
+        runs.append((report, path))
     try:
-        report = json.loads(args.json.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        print(f"derive: cannot read {args.json}: {exc}", file=sys.stderr)
+        n = derive(runs, args.out, argv)
+    except ValueError as exc:
+        print(f"derive: {exc}", file=sys.stderr)
         return 2
-    if report.get("schema") != "elastico.gpu_campaign/1" or "stages" not in report:
-        print(f"derive: {args.json} is not a campaign report (schema {report.get('schema')!r}, needs stages)",
-              file=sys.stderr)
-        return 2
-    n = derive(report, args.json, args.out, argv)
     print("  ".join(f"{k}: {v} rows" for k, v in n.items() if k != "provenance.json") + f"  -> {args.out}")
     return 0
 

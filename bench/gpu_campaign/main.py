@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 from collections.abc import Iterable
@@ -14,7 +15,7 @@ import bench.gpu_campaign as package
 from bench.device_check.host import Terminated, gpu_missing_reason, refuse
 from bench.device_check.project import MissingModule, load_project
 from bench.gpu_campaign.campaign import JSON_NAME, SCHEMA, Campaign
-from bench.gpu_campaign.workloads import DEFAULT_WINDOW_S, DRY_WINDOW_S, QUICK_WINDOW_S
+from bench.gpu_campaign.workloads import DEFAULT_WINDOW_S, DRY_WINDOW_S, QUICK_WINDOW_S, build_plan
 
 PROG = "python3 -m bench.gpu_campaign"
 
@@ -30,6 +31,9 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
                          f"--dry-run {DRY_WINDOW_S:g}); a service's rate search takes as long again")
     ap.add_argument("--quick", action="store_true", help="a smoke subset of every stage, short windows")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: fake workers, stand-in NVML, simulated MPS")
+    ap.add_argument("--points", default=None, metavar="REGEX",
+                    help="only the plan's points whose 'STAGE LABEL' matches (re.search), e.g. to measure what an "
+                         "earlier run's budget cut off: --points '^(solo|shares .*@(10|75)$|splits)'")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # child mode: one workload
     ap.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)  # child mode: sleep for the GPU work
     ap.add_argument("--params", default=None, help=argparse.SUPPRESS)  # child mode: JSON object of settings
@@ -49,6 +53,15 @@ def main(argv: Iterable[str] | None = None) -> int:
     if (args.seconds is not None and args.seconds <= 0) or args.budget_s <= 0:
         print("gpu_campaign: --seconds and --budget-s must be > 0", file=sys.stderr)
         return 2
+    if args.points is not None:
+        try:
+            selected = [p for p in build_plan(args.quick) if re.search(args.points, f"{p.stage} {p.label}")]
+        except re.error as exc:
+            print(f"gpu_campaign: --points is not a regular expression: {exc}", file=sys.stderr)
+            return 2
+        if not selected:
+            print(f"gpu_campaign: --points {args.points!r} matches no point of the plan", file=sys.stderr)
+            return 2
     mode = "dry-run" if args.dry_run else "gpu"
     out = Path(args.out)
     try:

@@ -10,7 +10,7 @@ The simulator's engine and the simulated GPU backend of the node agent both read
   training pairs at MPS 100/100 enter the matrix as Gavel's do; its training + inference pairs at 100/100
   (no client priority) give the training row next to the inference pseudo-type (``norm_tput_train``) and
   the inference row next to the training type (``norm_capacity_service``: the rate served within the SLO,
-  relative to alone), each the mean over the measured services, since one pseudo-type stands for every
+  relative to alone; 0, held at no rate tried, counts as :data:`FAILED_PAIR_NORM`), each the mean over the measured services, since one pseudo-type stands for every
   service. Points at other shares or with client priorities are kept in :attr:`GroundTruth.share_points`
   (what measures the share model), never mixed into the 100/100 matrix.
 * Pairs without a measurement (including the ~20% withheld from ``data/`` and every other pair involving an
@@ -144,9 +144,10 @@ class GroundTruth:
             nt, ns = campaign_number(ct, ti, r, "norm_tput_train"), campaign_number(ct, ti, r, "norm_capacity_service")
             prio = (f"train={r['priority_train']} service={r['priority_service']}"
                     if (r["priority_train"] or r["priority_service"]).strip() else "")
-            if not failed and not (nt > 0 and ns > 0):
-                raise TraceError(f"{ct.path(ti)}:{r['_line']}: norm_tput_train/norm_capacity_service must be positive "
-                                 f"numbers, got {r['norm_tput_train']!r}/{r['norm_capacity_service']!r}")
+            if not failed and not (nt > 0 and ns >= 0):
+                raise TraceError(f"{ct.path(ti)}:{r['_line']}: norm_tput_train must be a positive number and "
+                                 f"norm_capacity_service one >= 0, got {r['norm_tput_train']!r}/"
+                                 f"{r['norm_capacity_service']!r}")
             if prio or not at_full_shares(st, ss):
                 self.share_points.append(SharePoint(r["job_type_train"], r["service"], st, ss,
                                                     np.nan if failed else nt, np.nan if failed else ns, prio))
@@ -155,7 +156,8 @@ class GroundTruth:
                 a = self.types.index(r["job_type_train"])
             except KeyError:
                 continue
-            pair = (FAILED_PAIR_NORM, FAILED_PAIR_NORM) if failed else (min(nt, 1.0), min(ns, 1.0))
+            # a service held its SLO at no rate tried (capacity 0): the failed-pair floor, like a pair that stalls
+            pair = (FAILED_PAIR_NORM, FAILED_PAIR_NORM) if failed else (min(nt, 1.0), min(max(ns, FAILED_PAIR_NORM), 1.0))
             by_type.setdefault(a, []).append(pair)
         for a, vals in by_type.items():
             self.matrix[a, inf], self.matrix[inf, a] = np.mean(vals, axis=0)

@@ -1,9 +1,9 @@
 """The GPU campaign's derived tables as data: the type table, the ground truth, the predictor's rows, a simulator cell.
 
-No real tables exist until a GPU session commits them under ``data/h200``; these tests build them the way that
-session will (``python -m bench.gpu_campaign --dry-run --quick`` then ``bench.gpu_campaign.derive``) in a
-temporary folder, and check that without a campaign folder (none, missing or empty) every loader gives what it
-gave before.
+The tests build tables the way a GPU session does (``python -m bench.gpu_campaign --dry-run --quick`` then
+``bench.gpu_campaign.derive``) in a temporary folder, so that they know every value, and check that without a
+campaign folder (none, missing or empty) every loader gives what it gave before; the measured tables committed
+under ``data/h200`` are checked at the end.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from elastico.coloc.profiles import DATA_DIR, TraceError, campaign_tables, default_campaign_dir, load_type_table
-from elastico.coloc.truth import FAILED_PAIR_NORM, GroundTruth, tenant_speeds
+from elastico.coloc.truth import FAILED_PAIR_NORM, GroundTruth, default_truth, tenant_speeds
 from services.predictor import features as F
 from services.predictor.datasets import CAMPAIGN_ENV, ProfileCatalog, campaign_observations
 from services.predictor.model import data_digest
@@ -191,7 +191,7 @@ def test_simulator_campaign_options_fail_clearly(campaign: Path, tmp_path: Path,
     trace = str(TRACES / "gavel_philly_vc_traces_seed0.csv")
     (tmp_path / "empty").mkdir()
     for args, says in ((["--campaign-dir", str(tmp_path / "empty")], "--campaign-dir"),
-                       (["--gpu-type", "h200"], "gpu type 'h200': no training job types"),
+                       (["--gpu-type", "a100"], "gpu type 'a100': no training job types"),
                        (["--gpu-type", "a100", "--campaign-dir", str(campaign)], "GPU types there: h200")):
         with pytest.raises(SystemExit) as ex:
             main(["--trace", trace, "--max-jobs", "3", "--quiet", "--out", str(tmp_path / "o"), *args])
@@ -232,3 +232,26 @@ def test_without_a_campaign_folder_nothing_changes(campaign: Path, tmp_path: Pat
     base = data_digest(training_rows(include_lucid=False))
     assert all(data_digest(training_rows(include_lucid=False, campaign_dir=d)) == base for d in folders[1:3])
     assert len(ProfileCatalog.default(campaign_dir=tmp_path / "empty")) == len(ProfileCatalog.default())
+
+
+def test_committed_h200_tables_are_derived_from_the_committed_runs(tmp_path: Path) -> None:
+    """``data/h200`` is exactly what ``bench.gpu_campaign.derive`` makes of the raw runs its provenance names, and
+    the shipped type table and ground truth read it by default."""
+    shipped = default_campaign_dir()
+    assert shipped == DATA_DIR / "h200"
+    prov = json.loads((shipped / "h200_provenance.json").read_text())
+    sources = [REPO / r["source"] for r in prov["runs"]]
+    assert prov["gpu"] == "NVIDIA H200" and prov["mode"] == "gpu" and len(sources) == 2
+    res = subprocess.run([sys.executable, "-m", "bench.gpu_campaign.derive", *map(str, sources), "--out",
+                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for f in sorted(shipped.glob("h200_*.csv")):
+        assert (tmp_path / f.name).read_text() == f.read_text(), f.name
+    types = load_type_table(DATA_DIR, "h200", campaign_dir=shipped)
+    iso = {r["job_type"]: float(r["isolated_tput"]) for r in _rows(shipped, "isolated_throughputs.csv")}
+    assert {R50, GPT8, GPT4} <= set(types.names) and len(iso) == 3
+    for name, tput in iso.items():
+        assert types.iso_tput_steps_s[types.index(name)] == pytest.approx(tput)
+    gt = default_truth("h200")  # what the node agent's simulated h200 GPUs and the simulator read
+    assert gt.types.names == types.names and gt.measured_pairs == 2 and gt.train_infer_pairs == 6
+    assert gt.share_points

@@ -138,11 +138,11 @@ def test_unknown_model_and_batch_size_map_like_the_simulator():
 
 
 def test_gpu_type_without_data_uses_the_rule_with_default_utilisation():
-    gt = default_truth("h200")
-    got = norms([t("a", "ResNet-50", 64, (0,), 50), t("b", "Foo", 0, (0,), 50)], "h200")
+    gt = default_truth("a100")
+    got = norms([t("a", "ResNet-50", 64, (0,), 50), t("b", "Foo", 0, (0,), 50)], "a100")
     rule = gt.kappa * min(1.0, 1.0 / (2 * UNKNOWN_TYPE_UTIL))
     assert got == pytest.approx({"a": min(rule, 0.5 / UNKNOWN_TYPE_UTIL), "b": min(rule, 0.5 / UNKNOWN_TYPE_UTIL)})
-    assert norms([t("a", "Foo", 0, (0,), 50)], "h200")["a"] == pytest.approx(0.5 / UNKNOWN_TYPE_UTIL)
+    assert norms([t("a", "Foo", 0, (0,), 50)], "a100")["a"] == pytest.approx(0.5 / UNKNOWN_TYPE_UTIL)
 
 
 def test_inference_is_not_capped_and_counts_its_share_as_utilisation():
