@@ -36,6 +36,7 @@ from bench.gpu_campaign.workloads import (
     build_plan,
     estimate_s,
     prepared_after,
+    tenant_rate,
 )
 
 SCHEMA = "elastico.gpu_campaign/1"
@@ -229,19 +230,10 @@ class Campaign(DeviceCheck):
                 "health": {"state": h.state, "servers": list(h.server_pids), "clients": sorted(h.client_pids),
                            "detail": h.detail}}
 
-    @staticmethod
-    def tenant_rate(t: dict[str, Any]) -> float | None:
-        """The rate a tenant is normalised by: steps/s, or for a service the highest rate within its SLO."""
-        if t.get("error") or t.get("steps_per_s") is None:
-            return None
-        if WORKLOADS[t["workload"]].kind == "serve":
-            return (t.get("detail") or {}).get("max_rps_within_slo")
-        return float(t["steps_per_s"])
-
     def _derive(self, p: Point, rec: dict[str, Any]) -> None:
         """Baselines and calibration from solo points; every tenant's rate normalised to its solo MPS 100 rate."""
         for t in rec["tenants"]:
-            rate = self.tenant_rate(t)
+            rate = tenant_rate(t)
             t["rate"] = rate
             w = t["workload"]
             if p.stage in ("solo", "shares") and rate is not None:

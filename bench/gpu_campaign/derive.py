@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu_campaign.stats import fit_share_curve
-from bench.gpu_campaign.workloads import WORKLOADS
+from bench.gpu_campaign.workloads import WORKLOADS, tenant_rate
 
 ISOLATED_COLUMNS = ("worker_type", "job_type", "model", "batch_size", "scale_factor", "isolated_tput", "precision",
                     "sm_util_pct", "mem_bw_util_pct", "tensor_util_pct", "mem_used_mib")
@@ -120,16 +120,6 @@ def provenance(runs: Sequence[tuple[dict[str, Any], Path]], argv: Sequence[str])
     }
 
 
-def _rate(t: dict[str, Any]) -> float | None:
-    """A tenant's rate: steps/s, or a service's highest rate served within its SLO (None: within it at no rate
-    searched, or failed)."""
-    if t.get("error") or t.get("steps_per_s") is None:
-        return None
-    if WORKLOADS[t["workload"]].kind == "serve":
-        return (t.get("detail") or {}).get("max_rps_within_slo")
-    return float(t["steps_per_s"])
-
-
 def baselines(runs: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
     """Per run, each workload's rate alone at MPS 100 that its points are normalised by.
 
@@ -137,7 +127,7 @@ def baselines(runs: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
     convolution algorithm chosen at warm-up); a service's stays its own run's, since each run fixes the service's
     offered rate and SLO from its own first solo point.
     """
-    own = [{p["tenants"][0]["workload"]: _rate(p["tenants"][0]) for p in _points(r, "solo") if p.get("tenants")}
+    own = [{p["tenants"][0]["workload"]: tenant_rate(p["tenants"][0]) for p in _points(r, "solo") if p.get("tenants")}
            for r in runs]
     best: dict[str, float] = {}
     for b in own:
@@ -159,7 +149,7 @@ def derive(runs: Sequence[tuple[dict[str, Any], Path]], out: Path, argv: Sequenc
     bases = baselines([r for r, _ in runs])
 
     def norm(t: dict[str, Any], base: dict[str, float]) -> float | None:
-        rate, b = _rate(t), base.get(t["workload"])
+        rate, b = tenant_rate(t), base.get(t["workload"])
         if rate is None and WORKLOADS[t["workload"]].kind == "serve" and not t.get("error") and b:
             return 0.0  # the service met its SLO at no rate searched: below every rate it was offered
         return rate / b if rate is not None and b else None
@@ -171,7 +161,7 @@ def derive(runs: Sequence[tuple[dict[str, Any], Path]], out: Path, argv: Sequenc
         if wl.kind != "train":
             continue
         solo = next(p for r, _ in runs for p in _points(r, "solo") if p["tenants"][0]["workload"] == w
-                    and _rate(p["tenants"][0]) == v)
+                    and tenant_rate(p["tenants"][0]) == v)
         iso.append({"worker_type": gpu, "job_type": job_type(w), "model": wl.model, "batch_size": wl.batch_size,
                     "scale_factor": 1, "isolated_tput": v, "precision": wl.precision, **_gpu0(solo)})
     shares: dict[str, list[tuple[float, float]]] = {}
@@ -192,7 +182,7 @@ def derive(runs: Sequence[tuple[dict[str, Any], Path]], out: Path, argv: Sequenc
                                "batch_size_b": WORKLOADS[b["workload"]].batch_size,
                                "same_type": int(a["workload"] == b["workload"]),
                                "isolated_tput_a": base.get(a["workload"]), "isolated_tput_b": base.get(b["workload"]),
-                               "coloc_tput_a": _rate(a), "coloc_tput_b": _rate(b), "norm_tput_a": na, "norm_tput_b": nb,
+                               "coloc_tput_a": tenant_rate(a), "coloc_tput_b": tenant_rate(b), "norm_tput_a": na, "norm_tput_b": nb,
                                "norm_tput_sum": (na + nb) if na is not None and nb is not None else None,
                                "coloc_failed": int(bool(a.get("error") or b.get("error"))), "a_equals_isolated": 0,
                                "b_equals_isolated": 0, "share_a_pct": a.get("share_pct"),
@@ -205,7 +195,7 @@ def derive(runs: Sequence[tuple[dict[str, Any], Path]], out: Path, argv: Sequenc
                                "service": job_type(sv["workload"]), "share_train_pct": tr.get("share_pct"),
                                "share_service_pct": sv.get("share_pct"), "priority_train": pr.get(tr["workload"]),
                                "priority_service": pr.get(sv["workload"]),
-                               "isolated_tput_train": base.get(tr["workload"]), "coloc_tput_train": _rate(tr),
+                               "isolated_tput_train": base.get(tr["workload"]), "coloc_tput_train": tenant_rate(tr),
                                "norm_tput_train": norm(tr, base), "solo_max_rps_within_slo": base.get(sv["workload"]),
                                "coloc_max_rps_within_slo": det.get("max_rps_within_slo"),
                                "norm_capacity_service": norm(sv, base), "offered_rps": det.get("rate_rps"),
@@ -217,7 +207,7 @@ def derive(runs: Sequence[tuple[dict[str, Any], Path]], out: Path, argv: Sequenc
                 y = norm(t, base)
                 curves.append({"gpu_type": gpu, "workload": t["workload"], "job_type": job_type(t["workload"]),
                                "kind": WORKLOADS[t["workload"]].kind, "share_pct": t.get("share_pct"),
-                               "rate": _rate(t), "norm": y, "run": run})
+                               "rate": tenant_rate(t), "norm": y, "run": run})
                 if y is not None:
                     shares.setdefault(t["workload"], []).append((float(t.get("share_pct") or 100), y))
         counters += [{"gpu_type": gpu, "stage": st, "label": p["label"], **_gpu0(p), "run": run}

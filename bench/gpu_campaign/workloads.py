@@ -11,6 +11,7 @@ warm-up is hidden behind that point's warm-up, window, tail and teardown, and ``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -149,3 +150,13 @@ def estimate_s(p: Point, window: float, tail: float, dry: bool, prev: Point | No
         busy = _startup_parts(prev, dry)[1] + window + prev.tail_s(tail) + teardown
         prep = max(0.0, prep - busy)
     return round(prep + warm + window + p.tail_s(tail) + teardown, 2)
+
+
+def tenant_rate(t: dict[str, Any]) -> float | None:
+    """A measured tenant's rate (a report's tenant record): steps/s, or for a service the highest rate it served
+    within its SLO (None: within it at no rate searched, or the tenant failed)."""
+    if t.get("error") or t.get("steps_per_s") is None:
+        return None
+    if WORKLOADS[t["workload"]].kind == "serve":
+        return (t.get("detail") or {}).get("max_rps_within_slo")
+    return float(t["steps_per_s"])
