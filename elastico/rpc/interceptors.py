@@ -218,6 +218,10 @@ def _checked_requests(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[.
     return wrapped
 
 
+#: Seconds between repeated cancels of a stream's pending step (:func:`_until`).
+CANCEL_RETRY_S = 0.05
+
+
 async def _until(stream: AsyncIterator[Any], stop: asyncio.Event) -> AsyncIterator[Any]:
     """The items of ``stream`` until it ends or ``stop`` is set (then it is closed and this ends normally)."""
     it = stream.__aiter__()
@@ -236,12 +240,16 @@ async def _until(stream: AsyncIterator[Any], stop: asyncio.Event) -> AsyncIterat
             yield item
     finally:
         # stopping, or the call cancelled (the client went away or its deadline passed) while the stream waits
-        # for its next item: that step is cancelled first, since a generator cannot be closed while it runs
+        # for its next item: that step is cancelled first, since a generator cannot be closed while it runs. The
+        # cancel is repeated until the step ends: one can be lost inside a library (a redis-py blocking read that
+        # returns as the cancel arrives), and the step would then wait for the next item, past the server's grace.
         stopping.cancel()
         if nxt is not None and not nxt.done():
-            nxt.cancel()
+            while not nxt.done():
+                nxt.cancel()
+                await asyncio.wait((nxt,), timeout=CANCEL_RETRY_S)
             with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                await nxt
+                nxt.result()  # an item it still produced is dropped: the stream is ending
         aclose = getattr(it, "aclose", None)
         if aclose is not None:
             await aclose()

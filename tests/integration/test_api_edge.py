@@ -128,6 +128,34 @@ async def test_an_open_watch_ends_cleanly_when_the_server_drains(server):
         await stop
 
 
+async def test_a_stream_step_that_loses_a_cancel_still_ends_at_the_drain():
+    """The drain cancels a stream's pending step; a library can lose that cancel (a redis-py blocking read that
+    returns as it arrives), so the step is cancelled again until it ends."""
+    from elastico.rpc.interceptors import _until
+
+    stop, cancels = asyncio.Event(), []
+
+    async def source():
+        yield 1
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                cancels.append(time.monotonic())
+                if len(cancels) > 1:
+                    raise  # the first cancel is lost, as in the library
+
+    async def consume():
+        return [x async for x in _until(source(), stop)]
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    started = time.monotonic()
+    stop.set()
+    assert await asyncio.wait_for(task, 2.0) == [1]
+    assert len(cancels) == 2 and time.monotonic() - started < 0.5
+
+
 def _internal_errors() -> float:
     from prometheus_client import REGISTRY
 
