@@ -27,6 +27,7 @@ from elastico.errors import ElasticoError, InvalidSpec, PermissionDenied
 from elastico.limits import clip
 from elastico.logging import get_logger
 from elastico.rpc.security import Access, Caller, authorize, bind_caller
+from elastico.tasks import cancel_until_done
 
 REQUESTS = Counter("elastico_grpc_requests_total", "gRPC calls handled", ["service", "method", "code"])
 LATENCY = Histogram(
@@ -218,10 +219,6 @@ def _checked_requests(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[.
     return wrapped
 
 
-#: Seconds between repeated cancels of a stream's pending step (:func:`_until`).
-CANCEL_RETRY_S = 0.05
-
-
 async def _until(stream: AsyncIterator[Any], stop: asyncio.Event) -> AsyncIterator[Any]:
     """The items of ``stream`` until it ends or ``stop`` is set (then it is closed and this ends normally)."""
     it = stream.__aiter__()
@@ -240,14 +237,11 @@ async def _until(stream: AsyncIterator[Any], stop: asyncio.Event) -> AsyncIterat
             yield item
     finally:
         # stopping, or the call cancelled (the client went away or its deadline passed) while the stream waits
-        # for its next item: that step is cancelled first, since a generator cannot be closed while it runs. The
-        # cancel is repeated until the step ends: one can be lost inside a library (a redis-py blocking read that
-        # returns as the cancel arrives), and the step would then wait for the next item, past the server's grace.
+        # for its next item: that step is cancelled first (until it ends: a lost cancel would leave it waiting for
+        # the next item, past the server's grace), since a generator cannot be closed while it runs
         stopping.cancel()
         if nxt is not None and not nxt.done():
-            while not nxt.done():
-                nxt.cancel()
-                await asyncio.wait((nxt,), timeout=CANCEL_RETRY_S)
+            await cancel_until_done((nxt,))
             with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
                 nxt.result()  # an item it still produced is dropped: the stream is ending
         aclose = getattr(it, "aclose", None)

@@ -55,6 +55,7 @@ from elastico.errors import Conflict, ElasticoError, StaleEpoch, Unavailable, Wr
 from elastico.logging import get_logger
 from elastico.state.store import Store
 from elastico.state.transaction import PreparedUpdates
+from elastico.tasks import cancel_until_done
 from services.allocator import triggers
 from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient, pool_names
 from services.allocator.decider import Decided, PolicySpec, ProcessDecider, run_policy
@@ -190,11 +191,8 @@ class Scheduler:
                 name="job-retention"))
 
     async def stop(self) -> None:
-        tasks = [*self._tasks, *self._bg]
-        for t in tasks:
-            t.cancel()
-        if tasks:  # bounded: a task stuck in a blocking store read must not hold up shutdown
-            await asyncio.wait(tasks, timeout=2.0)
+        # bounded: a task stuck in a store call must not hold up shutdown
+        await cancel_until_done([*self._tasks, *self._bg], timeout_s=2.0)
         self._tasks = []
         if self._decider is not None:
             self._decider.close()  # a later round starts a fresh worker

@@ -130,7 +130,7 @@ async def test_an_open_watch_ends_cleanly_when_the_server_drains(server):
 
 async def test_a_stream_step_that_loses_a_cancel_still_ends_at_the_drain():
     """The drain cancels a stream's pending step; a library can lose that cancel (a redis-py blocking read that
-    returns as it arrives), so the step is cancelled again until it ends."""
+    returns as it arrives), so the step is cancelled again until it ends (elastico.tasks.cancel_until_done)."""
     from elastico.rpc.interceptors import _until
 
     stop, cancels = asyncio.Event(), []
