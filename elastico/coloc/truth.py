@@ -10,8 +10,8 @@ The simulator's engine and the simulated GPU backend of the node agent both read
   training pairs at MPS 100/100 enter the matrix as Gavel's do; its training + inference pairs at 100/100
   (no client priority) give the training row next to the inference pseudo-type (``norm_tput_train``) and
   the inference row next to the training type (``norm_capacity_service``: the rate served within the SLO,
-  relative to alone; 0, held at no rate tried, counts as :data:`FAILED_PAIR_NORM`), each the mean over the measured services, since one pseudo-type stands for every
-  service. Points at other shares or with client priorities are kept in :attr:`GroundTruth.share_points`
+  relative to alone; 0, held at no rate tried, counts as :data:`FAILED_PAIR_NORM`), each the mean over the
+  measured services, since one pseudo-type stands for every service. Points at other shares or with client priorities are kept in :attr:`GroundTruth.share_points`
   (what measures the share model), never mixed into the 100/100 matrix.
 * Pairs without a measurement (including the ~20% withheld from ``data/`` and every other pair involving an
   inference service): the conservative utilisation rule of
@@ -156,8 +156,9 @@ class GroundTruth:
                 a = self.types.index(r["job_type_train"])
             except KeyError:
                 continue
-            # a service held its SLO at no rate tried (capacity 0): the failed-pair floor, like a pair that stalls
-            pair = (FAILED_PAIR_NORM, FAILED_PAIR_NORM) if failed else (min(nt, 1.0), min(max(ns, FAILED_PAIR_NORM), 1.0))
+            # a service that held its SLO at no rate tried (capacity 0) gets the failed-pair floor
+            pair = ((FAILED_PAIR_NORM, FAILED_PAIR_NORM) if failed
+                    else (min(nt, 1.0), min(max(ns, FAILED_PAIR_NORM), 1.0)))
             by_type.setdefault(a, []).append(pair)
         for a, vals in by_type.items():
             self.matrix[a, inf], self.matrix[inf, a] = np.mean(vals, axis=0)
