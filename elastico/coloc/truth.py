@@ -11,8 +11,9 @@ The simulator's engine and the simulated GPU backend of the node agent both read
   (no client priority) give the training row next to the inference pseudo-type (``norm_tput_train``) and
   the inference row next to the training type (``norm_capacity_service``: the rate served within the SLO,
   relative to alone; 0, held at no rate tried, counts as :data:`FAILED_PAIR_NORM`), each the mean over the
-  measured services, since one pseudo-type stands for every service. Points at other shares or with client priorities are kept in :attr:`GroundTruth.share_points`
-  (what measures the share model), never mixed into the 100/100 matrix.
+  measured services, since one pseudo-type stands for every service. Points at other shares or with client
+  priorities are kept in :attr:`GroundTruth.share_points` (what measures the share model), never mixed into
+  the 100/100 matrix.
 * Pairs without a measurement (including the ~20% withheld from ``data/`` and every other pair involving an
   inference service): the conservative utilisation rule of
   :func:`elastico.coloc.rates.utilisation_rule`, with ``kappa`` calibrated as the 25th
