@@ -43,7 +43,6 @@ from elastico.state.store import FULL_GPU_SHARE_UNITS, share_units
 from services.allocator.fit import (
     allowed_gang_sizes,
     gpu_type_matches,
-    hardware_misfit,
     shape_fits,
     shapes_within,
     spec_num_gpus,
@@ -259,7 +258,8 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
     # a queued job none of whose declared shapes fits any GPU (memory, type) stays out of the round: planned anyway,
     # it would hold GPUs on paper that its placement then cannot get, every round, and keep other jobs off them
     kinds = sorted(set(zip(mem, gtype)))
-    pending = sorted((j for j in jobs if j.state is JobState.PENDING and not hardware_misfit(j.spec, kinds)),
+    within = {j.job_id: shapes_within(j.spec, kinds) for j in jobs if j.state is JobState.PENDING}
+    pending = sorted((j for j in jobs if j.state is JobState.PENDING and (within[j.job_id] or not j.spec.shapes)),
                      key=lambda j: (j.submitted_at_s, j.job_id))
     rows = placed + pending
     N, G, K = len(rows), len(gpu_keys), max_tenants
@@ -312,7 +312,7 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
     # the jobs' constraints travel with the view, and every policy honours them: declared shapes (a declaring
     # job is planned in them only), the gang sizes each job allows, the GPUs of the nodes a job is pinned to
     # a queued job is planned in the declared shapes some GPU has the memory for, on the GPUs with that memory
-    declared = tuple(tuple(j.spec.shapes) if r < len(placed) else shapes_within(j.spec, kinds) for r, j in enumerate(rows))
+    declared = tuple(tuple(j.spec.shapes) if r < len(placed) else within[j.job_id] for r, j in enumerate(rows))
     kind_of_gpu = np.array([kinds.index(k) for k in zip(mem, gtype)], np.int64)  # (few kinds: list lookups are cheap)
     pinned = {}
     for r, j in enumerate(rows):
