@@ -7,11 +7,12 @@ The simulator's engine and the simulated GPU backend of the node agent both read
   run together (``coloc_failed``, probably out of memory) get :data:`FAILED_PAIR_NORM` (a near-stall
   stand-in for an OOM/restart loop) -- policies that co-locate them pay for it.
 * A measurement campaign's GPU type (``campaign_dir``, :func:`elastico.coloc.profiles.campaign_tables`): its
-  training pairs at MPS 100/100 enter the matrix as Gavel's do; its training + inference pairs at 100/100
-  (no client priority) give the training row next to the inference pseudo-type (``norm_tput_train``) and
-  the inference row next to the training type (``norm_capacity_service``: the rate served within the SLO,
-  relative to alone; 0, held at no rate tried, counts as :data:`FAILED_PAIR_NORM`), each the mean over the
-  measured services, since one pseudo-type stands for every service. Points at other shares or with client
+  training pairs at MPS 100/100 enter the matrix as Gavel's do (a pair measured in several runs: the mean of
+  its runs); its training + inference pairs at 100/100 (no client priority) give the training row next to
+  the inference pseudo-type (``norm_tput_train``) and the inference row next to the training type
+  (``norm_capacity_service``: the rate served within the SLO, relative to alone; 0, held at no rate tried,
+  counts as :data:`FAILED_PAIR_NORM`), each the mean over the measured services and runs, since one
+  pseudo-type stands for every service. Points at other shares or with client
   priorities are kept in :attr:`GroundTruth.share_points` (what measures the share model), never mixed into
   the 100/100 matrix.
 * Pairs without a measurement (including the ~20% withheld from ``data/`` and every other pair involving an
@@ -123,17 +124,24 @@ class GroundTruth:
     def _add_campaign(self, ct: CampaignTables, measured: list[tuple[str, str, float, float]]) -> None:
         """One campaign table set of this GPU type: training pairs, training + inference pairs, share points."""
         pt = "coloc_pairs.csv"
+        repeats: dict[tuple[str, str], list[dict[str, str]]] = {}  # one pair measured in several runs
         for r in ct.rows(pt):
             sa, sb = campaign_number(ct, pt, r, "share_a_pct"), campaign_number(ct, pt, r, "share_b_pct")
             if r["gpu_type"] != ct.gpu_type:
                 continue
             if at_full_shares(sa, sb):
-                self._add_pair(r, f"{ct.path(pt)}:{r['_line']}", measured)
+                repeats.setdefault((r["job_type_a"], r["job_type_b"]), []).append(r)
             else:
                 failed = r["coloc_failed"].strip() == "1"
                 na, nb = (np.nan, np.nan) if failed else (campaign_number(ct, pt, r, "norm_tput_a"),
                                                           campaign_number(ct, pt, r, "norm_tput_b"))
                 self.share_points.append(SharePoint(r["job_type_a"], r["job_type_b"], sa, sb, na, nb, ""))
+        for rows in repeats.values():  # the mean of the runs that ran the pair; failed only if every run failed
+            ok = [r for r in rows if r["coloc_failed"].strip() != "1"]
+            mean = {c: str(float(np.mean([campaign_number(ct, pt, r, c) for r in ok])))
+                    for c in ("norm_tput_a", "norm_tput_b")} if ok else {}
+            first = (ok or rows)[0]
+            self._add_pair({**first, **mean}, f"{ct.path(pt)}:{first['_line']}", measured)
         ti = "train_infer_pairs.csv"
         inf = self.types.inference_index
         by_type: dict[int, list[tuple[float, float]]] = {}

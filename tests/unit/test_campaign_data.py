@@ -92,6 +92,30 @@ def test_ground_truth_reads_pairs_at_full_shares_and_keeps_the_others_apart(camp
     assert np.isnan(gt.matrix[t.index(GPT8), t.inference_index])  # only a priority point: the rule stays
 
 
+def test_a_training_pair_measured_in_several_runs_enters_the_matrix_as_their_mean(campaign: Path,
+                                                                                   tmp_path: Path) -> None:
+    def repeat(rows):  # the 100/100 pair again in run 2 and run 3 (failed there: not part of the mean)
+        full = next(r for r in rows if r["share_a_pct"] == r["share_b_pct"] == "100")
+        full.update(norm_tput_a="0.4", norm_tput_b="0.8")
+        rows += [{**full, "norm_tput_a": "0.6", "norm_tput_b": "0.6", "run": "2"},
+                 {**full, "coloc_failed": "1", "norm_tput_a": "", "norm_tput_b": "", "run": "3"}]
+
+    folder = _edited(campaign, tmp_path / "r", "coloc_pairs.csv", repeat)
+    t = load_type_table(DATA_DIR, "h200", campaign_dir=folder)
+    gt = GroundTruth(t, DATA_DIR, campaign_dir=folder)
+    full = next(r for r in _rows(folder, "coloc_pairs.csv") if r["share_a_pct"] == "100")
+    a, b = t.index(full["job_type_a"]), t.index(full["job_type_b"])
+    assert (gt.matrix[a, b], gt.matrix[b, a]) == pytest.approx((0.5, 0.7)) and gt.measured_pairs == 1
+
+    def all_failed(rows):
+        for r in rows:
+            if r["share_a_pct"] == "100":
+                r.update(coloc_failed="1", norm_tput_a="", norm_tput_b="")
+
+    gt = GroundTruth(t, DATA_DIR, campaign_dir=_edited(folder, tmp_path / "f", "coloc_pairs.csv", all_failed))
+    assert gt.matrix[a, b] == gt.matrix[b, a] == FAILED_PAIR_NORM and gt.measured_pairs == 0
+
+
 def test_training_inference_speeds_come_from_the_table(campaign: Path, tmp_path: Path) -> None:
     """ResNet-50 next to each of three services at 100/100: the ground truth's ResNet-50 row next to the
     inference pseudo-type is their mean, and the inference row next to ResNet-50 the services' capacities."""
@@ -241,7 +265,7 @@ def test_committed_h200_tables_are_derived_from_the_committed_runs(tmp_path: Pat
     assert shipped == DATA_DIR / "h200"
     prov = json.loads((shipped / "h200_provenance.json").read_text())
     sources = [REPO / r["source"] for r in prov["runs"]]
-    assert prov["gpu"] == "NVIDIA H200" and prov["mode"] == "gpu" and len(sources) == 2
+    assert prov["gpu"] == "NVIDIA H200" and prov["mode"] == "gpu" and len(sources) == 3
     res = subprocess.run([sys.executable, "-m", "bench.gpu_campaign.derive", *map(str, sources), "--out",
                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -253,5 +277,5 @@ def test_committed_h200_tables_are_derived_from_the_committed_runs(tmp_path: Pat
     for name, tput in iso.items():
         assert types.iso_tput_steps_s[types.index(name)] == pytest.approx(tput)
     gt = default_truth("h200")  # what the node agent's simulated h200 GPUs and the simulator read
-    assert gt.types.names == types.names and gt.measured_pairs == 2 and gt.train_infer_pairs == 6
+    assert gt.types.names == types.names and gt.measured_pairs == 2 and gt.train_infer_pairs == 12  # runs 1 and 3
     assert gt.share_points
