@@ -3,10 +3,10 @@
 ``python3 -m bench.gpu_campaign --worker NAME --seconds S`` prepares -- imports torch, creates its CUDA context
 (an allocation, no kernel: the MPS share is fixed here) and builds its model on the CPU -- prints ``prepared`` and
 waits, idle, for ``start <JSON settings>`` on stdin (the orchestrator sends it when the point before is over). It
-then moves the model to the GPU, warms up (a service also times batch 1 and its largest batch), prints ``ready``,
-waits for ``go <epoch>``, measures over the window and keeps its load up for ``tail_s`` more seconds (the serving
-co-tenant's rate search), then prints ``result``: throughput in the window and a latency histogram (per request for
-a service, per step for training).
+then moves the model to the GPU, warms up (a service runs every batch size it can form, then times batch 1 and
+its largest batch), prints ``ready``, waits for ``go <epoch>``, measures over the window and keeps its load up for
+``tail_s`` more seconds (the serving co-tenant's rate search), then prints ``result``: throughput in the window and
+a latency histogram (per request for a service, per step for training).
 
 A service answers requests that arrive open-loop at a Poisson rate: each batch takes every queued request (at most
 its largest batch), a request's latency runs from its arrival to the end of its batch. After the window it searches
@@ -197,6 +197,18 @@ def _fake_serve_run(w: Workload, share: float) -> Callable[[int], None]:
     return run
 
 
+def warm_up_service(run: Callable[[int], None], max_batch: int, rounds: int, hold_s: float) -> None:
+    """Every batch size the window can form (1..``max_batch``), ``rounds`` times -- a size first seen in the window
+    would pay its cuDNN autotuning and first allocations there and stall the queue behind it -- then batch 1 and
+    ``max_batch`` for ``hold_s`` seconds each (clocks up)."""
+    for b in [*range(1, max_batch + 1)] * rounds:
+        run(b)
+    for b in (1, max_batch):
+        t = time.perf_counter()
+        while time.perf_counter() - t < hold_s:
+            run(b)
+
+
 # --- the child ------------------------------------------------------------------------------------------
 def _median_time(fn: Callable[[], None], n: int) -> float:
     ts = []
@@ -273,12 +285,7 @@ def run_worker(name: str, seconds: float, fake: bool, params: dict[str, Any]) ->
             ready["detail"] = {"warmup_steps": warm, "step_ms": round((time.perf_counter() - t_w) / warm * 1e3, 3)}
         elif w.kind == "serve":
             run = _fake_serve_run(w, share) if fake else _serve_run(w, torch, built)
-            for b in (1, w.batch_size, 1, w.batch_size):  # kernels, cuDNN choices, clocks
-                run(b)
-                if not fake:
-                    t_w = time.perf_counter()
-                    while time.perf_counter() - t_w < 0.3:
-                        run(b)
+            warm_up_service(run, w.batch_size, rounds=1 if fake else 2, hold_s=0.0 if fake else 0.3)
             t_one = _median_time(lambda: run(1), 3 if fake else 7)
             t_big = _median_time(lambda: run(w.batch_size), 3 if fake else 7)
             capacity = w.batch_size / t_big

@@ -298,3 +298,14 @@ def test_campaign_modules_import_only_the_standard_library_at_module_level() -> 
             for name in names:
                 assert name.split(".")[0] in allowed, f"{path.name}:{node.lineno} imports {name}"
                 assert not name.startswith("bench.") or name.startswith(("bench.gpu_campaign", "bench.device_check"))
+
+
+def test_a_service_warms_up_every_batch_size_it_can_form_before_its_window() -> None:
+    from bench.gpu_campaign.worker import warm_up_service
+
+    seen: list[int] = []
+    warm_up_service(seen.append, 8, rounds=2, hold_s=0.0)
+    assert sorted(set(seen)) == list(range(1, 9)) and all(seen.count(b) >= 2 for b in range(1, 9))
+    seen.clear()
+    warm_up_service(lambda b: (seen.append(b), time.sleep(0.001)), 4, rounds=1, hold_s=0.02)
+    assert seen[:4] == [1, 2, 3, 4] and seen.count(1) > 2 and seen.count(4) > 2  # then both ends held
