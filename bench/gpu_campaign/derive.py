@@ -2,7 +2,8 @@
 
 ``python3 -m bench.gpu_campaign.derive RUN.json [RUN.json ...] --out DIR`` writes, prefixed with the GPU type
 (``h200_...``), from one run or several on one GPU type (a later run measuring what an earlier one could not fit
-in its budget); every row names its ``run``, and every rate is normalised by :func:`baselines`:
+in its budget); every row names its ``run``, and every rate is normalised by :func:`baselines`; ``--train-only
+RUN.json`` (one of the runs, repeatable) keeps only that run's points without a service. The tables:
 
 * ``isolated_throughputs.csv`` -- ``data/gavel_isolated_throughputs.csv``'s columns (training jobs alone at MPS
   100, ``scale_factor`` 1) plus ``precision`` and the solo NVML/GPM counters (the predictor's profile fields);
@@ -137,10 +138,15 @@ def baselines(runs: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
     return [{**{w: v for w, v in b.items() if v and WORKLOADS[w].kind == "serve"}, **best} for b in own]
 
 
-def derive(runs: Sequence[tuple[dict[str, Any], Path]], out: Path, argv: Sequence[str] = ()) -> dict[str, int]:
+def derive(runs: Sequence[tuple[dict[str, Any], Path]], out: Path, argv: Sequence[str] = (),
+           train_only: Sequence[int] = ()) -> dict[str, int]:
     """Write every table of the module docstring into ``out`` from one or more runs on one GPU type; rows written
-    per file. Each row carries its ``run`` (1-based, as in the provenance file's ``runs``)."""
+    per file. Each row carries its ``run`` (1-based, as in the provenance file's ``runs``). Runs numbered in
+    ``train_only`` give their training-only points and nothing that involves a service (e.g. measured by a
+    harness whose service figures are known to be wrong)."""
     prov = provenance(runs, argv)
+    for r in prov["runs"]:
+        r["services_used"] = r["run"] not in train_only
     gpu = prov["gpu_type"] or "unknown"
     others = {r["run"]: r["gpu_type"] for r in prov["runs"] if r["gpu_type"] != prov["gpu_type"]}
     if others:
@@ -166,12 +172,15 @@ def derive(runs: Sequence[tuple[dict[str, Any], Path]], out: Path, argv: Sequenc
                     "scale_factor": 1, "isolated_tput": v, "precision": wl.precision, **_gpu0(solo)})
     shares: dict[str, list[tuple[float, float]]] = {}
     for run, ((report, _), base) in enumerate(zip(runs, bases), 1):
+        services = run not in train_only
         for stage in ("pairs", "priority", "splits"):
             for p in _points(report, stage):
                 ts = p.get("tenants") or []
                 if len(ts) != 2:
                     continue
                 kinds = [WORKLOADS[t["workload"]].kind for t in ts]
+                if "serve" in kinds and not services:
+                    continue
                 if kinds == ["train", "train"]:
                     a, b = ts
                     na, nb = norm(a, base), norm(b, base)
@@ -204,6 +213,8 @@ def derive(runs: Sequence[tuple[dict[str, Any], Path]], out: Path, argv: Sequenc
                                "failed": int(bool(tr.get("error") or sv.get("error"))), "run": run})
         for p in _points(report, "solo") + _points(report, "shares"):
             for t in p.get("tenants") or []:
+                if WORKLOADS[t["workload"]].kind == "serve" and not services:
+                    continue
                 y = norm(t, base)
                 curves.append({"gpu_type": gpu, "workload": t["workload"], "job_type": job_type(t["workload"]),
                                "kind": WORKLOADS[t["workload"]].kind, "share_pct": t.get("share_pct"),
@@ -231,7 +242,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m bench.gpu_campaign.derive", description=__doc__.split("\n\n")[0])
     ap.add_argument("json", type=Path, nargs="+", help="the campaign's gpu_campaign.json, one per run (same GPU type)")
     ap.add_argument("--out", type=Path, default=Path("."), help="folder for the tables (default .)")
+    ap.add_argument("--train-only", type=Path, action="append", default=[], metavar="RUN.json",
+                    help="one of the runs whose points with a service are left out (its training-only points are "
+                         "kept); repeatable")
     args = ap.parse_args(argv)
+    given = [p.resolve() for p in args.json]
+    unknown = [str(p) for p in args.train_only if p.resolve() not in given]
+    if unknown:
+        print(f"derive: --train-only names a file that is not one of the runs: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    train_only = [i for i, p in enumerate(given, 1) if p in {q.resolve() for q in args.train_only}]
     runs = []
     for path in args.json:
         try:
@@ -245,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         runs.append((report, path))
     try:
-        n = derive(runs, args.out, argv)
+        n = derive(runs, args.out, argv, train_only)
     except ValueError as exc:
         print(f"derive: {exc}", file=sys.stderr)
         return 2

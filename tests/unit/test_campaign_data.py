@@ -265,8 +265,11 @@ def test_committed_h200_tables_are_derived_from_the_committed_runs(tmp_path: Pat
     assert shipped == DATA_DIR / "h200"
     prov = json.loads((shipped / "h200_provenance.json").read_text())
     sources = [REPO / r["source"] for r in prov["runs"]]
-    assert prov["gpu"] == "NVIDIA H200" and prov["mode"] == "gpu" and len(sources) == 3
-    res = subprocess.run([sys.executable, "-m", "bench.gpu_campaign.derive", *map(str, sources), "--out",
+    assert prov["gpu"] == "NVIDIA H200" and prov["mode"] == "gpu" and len(sources) == 4
+    # runs 1-3 warmed their services up on two batch sizes only: their service figures are left out
+    assert [r["services_used"] for r in prov["runs"]] == [False, False, False, True]
+    train_only = [a for r in prov["runs"] if not r["services_used"] for a in ("--train-only", str(REPO / r["source"]))]
+    res = subprocess.run([sys.executable, "-m", "bench.gpu_campaign.derive", *map(str, sources), *train_only, "--out",
                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     for f in sorted(shipped.glob("h200_*.csv")):
@@ -277,5 +280,5 @@ def test_committed_h200_tables_are_derived_from_the_committed_runs(tmp_path: Pat
     for name, tput in iso.items():
         assert types.iso_tput_steps_s[types.index(name)] == pytest.approx(tput)
     gt = default_truth("h200")  # what the node agent's simulated h200 GPUs and the simulator read
-    assert gt.types.names == types.names and gt.measured_pairs == 2 and gt.train_infer_pairs == 12  # runs 1 and 3
+    assert gt.types.names == types.names and gt.measured_pairs == 2 and gt.train_infer_pairs == 6  # run 4
     assert gt.share_points

@@ -175,6 +175,25 @@ def test_derive_pools_runs_by_the_fastest_training_solo_and_each_run_s_own_servi
     assert derive.main([*map(str, paths), "--out", str(tmp_path / "e")]) == 2
 
 
+def test_derive_train_only_keeps_a_run_s_training_points_and_drops_everything_with_a_service(
+        dry_run: tuple[Path, str, float], tmp_path: Path) -> None:
+    out, _, _ = dry_run
+    runs = [tmp_path / "1.json", tmp_path / "2.json"]
+    for r in runs:
+        r.write_text((out / JSON_NAME).read_text())
+    assert derive.main([*map(str, runs), "--train-only", str(runs[0]), "--out", str(tmp_path / "d")]) == 0
+    rows = {f: list(csv.DictReader(open(tmp_path / "d" / f"h200_{f}"))) for f in derive.FILES if f.endswith(".csv")}
+    assert {r["run"] for r in rows["coloc_pairs.csv"]} == {"1", "2"}  # training pairs from both runs
+    assert {r["run"] for r in rows["train_infer_pairs.csv"]} == {"2"}
+    served = {(r["run"], r["kind"]) for r in rows["share_curves.csv"]}
+    assert ("1", "serve") not in served and {("1", "train"), ("2", "serve"), ("2", "train")} <= served
+    prov = json.loads((tmp_path / "d" / "h200_provenance.json").read_text())
+    assert [r["services_used"] for r in prov["runs"]] == [False, True]
+    stray = tmp_path / "3.json"
+    stray.write_text("{}")
+    assert derive.main([*map(str, runs), "--train-only", str(stray), "--out", str(tmp_path / "e")]) == 2
+
+
 def test_derive_refuses_another_report(tmp_path: Path) -> None:
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"schema": "elastico.device_check/1", "stages": {}}))

@@ -140,8 +140,8 @@ def test_default_catalogue_and_training_rows_work_without_shared_data(tmp_path, 
     assert len(cat) == 26 * 3 + 6  # Gavel's types on three GPUs, the H200 campaign's 3 training jobs and 3 services
     rows = D.shipped_observations(cat)
     assert {r.source for r in rows} == {"gavel", "gavel-oracle", D.CAMPAIGN_ENV}
-    campaign = [r for r in rows if r.source == D.CAMPAIGN_ENV]  # data/h200: 8 training pairs, 30 with a service
-    assert len(rows) == 2 * 843 + len(campaign) and len(campaign) == 38
+    campaign = [r for r in rows if r.source == D.CAMPAIGN_ENV]  # data/h200: 8 training pairs, 12 with a service
+    assert len(rows) == 2 * 843 + len(campaign) and len(campaign) == 20
     assert {r.a.env for r in rows if r.source == "gavel"} == {"gavel"}
     assert sum(r.failed for r in rows if r.source == "gavel") == 58
     assert sum(r.failed for r in rows if r.source == "gavel-oracle") == 69
