@@ -246,12 +246,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="one of the runs whose points with a service are left out (its training-only points are "
                          "kept); repeatable")
     args = ap.parse_args(argv)
-    given = [p.resolve() for p in args.json]
-    unknown = [str(p) for p in args.train_only if p.resolve() not in given]
-    if unknown:
-        print(f"derive: --train-only names a file that is not one of the runs: {', '.join(unknown)}", file=sys.stderr)
+    given, wanted = [p.resolve() for p in args.json], {p.resolve() for p in args.train_only}
+    if wanted - set(given):
+        print(f"derive: --train-only names a file that is not one of the runs: "
+              f"{', '.join(sorted(map(str, wanted - set(given))))}", file=sys.stderr)
         return 2
-    train_only = [i for i, p in enumerate(given, 1) if p in {q.resolve() for q in args.train_only}]
+    train_only = [i for i, p in enumerate(given, 1) if p in wanted]
     runs = []
     for path in args.json:
         try:
