@@ -265,6 +265,22 @@ def test_every_policys_decision_passes_the_contract_whole(policy, case):
         assert len(ok.place) == len(d.place) and ok.preempt == list(dict.fromkeys(d.preempt))
 
 
+def test_elastico_clears_no_node_for_a_shrunk_gang_outside_the_gpus_it_may_use():
+    """A 4-GPU gang pinned to nodes 1-3 (four GPUs over three nodes) runs shrunk on one GPU: node 0 is empty and
+    would take it whole, but it may not go there -- no move, no preemption (hypothesis found this case)."""
+    topo = Topology.from_gpu_node(np.repeat(np.arange(4), [8, 1, 1, 2]))
+    gj, gs = np.full((12, 1), -1, np.int64), np.zeros((12, 1))
+    gj[8, 0], gs[8, 0] = 0, 100.0
+    f = table(2, type_idx=np.array([16, 2]), num_gpus=np.array([4, 1]), share_pct=np.array([100.0, 0.0]),
+              gpus=[np.array([8]), None], remaining_est_s=np.array([1e5, 1e5]))
+    f["solo_util"] = TYPES.solo_util[f["type_idx"]].astype(float)
+    f["allowed_gpus"] = (np.isin(np.arange(12), [8, 9, 10, 11]), np.isin(np.arange(12), [10, 11]))
+    f["observed_norm"] = np.full(2, np.nan)
+    view = freeze(ClusterView(1e5, gj, gs, JobTable(**f), np.array([1]), np.array([0]), TYPES, topo))
+    d = make_policy("elastico", MATRIX, KAPPA).decide(view)
+    assert check(d, view)[1] == [] and 0 not in d.preempt and all(j != 0 for j, _, _ in d.place)
+
+
 # --------------------------------------------------------------------------------------------------
 # the simulator: nothing is ever rejected
 

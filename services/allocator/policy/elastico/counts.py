@@ -334,10 +334,12 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
         if clearable[home] and need[home] - held[j] <= n_empty - node_empty[home] and ntenants[home] - 1 <= budget:
             tries.append((ntenants[home] - 1, need[home] - held[j], home))
             tries.sort()
+        allowed = gpu_mask(jobs, j)
         for t in tries:
             moves, nd = t[0], t[2]
-            if topo.node_size[nd] < n:
-                continue
+            lo = int(topo.node_start[nd])
+            if topo.node_size[nd] < n or (allowed is not None and not allowed[lo:lo + n].all()):
+                continue  # too small, or GPUs the gang is not allowed on
             if saving <= cost * (1 + moves):
                 break
             plan = _evacuate(nodes, jobs, topo, nd, [o for o in nodes.tenants[nd] if o != j])
@@ -347,7 +349,6 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
                 continue
             for o, target in plan:
                 relaunch(view, gj, gs, d, o, target)
-            lo = int(topo.node_start[nd])
             relaunch(view, gj, gs, d, j, np.arange(lo, lo + n))
             touched.update([j, *nodes.tenants[nd]])
             budget -= moves
