@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import re
 from typing import Any
 
 from bench.device_check.host import find_tool
@@ -33,9 +32,9 @@ from bench.gpu_campaign.workloads import (
     QUICK_WINDOW_S,
     WORKLOADS,
     Point,
-    build_plan,
     estimate_s,
     prepared_after,
+    select_plan,
     tenant_rate,
 )
 
@@ -57,9 +56,7 @@ class Campaign(DeviceCheck):
         self.tail_s = self.window  # a service's rate search after the window
         self.solo: dict[str, dict[int, float]] = {}  # workload -> MPS share -> solo rate
         self.cal: dict[str, dict[str, float]] = {}  # service -> offered rate and SLO fixed by its first solo run
-        points = self.args.points  # --points: a regular expression over "STAGE LABEL" (checked in main)
-        self.points = [p for p in build_plan(bool(self.args.quick))
-                       if points is None or re.search(points, f"{p.stage} {p.label}")]
+        self.points = select_plan(bool(self.args.quick), self.args.points)  # (--points checked in main)
         self.ahead: tuple[Point, list[Child]] | None = None  # the next point's tenants, started while one measures
         fixed = 1.0 if self.dry else 20.0  # environment, NVML, MPS start and its probe client
         rows, cum = [], fixed

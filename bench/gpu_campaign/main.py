@@ -15,7 +15,7 @@ import bench.gpu_campaign as package
 from bench.device_check.host import Terminated, gpu_missing_reason, refuse
 from bench.device_check.project import MissingModule, load_project
 from bench.gpu_campaign.campaign import JSON_NAME, SCHEMA, Campaign
-from bench.gpu_campaign.workloads import DEFAULT_WINDOW_S, DRY_WINDOW_S, QUICK_WINDOW_S, build_plan
+from bench.gpu_campaign.workloads import DEFAULT_WINDOW_S, DRY_WINDOW_S, QUICK_WINDOW_S, select_plan
 
 PROG = "python3 -m bench.gpu_campaign"
 
@@ -55,7 +55,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         return 2
     if args.points is not None:
         try:
-            selected = [p for p in build_plan(args.quick) if re.search(args.points, f"{p.stage} {p.label}")]
+            selected = select_plan(args.quick, args.points)
         except re.error as exc:
             print(f"gpu_campaign: --points is not a regular expression: {exc}", file=sys.stderr)
             return 2

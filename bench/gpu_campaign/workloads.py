@@ -10,6 +10,7 @@ warm-up is hidden behind that point's warm-up, window, tail and teardown, and ``
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +123,12 @@ def build_plan(quick: bool) -> list[Point]:
     if not quick:
         pts += [_pair("splits", t, s, sa, sb) for sa, sb in EXTRA_SPLITS for t in PAIR_TRAIN[:1] for s in SERVE]
     return pts
+
+
+def select_plan(quick: bool, points: str | None) -> list[Point]:
+    """:func:`build_plan`'s points whose ``"STAGE LABEL"`` matches the regular expression ``points`` (``re.search``;
+    None: all); ``re.error`` for an invalid expression."""
+    return [p for p in build_plan(quick) if points is None or re.search(points, f"{p.stage} {p.label}")]
 
 
 def prepared_after(prev: Point | None) -> bool:

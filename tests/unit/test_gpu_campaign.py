@@ -13,7 +13,6 @@ import csv
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 import time
@@ -277,7 +276,7 @@ def test_plan_runs_in_order_of_importance_and_its_estimate_matches_the_h200_run(
     # the 2026-12-04 H200 run 4 (bench/results/h200-gpu-campaign-2026-12-04-run4.*: the solo points, the services at
     # 10 % and every pair with a service) ended at 328 s; the estimates are the runs' medians, so the plan predicts
     # what a budget will cut
-    run4 = [p for p in full if re.search(r"^(solo|shares .*serve @10$|pairs .*serve)", f"{p.stage} {p.label}")]
+    run4 = wl.select_plan(False, r"^(solo|shares .*serve @10$|pairs .*serve)")
     assert len(run4) == 21 and cum(run4, 21) == pytest.approx(328, rel=0.1)
     assert cum(full, len(full)) > 480  # the whole plan needs two commands (--points for the rest)
     assert cum(wl.build_plan(True), 24) < 480  # --quick fits the default budget
