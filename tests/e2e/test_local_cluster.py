@@ -96,7 +96,7 @@ def _commands_need_a_token_and_never_run_as_root(state: dict, address: str) -> N
 
     marker = Path(tempfile.gettempdir()) / f"elastico-uid-{uuid.uuid4().hex}"
     spec = types_pb2.JobSpec(name="probe", kind=types_pb2.JOB_KIND_TRAINING, model_family="ResNet-50", batch_size=32,
-                             training=types_pb2.TrainingWork(total_steps=10), command=f"sh -c 'id -u > {marker}'")
+                             training=types_pb2.TrainingWork(total_steps=10), command=f"sh -c 'id -u > {marker}.part && mv {marker}.part {marker}'")
     with cluster.client_tls(state, token=False).channel(address) as ch:
         with pytest.raises(grpc.RpcError) as refused:
             allocator_pb2_grpc.AllocatorStub(ch).SubmitJob(allocator_pb2.SubmitJobRequest(request_id="probe-1", spec=spec), timeout=5)
@@ -111,6 +111,7 @@ def _commands_need_a_token_and_never_run_as_root(state: dict, address: str) -> N
         uid = int(marker.read_text())
     finally:
         marker.unlink(missing_ok=True)
+        Path(f"{marker}.part").unlink(missing_ok=True)
     assert uid != 0 and uid == (65534 if os.getuid() == 0 else os.getuid())
     log = next(p["log"] for p in state["procs"] if p["name"] == "allocator")
     audit = [json.loads(line) for line in Path(log).read_text().splitlines()
