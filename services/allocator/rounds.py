@@ -75,6 +75,7 @@ from services.allocator.plan import (
     translate,
 )
 from services.allocator.policy import INFERENCE, ClusterView, Decision, Policy, make_policy, options_for
+from services.allocator.quota import held_by_quota
 from services.allocator.round_metrics import RoundMetrics, RoundOutcome, RoundReport, observed_speeds, pending_reasons
 from services.allocator.settings import AllocatorSettings
 
@@ -167,6 +168,7 @@ class Scheduler:
         self.metrics = RoundMetrics()
         self.estimate = PairEstimate(settings.estimator, predictor, self.types, self.kappa, settings.estimate_refresh_s)
         self.demand = DemandTracker(store, settings.forecast_window_s, settings.time_scale)  # stored, forecast
+        self.quotas = settings.service_quotas()
         self._node_ids: list[str] = []
         self.last: RoundReport | None = None
         self.rounds = 0
@@ -343,13 +345,16 @@ class Scheduler:
         matrix, est_note = await self.estimate.current()
         policy = self._policy(matrix)
         forecasts = await self.demand.forecasts(cluster.jobs, cluster.workloads, now)
+        held = held_by_quota(cluster.jobs, self.quotas)
+        if held:
+            await self._mark_held(epoch, cluster.jobs, held)
         stopping = still_running(cluster.jobs, cluster.node_map, cluster.workloads, now,
                                  self.s.node_stale_s + self.s.node_grace_s, self._watched_since)
         if stopping:
             log.debug("pending jobs wait for their previous run to stop", job_ids=sorted(stopping))
         self._decided += 1
         self._not_applied = {j: last for j, last in self._not_applied.items() if last >= self._decided}
-        skip = stopping | set(self._not_applied)
+        skip = stopping | set(self._not_applied) | set(held)
         if self._not_applied:
             log.debug("pending jobs sit out this round: their last placement could not be applied",
                       job_ids=sorted(self._not_applied))
@@ -532,6 +537,21 @@ class Scheduler:
                     jobs[i] = new
         return frozenset(j.job_id for _, j, _ in never)
 
+    async def _mark_held(self, epoch: int, jobs: list[Job], held: dict[str, str]) -> None:
+        """Queued services past their tenant's quota (:mod:`quota`) say so: UNSCHEDULABLE_NOW with the quota as
+        message, written and logged on a change of message only."""
+        marks = [(i, j) for i, j in enumerate(jobs) if j.job_id in held
+                 and (j.reason is not StateReason.UNSCHEDULABLE_NOW or j.message != held[j.job_id])]
+        if not marks:
+            return
+        results = await self.store.update_jobs(
+            [(j, replace(j, reason=StateReason.UNSCHEDULABLE_NOW, message=held[j.job_id])) for _, j in marks], epoch=epoch)
+        for (i, _), new in zip(marks, results, strict=True):
+            if not isinstance(new, Conflict):
+                jobs[i] = new
+                log.info("service waits for its tenant's service quota", job_id=new.job_id, tenant=new.spec.tenant,
+                         detail=new.message)
+
     async def _commit(self, epoch: int, batch: list[tuple[Job, Placement]], rep: RoundReport, touched: set[str]) -> bool:
         """All of the round's placements in one fenced, all-or-nothing commit; False when it was rejected."""
         if not batch:
@@ -555,8 +575,10 @@ class Scheduler:
 
     @staticmethod
     def _mark_candidates(pending: list[Job], never: frozenset[str]) -> list[Job]:
-        """Pending jobs that would get UNSCHEDULABLE_NOW if left queued: not marked yet, and able to fit at all."""
-        return [j for j in pending if j.reason is not StateReason.UNSCHEDULABLE_NOW and j.job_id not in never]
+        """Pending jobs that would get UNSCHEDULABLE_NOW if left queued: not marked so yet (or marked for another
+        cause, such as a quota), and able to fit at all."""
+        return [j for j in pending if (j.reason is not StateReason.UNSCHEDULABLE_NOW or j.message != UNSCHEDULABLE_NOW_MESSAGE)
+                and j.job_id not in never]
 
     @staticmethod
     def _marked(jobs: list[Job]) -> list[tuple[Job, Job]]:

@@ -70,6 +70,10 @@ class AllocatorSettings(Settings):
     # a tenant's jobs queued or running at most: a submission beyond answers RESOURCE_EXHAUSTED (one tenant cannot
     # flood the store and every round's view); 0 = no limit
     max_live_jobs_per_tenant: int = 10_000
+    # GPUs one tenant's inference services may take in all, "TENANT=GPUS,...,*=GPUS" (* = every tenant not named;
+    # each service counts its gang, the most it is ever sized to: services/allocator/quota.py); "" = no quota. Set it
+    # where several tenants share the cluster: a service outranks training and is sized to its own tenant's demand
+    service_quota_gpus: str = ""
     # WatchJobs streams open at once (each holds a Redis connection while it waits): per caller identity, and
     # in all; a stream beyond answers RESOURCE_EXHAUSTED
     max_watches_per_caller: int = 32
@@ -114,6 +118,7 @@ class AllocatorSettings(Settings):
         if self.policy_max_attempts < 0:
             raise ConfigError(f"ELASTICO_POLICY_MAX_ATTEMPTS={self.policy_max_attempts}: must be >= 0")
         self._validate_policy_options()
+        self.service_quotas()
         for name in ("pricer_address", "predictor_address"):
             value = getattr(self, name)
             if value and ":" not in value:
@@ -147,6 +152,12 @@ class AllocatorSettings(Settings):
         """The options the policy runs with (the simulator's runs of the live configuration use the same)."""
         return {"train_floor": self.train_floor, "elastic_gpus": self.elastic_gpus,
                 "min_count_speed": self.min_count_speed}
+
+    def service_quotas(self) -> dict[str, int]:
+        """ELASTICO_SERVICE_QUOTA_GPUS parsed (tenant or ``*`` -> GPUs); a malformed value is a ConfigError."""
+        from services.allocator.quota import parse_quotas
+
+        return parse_quotas(self.service_quota_gpus)
 
     @property
     def effective_replica_id(self) -> str:

@@ -328,3 +328,47 @@ async def test_a_service_boxed_in_by_another_service_moves_make_before_break_wit
     assert all(j.state is JobState.RUNNING and j.draining is None for j in jobs)
     assert sorted(j.placement.slices[0].node_id for j in jobs) == ["n1", "n2"]
     assert all(j.placement.slices[0].compute_share_pct >= 60.0 for j in jobs)  # load 0.5 + SLO margin 0.1
+
+
+
+@pytest.mark.parametrize("quota", ["", "greedy=2"])
+async def test_a_tenant_reporting_absurd_demand_takes_no_more_gpus_than_its_service_quota(store, quota):
+    """ELASTICO_SERVICE_QUOTA_GPUS: a tenant reporting 1e6 req/s for each of its three services takes three whole GPUs
+    without a quota, two with a quota of 2 (the third waits, saying why); another tenant's training keeps running."""
+    await heartbeat(store, "n1", gpus=4)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(service_quota_gpus=quota), lease)
+    train, _ = await store.create_job(make_job(spec=make_spec(tenant="team-b", model_family="ResNet-18", batch_size=64)))
+    svcs = [(await store.create_job(make_job(spec=service_spec(1.0, tenant="greedy"))))[0] for _ in range(3)]
+    await sch.round(epoch)
+    await agent_reports(store, "n1", "running")
+    await store.record_demand([DemandReport(s.job_id, time.time(), 10.0, 1e6) for s in svcs], 7200.0)
+    for _ in range(4):
+        await sch.round(epoch)
+        await agent_reports(store, "n1", "running")
+    svcs = [await store.get_job(s.job_id) for s in svcs]
+    shares = sum(s.placement.slices[0].compute_share_pct for s in svcs if s.placement is not None)
+    assert all(g.allocated_share_pct <= 100.0 for g in (await store.get_node("n1")).gpus)
+    if not quota:
+        assert shares == 300.0 and all(s.state is JobState.RUNNING for s in svcs)
+        return
+    assert shares == 200.0 and [s.state for s in svcs] == [JobState.RUNNING, JobState.RUNNING, JobState.PENDING]
+    assert svcs[2].reason is StateReason.UNSCHEDULABLE_NOW
+    assert svcs[2].message == ("the services of tenant greedy take 2 of its 2 GPUs of service quota "
+                               "(ELASTICO_SERVICE_QUOTA_GPUS); this one needs 1 more")
+    assert (await store.get_job(train.job_id)).state is JobState.RUNNING
+
+
+async def test_a_service_held_by_its_tenants_quota_starts_when_another_ends(store):
+    await heartbeat(store, "n1", gpus=4)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(service_quota_gpus="team-b=3,*=1"), lease)
+    first, second = [(await store.create_job(make_job(spec=service_spec(0.5, tenant="greedy"))))[0] for _ in range(2)]
+    others = [(await store.create_job(make_job(spec=service_spec(0.5, tenant="team-b"))))[0] for _ in range(3)]
+    await sch.round(epoch)
+    assert (await store.get_job(first.job_id)).state is JobState.PLACED
+    assert (await store.get_job(second.job_id)).state is JobState.PENDING
+    assert [(await store.get_job(o.job_id)).state for o in others] == [JobState.PLACED] * 3  # team-b's own quota
+    await store.release_job(epoch, await store.get_job(first.job_id), JobState.CANCELLED, StateReason.CANCELLED_BY_CLIENT)
+    await sch.round(epoch)
+    assert (await store.get_job(second.job_id)).state is JobState.PLACED

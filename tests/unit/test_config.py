@@ -36,9 +36,11 @@ def test_defaults_and_overrides_parse_types():
          "ELASTICO_ALLOCATOR_ADDRESSES"),
         (NodeAgentSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_ALLOCATOR_ADDRESSES": "a:70000"},
          "ELASTICO_ALLOCATOR_ADDRESSES"),
+        (AllocatorSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_SERVICE_QUOTA_GPUS": "team-a=1.5"},
+         "ELASTICO_SERVICE_QUOTA_GPUS"),
     ],
     ids=["port-not-int", "port-range", "log-level", "gap-tolerance", "redis-required", "redis-scheme", "gpu-backend",
-         "sim-gpu-count", "metrics-port", "allocator-address", "allocator-port"],
+         "sim-gpu-count", "metrics-port", "allocator-address", "allocator-port", "service-quota"],
 )
 def test_bad_settings_fail_fast_naming_the_variable(cls, env, var):
     with pytest.raises(ConfigError, match=var):
