@@ -381,9 +381,10 @@ class Runner:
             (workdir / stale).unlink(missing_ok=True)
         atomic_write(workdir / "launch.json", json.dumps(codec.to_jsonable(entry)))
         env = self.workload_env(entry, extra_env)
-        opts = ["--cwd", str(workdir / WORK_DIR), *(f"--rlimit={n}={v}" for n, v in policy.rlimits)]
+        opts = ["--cwd", str(workdir / WORK_DIR), *(f"--rlimit={n}={v}" for n, v in policy.rlimits),
+                f"--stop-grace-s={self.stop_grace_s:g}"]
         if self.fence_s > 0:
-            opts += ["--fence", str(self.alive_file), f"--fence-s={self.fence_s:g}", f"--stop-grace-s={self.stop_grace_s:g}"]
+            opts += ["--fence", str(self.alive_file), f"--fence-s={self.fence_s:g}"]
         if policy.drops_privileges and drop:
             opts += ["--uid", str(policy.uid), "--gid", str(policy.gid)]
         # the log is the agent's, mode 0600: the workload writes it through the descriptor it inherits, and no other

@@ -12,6 +12,13 @@ once FILE, which the agent touches every second while it lives, is older than S:
 dead for that long will see its node declared lost and the job placed elsewhere, and the job must not run twice.
 The exit file then says ``"fenced": true``.
 
+The shim is its workload's child subreaper: a process of the workload that leaves its session (``setsid``, a
+double fork) is re-parented to the shim, not to init, so the job's processes stay one tree whatever they do.
+When the command ends, or a stop (SIGTERM/SIGINT, the fence) was asked, every process left in that tree gets
+SIGTERM, then SIGKILL after ``--stop-grace-s`` (0.8 of it on a stop, so that this happens before the agent's
+own SIGKILL of the shim's group at the full grace); the shim exits once the tree is empty, so a workload that
+forks helpers and daemons never outlives its job.
+
 The shim keeps the agent's user (it writes those files, and the agent finds it by uid after a restart);
 the command runs as ``--uid``/``--gid`` (no supplementary groups, umask 077, no privilege gain through
 setuid binaries) under the ``--rlimit`` limits, in ``--cwd``. Options, not environment variables, so the
@@ -36,6 +43,8 @@ from collections.abc import Callable
 RLIMITS = {"nofile": resource.RLIMIT_NOFILE, "nproc": resource.RLIMIT_NPROC, "core": resource.RLIMIT_CORE,
            "as": resource.RLIMIT_AS}
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
+POLL_S = 0.05  # how often the shim reaps and checks its stop deadlines
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -65,7 +74,9 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--cwd", help="working directory of the command (default: the shim's)")
     ap.add_argument("--fence", help="the agent's liveness file (module docstring)")
     ap.add_argument("--fence-s", type=float, default=0.0, help="stop the command once --fence is older than this")
-    ap.add_argument("--stop-grace-s", type=float, default=10.0, help="SIGTERM -> SIGKILL delay of a fenced stop")
+    ap.add_argument("--stop-grace-s", type=float, default=10.0,
+                    help="SIGTERM -> SIGKILL delay of a stop (the fence's, or the agent's signal), and of the processes "
+                         "left when the command ends")
     ap.add_argument("workdir")
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         ap.error("missing -- ARGV...")
@@ -106,6 +117,8 @@ def main(argv: list[str]) -> int:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # pragma: no cover - not Linux
         prctl = None
+    if prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # pragma: no cover - Linux >= 3.4 has it
+        print("shim: cannot become the workload's subreaper; processes that leave its session may outlive it", flush=True)
     try:
         limits = _reachable_limits(args.rlimit)
         child = subprocess.Popen(cmd, cwd=args.cwd, umask=0o077, preexec_fn=lambda: _child_setup(limits, prctl), **user)
@@ -115,19 +128,17 @@ def main(argv: list[str]) -> int:
         _write_json(exit_file, {"exit_code": 127, "message": f"cannot start {cmd[0]!r}: {reason}",
                                 "finished_at_s": time.time()})
         return 127
+    tree = _Tree(child.pid, args.stop_grace_s)
 
     def forward(sig: int, _frm: object) -> None:
-        try:
-            child.send_signal(sig)
-        except ProcessLookupError:
-            pass
+        tree.stop(sig)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the agent's terminal going away must not end workloads
     _write_json(os.path.join(args.workdir, "child.json"), {"pid": child.pid})
-    silent = _wait(child, args.fence, args.fence_s, args.stop_grace_s) if args.fence and args.fence_s > 0 else None
-    code = child.wait()
+    silent = tree.wait(args.fence, args.fence_s if args.fence else 0.0)
+    code = tree.status
     out: dict = {"exit_code": code, "finished_at_s": time.time()}
     if silent is not None:
         out.update(fenced=True, message=f"stopped by its supervisor: the node agent showed no sign of life for "
@@ -143,31 +154,93 @@ def _mtime(path: str) -> float | None:
         return None
 
 
-def _wait(child: subprocess.Popen, fence: str, fence_s: float, grace_s: float) -> float | None:
-    """Wait for ``child``; stop it once the agent has not touched ``fence`` for ``fence_s`` (returns that silence,
-    s). Silence is timed on this process's monotonic clock from the last change of the file's modification time,
-    so a step of the wall clock neither fences a live agent nor spares a dead one."""
-    poll = min(1.0, fence_s / 4)
-    seen, changed_at = _mtime(fence), time.monotonic()
-    while True:
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` in the process tree (from ``/proc``), parents before their children."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
         try:
-            child.wait(timeout=poll)
-            return None
-        except subprocess.TimeoutExpired:
-            pass
-        now, m = time.monotonic(), _mtime(fence)
-        if m != seen:
-            seen, changed_at = m, now
-        silent = now - changed_at
-        if silent > fence_s:
-            break
-    print(f"shim: the node agent showed no sign of life for {silent:.0f} s; stopping the workload (fence)", flush=True)
-    child.send_signal(signal.SIGTERM)
-    try:
-        child.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        child.kill()
-    return silent
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])  # field 4, after the command in parentheses
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, ())
+    return out
+
+
+class _Tree:
+    """The workload's process tree below this shim (its subreaper): reaped, stopped and emptied."""
+
+    def __init__(self, child: int, grace_s: float) -> None:
+        self.child, self.grace_s = child, grace_s
+        self.status: int | None = None  # the command's exit code (negative: signal), once it ended
+        self.stop_at: float | None = None  # monotonic time a stop was asked
+        self.killed = False
+
+    def signal_all(self, sig: int) -> None:
+        for pid in _descendants(os.getpid()):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """A stop: ``sig`` to every process of the tree now, SIGKILL at 0.8 of the grace (:meth:`wait`)."""
+        if self.stop_at is None:
+            self.stop_at = time.monotonic()
+        self.signal_all(sig)
+
+    def reap(self) -> bool:
+        """Collect every ended child (the command, and orphans re-parented here); False once none is left."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return False
+            if pid == 0:
+                return True
+            if pid == self.child:
+                self.status = os.waitstatus_to_exitcode(status)
+
+    def wait(self, fence: str | None, fence_s: float) -> float | None:
+        """Until the command has ended and the tree is empty; returns the agent's silence, s, when the fence
+        stopped it (``fence`` untouched for ``fence_s`` > 0: timed on this process's monotonic clock from the last
+        change of its modification time, so a step of the wall clock neither fences a live agent nor spares a
+        dead one), else None."""
+        seen, changed_at = (_mtime(fence), time.monotonic()) if fence_s > 0 else (None, 0.0)
+        fenced = None
+        ended_at = None
+        while self.reap():
+            now = time.monotonic()
+            if fence_s > 0 and fenced is None:
+                m = _mtime(fence)
+                if m != seen:
+                    seen, changed_at = m, now
+                if now - changed_at > fence_s:
+                    fenced = now - changed_at
+                    print(f"shim: the node agent showed no sign of life for {fenced:.0f} s; stopping the workload "
+                          "(fence)", flush=True)
+                    self.stop()
+            if self.status is not None and ended_at is None:
+                ended_at = now
+                if _descendants(os.getpid()):
+                    print("shim: the command ended; stopping the processes it left", flush=True)
+                    self.signal_all(signal.SIGTERM)
+            deadlines = ([] if self.stop_at is None else [self.stop_at + 0.8 * self.grace_s]) + \
+                        ([] if ended_at is None else [ended_at + self.grace_s])
+            if not self.killed and deadlines and now >= min(deadlines):
+                self.killed = True
+                self.signal_all(signal.SIGKILL)
+            time.sleep(POLL_S)
+        if self.status is None:  # pragma: no cover - the command is our child: reap() saw it end
+            self.status = -signal.SIGKILL
+        return fenced
 
 
 if __name__ == "__main__":

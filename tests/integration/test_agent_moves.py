@@ -389,7 +389,7 @@ async def test_a_start_on_another_gpu_does_not_wait_for_a_slow_stop(cluster):
     assert same.job_id not in agent.ledger.entries and slow.job_id in agent.ledger.entries  # GPU 0 still stopping
     res = await sync
     took_same = time.monotonic() - t0
-    assert took_other < 1.5 and took_same >= 3.0, (took_other, took_same)
+    assert took_other < 1.5 and took_same >= 0.8 * 3.0, (took_other, took_same)  # its shim kills it at 0.8 of the grace
     assert (res.started, res.stopped) == (2, 1) and {w.job_id for w in res.workloads} == {other.job_id, same.job_id}
 
 

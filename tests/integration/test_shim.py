@@ -1,0 +1,73 @@
+"""The workload shim keeps a job's processes one tree: none outlives the command or a stop, even one that left the
+command's session with an empty environment (services/node_agent/shim.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _shim(workdir: Path, script: str, grace_s: float) -> subprocess.Popen:
+    (workdir / "job.sh").write_text(script)
+    with open(workdir / "shim.log", "w") as log:  # a file, not a pipe: a process left behind would hold a pipe open
+        return subprocess.Popen([sys.executable, "-m", "services.node_agent.shim", f"--stop-grace-s={grace_s:g}",
+                                 str(workdir), "--", "sh", str(workdir / "job.sh")], cwd=REPO, start_new_session=True,
+                                stdout=log, stderr=subprocess.STDOUT)
+
+
+def _escaped_pid(workdir: Path) -> int:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = (workdir / "escaped").read_text() if (workdir / "escaped").exists() else ""
+        if text.endswith("\n"):
+            return int(text)
+        time.sleep(0.02)
+    raise AssertionError("the workload never wrote its escaped process's pid")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# a process in a session of its own, with no environment left (no tag to find it by), ignoring SIGTERM
+ESCAPE = "setsid sh -c 'trap \"\" TERM; echo $$ > {d}/escaped; exec env -i sleep 300' &\n"
+
+
+def test_processes_a_command_leaves_behind_end_with_it(tmp_path):
+    shim = _shim(tmp_path, ESCAPE.format(d=tmp_path) + f"while [ ! -s {tmp_path}/escaped ]; do sleep 0.02; done\nexit 3\n", 1.0)
+    escaped = _escaped_pid(tmp_path)
+    try:
+        assert shim.wait(timeout=10) == 3
+        assert json.loads((tmp_path / "exit.json").read_text())["exit_code"] == 3
+        assert "stopping the processes it left" in (tmp_path / "shim.log").read_text()
+        assert not _alive(escaped)
+    finally:
+        if _alive(escaped):
+            os.kill(escaped, signal.SIGKILL)
+
+
+def test_a_stopped_job_leaves_no_process_even_one_that_left_its_session(tmp_path):
+    shim = _shim(tmp_path, ESCAPE.format(d=tmp_path) + "exec sleep 300\n", 1.0)
+    escaped = _escaped_pid(tmp_path)
+    try:
+        assert _alive(escaped) and os.getsid(escaped) != os.getsid(shim.pid)
+        t0 = time.monotonic()
+        os.killpg(shim.pid, signal.SIGTERM)  # what the agent does to stop a workload
+        shim.wait(timeout=10)
+        assert time.monotonic() - t0 < 1.0  # SIGKILL at 0.8 of the grace: before the agent's own, at the grace
+        assert json.loads((tmp_path / "exit.json").read_text())["exit_code"] == -signal.SIGTERM
+        assert not _alive(escaped)
+    finally:
+        if _alive(escaped):
+            os.kill(escaped, signal.SIGKILL)
