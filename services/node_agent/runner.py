@@ -516,12 +516,17 @@ class Runner:
         except (ValueError, KeyError, TypeError):
             return None
 
-    @staticmethod
-    def write_rate(entry: LedgerEntry, steps_per_s: float) -> None:
+    def write_rate(self, entry: LedgerEntry, steps_per_s: float) -> None:
+        """The simulated workload's rate file: the agent's, readable by the workload user's group only (by the
+        agent's user alone when workloads run as it)."""
         path = Path(entry.rate_file)
         tmp = path.with_name("rate.tmp")
-        tmp.write_text(f"{steps_per_s!r}\n")
-        os.chmod(tmp, 0o644)  # read by the workload user
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            if self.policy.drops_privileges:
+                os.fchown(f.fileno(), -1, self.policy.gid)
+                os.fchmod(f.fileno(), 0o640)
+            f.write(f"{steps_per_s!r}\n")
         os.replace(tmp, path)
 
     @staticmethod

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -102,7 +103,9 @@ async def demands_while(a: dict, job_id: str, until: float) -> list:
 
 
 def rate_of(r: Reconciler, job_id: str) -> float:
-    return float(Path(r.ledger.entries[job_id].rate_file).read_text())
+    path = Path(r.ledger.entries[job_id].rate_file)
+    assert stat.S_IMODE(path.stat().st_mode) & 0o007 == 0  # not world-readable: the workload user's group at most
+    return float(path.read_text())
 
 
 async def test_builtin_service_is_served_scraped_and_resized_in_place(agent):
