@@ -345,7 +345,8 @@ class Scheduler:
         matrix, est_note = await self.estimate.current()
         policy = self._policy(matrix)
         forecasts = await self.demand.forecasts(cluster.jobs, cluster.workloads, now)
-        held = held_by_quota(cluster.jobs, self.quotas)
+        # a queued service that can never fit neither counts against its tenant's quota nor is held by it
+        held = held_by_quota([j for j in cluster.jobs if j.job_id not in cluster.never], self.quotas) if self.quotas else {}
         if held:
             await self._mark_held(epoch, cluster.jobs, held)
         stopping = still_running(cluster.jobs, cluster.node_map, cluster.workloads, now,

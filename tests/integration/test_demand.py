@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import grpc
 import numpy as np
@@ -372,3 +373,17 @@ async def test_a_service_held_by_its_tenants_quota_starts_when_another_ends(stor
     await store.release_job(epoch, await store.get_job(first.job_id), JobState.CANCELLED, StateReason.CANCELLED_BY_CLIENT)
     await sch.round(epoch)
     assert (await store.get_job(second.job_id)).state is JobState.PLACED
+
+
+async def test_a_service_that_can_never_fit_neither_counts_against_the_quota_nor_flips_its_reason(store):
+    await heartbeat(store, "n1", gpus=2)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(service_quota_gpus="*=1"), lease)
+    huge = service_spec(0.5, tenant="greedy")
+    huge = replace(huge, shapes=tuple(replace(s, mem_mib=10**9) for s in huge.shapes))  # no GPU has that memory
+    never, _ = await store.create_job(make_job(spec=huge))
+    fits, _ = await store.create_job(make_job(spec=service_spec(0.5, tenant="greedy")))
+    for _ in range(3):
+        await sch.round(epoch)
+        assert (await store.get_job(never.job_id)).reason is StateReason.NEVER_SCHEDULABLE
+    assert (await store.get_job(fits.job_id)).state is JobState.PLACED
