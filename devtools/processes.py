@@ -77,7 +77,7 @@ def agents_of(state_dirs: list[Path]) -> list[int]:
 def workloads_of(state_dirs: list[Path]) -> list[int]:
     """Pids of the workload processes (shims, commands and what they started, whatever their user) of these state
     dirs: those whose environment carries a workload tag naming one. A process that left its session and dropped
-    its environment is out of sight (only a cgroup would hold it)."""
+    its environment is not among them, but its shim (a child subreaper) ends it with the rest of the job."""
     dirs, out = {str(d) for d in state_dirs}, []
     for pid in other_pids():
         tag = environ(pid).get(TAG_VAR, "")
