@@ -485,6 +485,11 @@ def top_frame(ctx: Context, c: AllocatorClient) -> str:
            f"nodes {len(cs.nodes)}  GPUs {gpus}",
            f"jobs running/placed {len(jobs)}  pending {pending}  GPU share allocated {alloc_total / gpus:.0%}  "
            f"effective {eff_total / gpus:.0%}{'' if eff_known else '*'}"]
+    if cs.tenants:  # with a service quota, the GPUs its placed services count against it
+        out.append("tenants: " + "  ".join(
+            f"{t.tenant} {t.running_jobs}/{t.pending_jobs} running/pending {t.allocated_gpus:.2f} GPUs"
+            + (f" services {t.service_gpus}/{t.service_quota_gpus} GPUs of quota" if t.service_quota_gpus is not None else "")
+            for t in cs.tenants))
     if cs.degraded:
         out.append("degraded: " + "; ".join(cs.degraded))
     if missing:

@@ -32,6 +32,8 @@ from elastico.v1 import allocator_pb2 as apb
 from elastico.v1 import allocator_pb2_grpc
 from services.allocator import access, demand
 from services.allocator import metrics as m
+from services.allocator.fit import spec_num_gpus
+from services.allocator.quota import ANY_TENANT
 from services.allocator.settings import AllocatorSettings
 
 log = get_logger(component="allocator")
@@ -302,6 +304,11 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 u.running_jobs += 1
                 if j.placement is not None:
                     u.allocated_gpus += sum(s.compute_share_pct for s in j.placement.slices) / 100.0
+                if j.spec.kind is JobKind.INFERENCE:
+                    u.service_gpus += spec_num_gpus(j.spec)
+        quotas = self._settings.service_quotas()
+        for t, u in usage.items():
+            u.service_quota_gpus = quotas.get(t, quotas.get(ANY_TENANT, -1))
         status = json.loads(await self._store.get_status("allocator") or "{}")
         degraded: list[str] = []
         if not holder:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -116,6 +117,7 @@ def test_submit_list_describe_cancel(suite):
     top = run(env, "top", "--once")
     assert top.returncode == 0, top.stderr
     assert "\x1b" not in top.stdout and top.stdout.startswith("elastico top")
+    assert re.search(r"^tenants: \S+ 1/1 running/pending 0\.50 GPUs", top.stdout, re.M), top.stdout
     gpu_rows = [ln for ln in top.stdout.splitlines() if ln.startswith("node-1 ")]
     assert len(gpu_rows) == 4 and any(fits in ln and "50%" in ln for ln in gpu_rows)
 

@@ -387,3 +387,17 @@ async def test_a_service_that_can_never_fit_neither_counts_against_the_quota_nor
         await sch.round(epoch)
         assert (await store.get_job(never.job_id)).reason is StateReason.NEVER_SCHEDULABLE
     assert (await store.get_job(fits.job_id)).state is JobState.PLACED
+
+
+async def test_cluster_state_shows_each_tenants_services_against_its_quota(store):
+    from services.allocator.servicer import AllocatorServicer
+
+    await heartbeat(store, "n1", gpus=2)
+    lease, epoch = await leader(store, "a")
+    s = settings(service_quota_gpus="greedy=2")
+    await store.create_job(make_job(spec=service_spec(0.5, tenant="greedy")))
+    await store.create_job(make_job(spec=make_spec(tenant="team-b")))
+    await Scheduler(store, s, lease).round(epoch)
+    cs = await AllocatorServicer(store, s).GetClusterState(apb.GetClusterStateRequest(), None)
+    got = {t.tenant: (t.running_jobs, t.service_gpus, t.service_quota_gpus) for t in cs.tenants}
+    assert got == {"greedy": (1, 1, 2), "team-b": (1, 0, -1)}
