@@ -172,3 +172,12 @@ class Settings:
         """Fail fast for services that cannot work without shared state."""
         if not self.redis_url:
             raise ConfigError(f"ELASTICO_REDIS_URL is required by the {self.service_name} service")
+
+
+def write_port_file(path: str, port: int) -> None:
+    """The bound port for a supervisor (``port_file``), written whole or not at all: a reader polling for the
+    file never sees it empty."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{port}\n")
+    os.replace(tmp, path)

@@ -14,7 +14,6 @@ import asyncio
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -23,7 +22,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from elastico.config import Settings, redact_url, redis_has_password
+from elastico.config import Settings, redact_url, redis_has_password, write_port_file
 from elastico.logging import configure_logging, get_logger
 from elastico.rpc.interceptors import ErrorMappingInterceptor
 from elastico.rpc.security import Access, TLSFiles, server_credentials
@@ -169,7 +168,7 @@ async def serve(
     server, port = await create_server(settings, bindings)
     await server.start()
     if settings.port_file:
-        Path(settings.port_file).write_text(f"{port}\n")
+        write_port_file(settings.port_file, port)
     log.info("serving", address=f"{settings.host}:{port}", metrics_port=server.metrics_port, services=list(server.service_names))
 
     await wait_for_stop_signal()

@@ -8,7 +8,7 @@ import sys
 from prometheus_client import start_http_server
 
 from elastico.client import AsyncAllocatorClient
-from elastico.config import ConfigError
+from elastico.config import ConfigError, write_port_file
 from elastico.logging import configure_logging
 from elastico.rpc.security import ClientTLS, ReloadingStub, read_token
 from elastico.rpc.server import wait_for_stop_signal
@@ -48,8 +48,7 @@ async def serve(settings: KubeSettings) -> None:
         start_http_server(settings.metrics_port, addr=settings.host)
     runner, port = await app.start(settings, extender)
     if settings.port_file:
-        with open(settings.port_file, "w") as f:
-            f.write(str(port))
+        write_port_file(settings.port_file, port)
     log.info("serving", role=settings.role, port=port, tls=bool(settings.tls_cert_file))
     await wait_for_stop_signal()
     log.info("stopping", grace_s=settings.shutdown_grace_s)
