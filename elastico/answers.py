@@ -121,7 +121,7 @@ class Submitted:
 def cluster_state_from_pb(m: apb.GetClusterStateResponse) -> ClusterState:
     return ClusterState(nodes=tuple(node_from_pb(n) for n in m.nodes),
                         tenants=tuple(TenantUsage(t.tenant, t.running_jobs, t.pending_jobs, t.allocated_gpus, t.service_gpus,
-                                                    None if t.service_quota_gpus < 0 else t.service_quota_gpus)
+                                                    t.service_quota_gpus if t.HasField("service_quota_gpus") else None)
                                         for t in m.tenants),
                         prices=tuple((p.pool, p.price, p.capacity) for p in m.prices), last_round_gap=m.last_round_gap,
                         last_round_time_s=m.last_round_time_unix_s, leader_epoch=m.leader_epoch, leader_id=m.leader_id,

@@ -308,7 +308,9 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                     u.service_gpus += spec_num_gpus(j.spec)
         quotas = self._settings.service_quotas()
         for t, u in usage.items():
-            u.service_quota_gpus = quotas.get(t, quotas.get(ANY_TENANT, -1))
+            q = quotas.get(t, quotas.get(ANY_TENANT))
+            if q is not None:
+                u.service_quota_gpus = q
         status = json.loads(await self._store.get_status("allocator") or "{}")
         degraded: list[str] = []
         if not holder:
