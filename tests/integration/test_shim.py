@@ -40,6 +40,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _clean_up(shim: subprocess.Popen, escaped: int) -> None:
+    """Whatever a failed test left running: the shim's group (it, the command) and the escaped process."""
+    if shim.poll() is None:
+        os.killpg(shim.pid, signal.SIGKILL)
+        shim.wait()
+    if _alive(escaped):
+        os.kill(escaped, signal.SIGKILL)
+
+
 # a process in a session of its own, with no environment left (no tag to find it by), ignoring SIGTERM
 ESCAPE = "setsid sh -c 'trap \"\" TERM; echo $$ > {d}/escaped; exec env -i sleep 300' &\n"
 
@@ -53,8 +62,7 @@ def test_processes_a_command_leaves_behind_end_with_it(tmp_path):
         assert "stopping the processes it left" in (tmp_path / "shim.log").read_text()
         assert not _alive(escaped)
     finally:
-        if _alive(escaped):
-            os.kill(escaped, signal.SIGKILL)
+        _clean_up(shim, escaped)
 
 
 def test_a_stopped_job_leaves_no_process_even_one_that_left_its_session(tmp_path):
@@ -69,5 +77,4 @@ def test_a_stopped_job_leaves_no_process_even_one_that_left_its_session(tmp_path
         assert json.loads((tmp_path / "exit.json").read_text())["exit_code"] == -signal.SIGTERM
         assert not _alive(escaped)
     finally:
-        if _alive(escaped):
-            os.kill(escaped, signal.SIGKILL)
+        _clean_up(shim, escaped)
