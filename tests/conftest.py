@@ -11,12 +11,17 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from elastico.domain import GpuInfo, InferenceWork, Job, JobKind, JobSpec, NodeInfo, Shape, TrainingWork
 from elastico.redis_acl import ADMIN_RULES, new_password
 from elastico.redis_embedded import EmbeddedRedis
 from elastico.state.memory import MemoryStore
 from elastico.state.redis_store import RedisStore
+
+# property tests check correctness, not speed: on a shared CI machine a slow draw or example is noise, not a failure
+settings.register_profile("elastico", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("elastico")
 
 
 @pytest.fixture(scope="session")

@@ -149,6 +149,14 @@ async def wait_report(r: Reconciler, job_id: str, cond: Callable[[Workload], boo
     raise AssertionError(f"workload of {job_id} never matched; last report: {last}")
 
 
+async def file_appears(path: Path, timeout_s: float = 10.0) -> None:
+    """Polls for ``path`` (a container's file: no API write announces it, so ``FakeKube.wait_for`` would not
+    look again)."""
+    async with asyncio.timeout(timeout_s):
+        while not path.exists():
+            await asyncio.sleep(0.02)
+
+
 def ended(w: Workload) -> bool:
     return w.status in ("succeeded", "failed", "killed")
 
@@ -192,7 +200,7 @@ async def test_evicted_pod_is_preempted_only_after_its_processes_exit(kube: dict
     r, release = kube["agent"], kube["root"] / "release"
     job_id, uid = await place_pod(kube, "train-ev", [container("main", on_term=release)])
     await wait_report(r, job_id, lambda w: w.status == "running")
-    await kube["fake"].wait_for(lambda: Path(f"{release}.ready").exists(), timeout_s=10)
+    await file_appears(Path(f"{release}.ready"))  # its SIGTERM handler is armed
     body = client.V1Eviction(metadata=client.V1ObjectMeta(name="train-ev", namespace=NS))
     await asyncio.to_thread(core_api(kube["url"]).create_namespaced_pod_eviction, "train-ev", NS, body)
     await kube["fake"].wait_for(lambda: (kube["fake"].pod(NS, "train-ev") or {}).get("metadata", {}).get("deletionTimestamp"))
