@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import re
 import shlex
 import signal
@@ -302,10 +303,25 @@ def serving_argv(python: str = sys.executable) -> list[str]:
 
 
 def free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now (bound to port 0, read, closed) for a service to listen on."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that is free now, for a service to listen on once it has started.
+
+    Taken below the kernel's ephemeral range (``ip_local_port_range``) where it can: a port from that range (what
+    binding port 0 gives) may be taken by any outgoing connection of the node before the service binds it, which
+    then fails to start; below it, only another listener could take it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    below = range(max(1024, low - 12000), low)
+    for port in [*random.sample(below, min(64, len(below))), 0]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise OSError("no free TCP port on 127.0.0.1")
 
 
 class ExitWatcher:

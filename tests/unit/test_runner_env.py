@@ -133,3 +133,17 @@ def test_ledger_launch_record_and_workload_log_are_the_agents_only(runner):
     if r.policy.drops_privileges:
         out = Path(spy.log_path).read_text()
         assert "job-a-output" not in out and "entries" not in out and out.count("Permission denied") == 3, out
+
+
+def test_a_service_port_is_free_and_below_the_ephemeral_range():
+    """Outgoing connections take ephemeral ports: one picked there could be gone before the service binds it."""
+    import socket
+
+    from services.node_agent.runner import free_loopback_port
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(20):
+        port = free_loopback_port()
+        assert 1024 <= port < low
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
