@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import secrets
 import shlex
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from elastico import limits as L
 from elastico.errors import ConfigError, Unauthenticated
+from elastico.files import replace_file
 
 ROLES = ("tenant", "scheduler", "operator", "node")
 TOKEN_PREFIX = "elastico_"
@@ -177,11 +177,7 @@ def _read(path: Path) -> dict:
 def _write(path: Path, data: dict) -> None:
     """Write-then-rename, mode 0600: the file holds only hashes, but who exists is still the operator's."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    replace_file(path, json.dumps(data, indent=1).encode(), 0o600)
 
 
 def issue(path: str | Path, name: str, role: str, tenant: str = "", commands: Sequence[str] = (),

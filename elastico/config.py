@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from elastico.errors import ConfigError
+from elastico.files import replace_file
 
 ENV_PREFIX = "ELASTICO_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -175,9 +176,5 @@ class Settings:
 
 
 def write_port_file(path: str, port: int) -> None:
-    """The bound port for a supervisor (``port_file``), written whole or not at all: a reader polling for the
-    file never sees it empty."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(f"{port}\n")
-    os.replace(tmp, path)
+    """The bound port for a supervisor (``port_file``), written whole: a reader polling for it never sees it empty."""
+    replace_file(path, f"{port}\n".encode())

@@ -24,6 +24,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from elastico.files import replace_file
+
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
@@ -37,15 +39,6 @@ class Issued:
 def file_stem(name: str) -> str:
     """``node/node-1`` -> ``node.node-1`` (certificate names become file names)."""
     return name.replace("/", ".")
-
-
-def _write(path: Path, data: bytes, mode: int) -> None:
-    """Write-then-rename (a reloading service never reads half a file), with ``mode`` from the start."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -70,8 +63,8 @@ def init_ca(directory: str | Path, common_name: str = "elastico-local-ca", days:
                                          key_encipherment=False, data_encipherment=False, key_agreement=False,
                                          encipher_only=False, decipher_only=False), critical=True)
             .sign(key, hashes.SHA256()))
-    _write(d / "ca.key", _key_pem(key), 0o600)
-    _write(d / "ca.crt", cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    replace_file(d / "ca.key", _key_pem(key), 0o600)
+    replace_file(d / "ca.crt", cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return d / "ca.crt"
 
 
@@ -103,8 +96,8 @@ def issue(directory: str | Path, name: str, hosts: Sequence[str] = LOCAL_HOSTS, 
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     stem = file_stem(name)
-    _write(d / f"{stem}.key", _key_pem(key), 0o600)
-    _write(d / f"{stem}.crt", cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    replace_file(d / f"{stem}.key", _key_pem(key), 0o600)
+    replace_file(d / f"{stem}.crt", cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return Issued(str(d / f"{stem}.crt"), str(d / f"{stem}.key"), str(d / "ca.crt"))
 
 
