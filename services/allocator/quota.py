@@ -41,6 +41,11 @@ def parse_quotas(text: str, variable: str = "ELASTICO_SERVICE_QUOTA_GPUS") -> di
     return out
 
 
+def quota_of(quotas: Mapping[str, int], tenant: str) -> int | None:
+    """``tenant``'s quota in :func:`parse_quotas`' map: its own, else ``*``'s; None = none."""
+    return quotas.get(tenant, quotas.get(ANY_TENANT))
+
+
 def held_by_quota(jobs: Sequence[Job], quotas: Mapping[str, int]) -> dict[str, str]:
     """Queued services past their tenant's quota (module docstring) -> why they wait."""
     held: dict[str, str] = {}
@@ -51,7 +56,7 @@ def held_by_quota(jobs: Sequence[Job], quotas: Mapping[str, int]) -> dict[str, s
         if j.spec.kind is JobKind.INFERENCE and not j.state.terminal:
             by_tenant.setdefault(j.spec.tenant, []).append(j)
     for tenant, services in by_tenant.items():
-        q = quotas.get(tenant, quotas.get(ANY_TENANT))
+        q = quota_of(quotas, tenant)
         if q is None:
             continue
         taken = sum(spec_num_gpus(j.spec) for j in services if j.state is not JobState.PENDING)

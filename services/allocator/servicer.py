@@ -33,7 +33,7 @@ from elastico.v1 import allocator_pb2_grpc
 from services.allocator import access, demand
 from services.allocator import metrics as m
 from services.allocator.fit import spec_num_gpus
-from services.allocator.quota import ANY_TENANT
+from services.allocator.quota import quota_of
 from services.allocator.settings import AllocatorSettings
 
 log = get_logger(component="allocator")
@@ -135,6 +135,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     def __init__(self, store: Store, settings: AllocatorSettings, on_change: Callable[[str], None] | None = None) -> None:
         self._store = store
         self._settings = settings
+        self._quotas = settings.service_quotas()
         self._on_change = on_change or (lambda why: None)
         self._submits = SubmitBatcher(store, settings.max_live_jobs_per_tenant)
         self._watches: dict[str, int] = {}  # caller identity ("" insecure) -> WatchJobs streams it holds open
@@ -306,9 +307,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                     u.allocated_gpus += sum(s.compute_share_pct for s in j.placement.slices) / 100.0
                 if j.spec.kind is JobKind.INFERENCE:
                     u.service_gpus += spec_num_gpus(j.spec)
-        quotas = self._settings.service_quotas()
         for t, u in usage.items():
-            q = quotas.get(t, quotas.get(ANY_TENANT))
+            q = quota_of(self._quotas, t)
             if q is not None:
                 u.service_quota_gpus = q
         status = json.loads(await self._store.get_status("allocator") or "{}")
