@@ -50,18 +50,17 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from elastico.coloc.profiles import TypeTable
-from elastico.domain import Job, JobSpec, JobState, NodeInfo, Placement, StateReason, Workload
+from elastico.domain import Job, JobState, NodeInfo, Placement, StateReason, Workload
 from elastico.errors import Conflict, ElasticoError, StaleEpoch, Unavailable, WrongState
 from elastico.logging import get_logger
 from elastico.state.store import Store
 from elastico.state.transaction import PreparedUpdates
 from elastico.tasks import cancel_until_done
-from services.allocator import triggers
+from services.allocator import reasons, triggers
 from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient, pool_names
 from services.allocator.decider import Decided, PolicySpec, ProcessDecider, run_policy
 from services.allocator.demand_tracker import DemandTracker
 from services.allocator.estimate import TypeResolver, default_kappa, default_types, exclusive_matrix
-from services.allocator.fit import healthy_gpus, placement_misfit
 from services.allocator.leader import LeaderLease
 from services.allocator.pair_estimate import PairEstimate
 from services.allocator.plan import (
@@ -84,7 +83,6 @@ log = get_logger(component="rounds")
 STATUS_NAME = "allocator"  # Store.put_status key of the leader's last round
 # Reasons a round writes on a job it leaves queued; their events must not wake another round.
 SIT_OUT_ROUNDS = 4  # rounds a pending job whose placement could not be applied is left out of (Scheduler._not_applied)
-UNSCHEDULABLE_NOW_MESSAGE = "no capacity for it in the last round; retried every round"
 
 
 GC_THRESHOLDS = (20_000, 20, 20)  # gen0 allocations, gen1 and gen2 collection multipliers
@@ -338,7 +336,7 @@ class Scheduler:
             cluster.jobs = [j for j in jobs if not j.state.terminal]
         if released:
             cluster.nodes = await self.store.list_nodes()  # releases changed committed usage
-        cluster.never = await self._mark_never_schedulable(epoch, cluster.jobs, cluster.nodes)
+        cluster.never = await reasons.mark_never_schedulable(self.store, epoch, cluster.jobs, cluster.nodes)
 
     async def _decide(self, epoch: int, cluster: _Cluster, now: float, rep: RoundReport) -> _RoundDecision:
         """View, estimate, the policy's decision (when jobs are pending) and its report."""
@@ -347,8 +345,9 @@ class Scheduler:
         forecasts = await self.demand.forecasts(cluster.jobs, cluster.workloads, now)
         # a queued service that can never fit neither counts against its tenant's quota nor is held by it
         held = held_by_quota([j for j in cluster.jobs if j.job_id not in cluster.never], self.quotas) if self.quotas else {}
-        if held:
-            await self._mark_held(epoch, cluster.jobs, held)
+        for job in await reasons.mark_held(self.store, epoch, cluster.jobs, held) if held else ():
+            log.info("service waits for its tenant's service quota", job_id=job.job_id, tenant=job.spec.tenant,
+                     detail=job.message)
         stopping = still_running(cluster.jobs, cluster.node_map, cluster.workloads, now,
                                  self.s.node_stale_s + self.s.node_grace_s, self._watched_since)
         if stopping:
@@ -419,9 +418,12 @@ class Scheduler:
         # together (one encodes while Redis runs the other)
         placing = {j.job_id for j, _ in batch}
         left = [index.jobs[int(r)] for r in view.pending if index.jobs[int(r)].job_id not in placing]
-        for outcome in await asyncio.gather(self._commit(epoch, batch, rep, cluster.touched),
-                                            self._mark_unschedulable_now(epoch, left, cluster.never, rep, decided.prepared),
-                                            return_exceptions=True):
+        outcomes = await asyncio.gather(self._commit(epoch, batch, rep, cluster.touched),
+                                        reasons.mark_unschedulable_now(self.store, epoch, left, cluster.never, decided.prepared),
+                                        return_exceptions=True)
+        if not isinstance(outcomes[1], BaseException):
+            rep.unschedulable = outcomes[1]
+        for outcome in outcomes:
             if isinstance(outcome, BaseException):  # StaleEpoch, Unavailable: after both have finished
                 raise outcome
         info = decision.info.get("pricing")
@@ -512,47 +514,6 @@ class Scheduler:
             out.append((t, new))
         return out
 
-    async def _mark_never_schedulable(self, epoch: int, jobs: list[Job], nodes: list[NodeInfo]) -> frozenset[str]:
-        """A pending job that no healthy GPUs of the cluster as it is can host (:func:`fit.placement_misfit`: too
-        large, memory or GPU type, its allowed nodes, a one-node gang) says so (NEVER_SCHEDULABLE) instead of waiting silently.
-
-        Returns the ids of those jobs (UNSCHEDULABLE_NOW leaves them alone)."""
-        if not nodes:
-            return frozenset()
-        healthy = healthy_gpus(nodes)
-        memo: dict[tuple, str] = {}  # jobs asking for the same GPUs get the same answer (most pending jobs)
-
-        def why(spec: JobSpec) -> str:
-            key = (tuple((s.num_gpus, s.mem_mib, s.gpu_type) for s in spec.shapes), spec.allowed_nodes)
-            if key not in memo:
-                memo[key] = placement_misfit(spec, healthy)
-            return memo[key]
-
-        never = [(i, j, w) for i, j in enumerate(jobs) if j.state is JobState.PENDING and (w := why(j.spec))]
-        marks = [(i, j, w) for i, j, w in never if j.reason is not StateReason.NEVER_SCHEDULABLE]
-        if marks:
-            results = await self.store.update_jobs(
-                [(j, replace(j, reason=StateReason.NEVER_SCHEDULABLE, message=w)) for _, j, w in marks], epoch=epoch)
-            for (i, _, _), new in zip(marks, results, strict=True):
-                if not isinstance(new, Conflict):
-                    jobs[i] = new
-        return frozenset(j.job_id for _, j, _ in never)
-
-    async def _mark_held(self, epoch: int, jobs: list[Job], held: dict[str, str]) -> None:
-        """Queued services past their tenant's quota (:mod:`quota`) say so: UNSCHEDULABLE_NOW with the quota as
-        message, written and logged on a change of message only."""
-        marks = [(i, j) for i, j in enumerate(jobs) if j.job_id in held
-                 and (j.reason is not StateReason.UNSCHEDULABLE_NOW or j.message != held[j.job_id])]
-        if not marks:
-            return
-        results = await self.store.update_jobs(
-            [(j, replace(j, reason=StateReason.UNSCHEDULABLE_NOW, message=held[j.job_id])) for _, j in marks], epoch=epoch)
-        for (i, _), new in zip(marks, results, strict=True):
-            if not isinstance(new, Conflict):
-                jobs[i] = new
-                log.info("service waits for its tenant's service quota", job_id=new.job_id, tenant=new.spec.tenant,
-                         detail=new.message)
-
     async def _commit(self, epoch: int, batch: list[tuple[Job, Placement]], rep: RoundReport, touched: set[str]) -> bool:
         """All of the round's placements in one fenced, all-or-nothing commit; False when it was rejected."""
         if not batch:
@@ -574,17 +535,6 @@ class Scheduler:
                      gpus=[f"{s.node_id}:{s.gpu_index}" for s in j.placement.slices])
         return True
 
-    @staticmethod
-    def _mark_candidates(pending: list[Job], never: frozenset[str]) -> list[Job]:
-        """Pending jobs that would get UNSCHEDULABLE_NOW if left queued: not marked so yet (or marked for another
-        cause, such as a quota), and able to fit at all."""
-        return [j for j in pending if (j.reason is not StateReason.UNSCHEDULABLE_NOW or j.message != UNSCHEDULABLE_NOW_MESSAGE)
-                and j.job_id not in never]
-
-    @staticmethod
-    def _marked(jobs: list[Job]) -> list[tuple[Job, Job]]:
-        return [(j, replace(j, reason=StateReason.UNSCHEDULABLE_NOW, message=UNSCHEDULABLE_NOW_MESSAGE)) for j in jobs]
-
     async def _decide_and_prepare(self, policy: Policy, view: ClusterView, index: ViewIndex, rows: list[int],
                                   never: frozenset[str], epoch: int) -> tuple[Decided, PreparedUpdates | None]:
         """``(decided, prepared marks or None)``. While the worker *process* decides, the event loop is free: when
@@ -596,32 +546,14 @@ class Scheduler:
         prepared = None
         try:
             if self._spec is not None and cap:
-                candidates = self._mark_candidates([index.jobs[int(r)] for r in view.pending], never)
+                candidates = reasons.mark_candidates([index.jobs[int(r)] for r in view.pending], never)
                 if len(candidates) > cap:
                     await asyncio.sleep(0)  # the decide task hands the view to the worker first
-                    prepared = self.store.prepare_updates(self._marked(candidates), epoch=epoch)
+                    prepared = self.store.prepare_updates(reasons.marked(candidates), epoch=epoch)
         except BaseException:
             task.cancel()
             raise
         return await task, prepared
-
-    async def _mark_unschedulable_now(self, epoch: int, left: list[Job], never: frozenset[str], rep: RoundReport,
-                                      prepared: PreparedUpdates | None = None) -> None:
-        """Pending jobs this round leaves queued carry UNSCHEDULABLE_NOW: written once, on the transition (a job
-        already marked, or one that can never fit, is left alone), in one batch; its event wakes no round."""
-        marks = self._mark_candidates(left, never)
-        if not marks:
-            return
-        if prepared is None:
-            prepared = self.store.prepare_updates(self._marked(marks), epoch=epoch)
-        else:  # encoded during decide: keep the jobs left queued, encode any it did not cover
-            prepared = prepared.only({j.job_id for j in marks})
-            covered = {job.job_id for _, job in prepared.items}
-            rest = [j for j in marks if j.job_id not in covered]
-            if rest:
-                prepared = PreparedUpdates(prepared.items + self.store.prepare_updates(self._marked(rest), epoch=epoch).items)
-        results = await self.store.apply_updates(prepared)
-        rep.unschedulable = sum(1 for r in results if not isinstance(r, Conflict))
 
     @staticmethod
     def _readings(jobs: list[Job], workloads: dict[str, dict[str, Workload]]) -> dict[str, tuple[float, tuple[str, ...]]]:
