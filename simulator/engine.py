@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from elastico.coloc.profiles import TypeTable, scaling_curve
-from elastico.coloc.rates import compose_additive, share_speed, slot_sum, utilisation_rule
+from elastico.coloc.rates import compose_additive, compose_capped, share_speed, slot_sum, utilisation_rule
 from elastico.coloc.truth import GroundTruth
 from services.allocator.policy.baselines import Policy
 from services.allocator.policy.contract import check
@@ -272,6 +272,8 @@ class Engine:
         js = ten[m]
         if len(js) == 0:
             return {}
+        cap = (np.where(self.kind[js] == TRAINING, share_speed(self.gpu_share[g][m], np.maximum(self.util[js], 1e-6)),
+                        1.0) if self.p.mps_limits else None)
         if len(js) == 1:
             out = np.ones(1)
         else:
@@ -280,12 +282,10 @@ class Engine:
             pm = self.truth.matrix[tt[:, None], tt[None, :]]
             pm = np.where(np.isnan(pm), utilisation_rule(uu[:, None], uu[None, :], self.truth.kappa), pm)
             np.fill_diagonal(pm, 1.0)
-            out = compose_additive(pm)
+            out = compose_additive(pm) if cap is None else compose_capped(pm, cap)[1]
             if raw is not None:
                 raw.update(((g, j), v) for j, v in zip(js.tolist(), out.tolist()))
-        if self.p.mps_limits:
-            sh = self.gpu_share[g][m]
-            cap = np.where(self.kind[js] == TRAINING, share_speed(sh, np.maximum(self.util[js], 1e-6)), 1.0)
+        if cap is not None:
             out = np.minimum(out, cap)
         return dict(zip(js.tolist(), out.tolist()))
 

@@ -13,7 +13,8 @@ Conventions: ``p[a, b]`` is the normalised throughput (co-located / isolated, in
   contention factor ``kappa <= 1`` (memory bandwidth, caches), calibrated on measured pairs as a low
   quantile of measured / processor-sharing (:func:`calibrate_kappa`), so the rule is pessimistic for most.
 * **MPS shares** (:func:`share_speed`): a job that uses a fraction ``u`` of a GPU alone keeps
-  ``min(1, share / u)`` of its isolated speed under an active-thread share.
+  ``min(1, share / u)`` of its isolated speed under an active-thread share. A tenant its share holds below
+  its co-located pace also steals less time from its co-tenants (:func:`compose_capped`).
 
 Pure numpy; no I/O.
 """
@@ -51,6 +52,22 @@ def compose_additive(pairwise: np.ndarray, axis: int = -1) -> np.ndarray:
     """
     extra = 1.0 / np.minimum(np.maximum(pairwise, MIN_NORM), 1.0) - 1.0  # = clip, without its call overhead
     return 1.0 / (1.0 + (slot_sum(extra) if axis in (-1, extra.ndim - 1) else extra.sum(axis=axis)))
+
+
+def compose_capped(pairwise: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Speeds of the k tenants of GPUs whose MPS shares cap them: ``(capped, uncapped)``.
+
+    ``pairwise`` is ``[..., k, k]`` (``[i, j]``: tenant i next to tenant j alone; the diagonal and empty slots
+    must be 1), ``cap`` ``[..., k]`` (1 = no cap). A tenant its cap holds below its co-located pace ``raw``
+    (additive composition of the pairs as measured) runs ``cap / raw`` of the time the pairs saw it run, so
+    each co-tenant's ``1/p - 1`` from it is scaled by that activity ``min(1, cap * (1 + sum (1/p - 1)))``:
+    a job at a 1 % share barely slows its neighbours. One step from the pairs, no fixed point. ``uncapped``
+    is each tenant's speed after the scaling and before its own cap; ``capped`` adds the cap.
+    """
+    e = 1.0 / np.minimum(np.maximum(pairwise, MIN_NORM), 1.0) - 1.0
+    act = np.minimum(1.0, cap * (1.0 + slot_sum(e)))
+    uncapped = 1.0 / (1.0 + slot_sum(e * act[..., None, :]))
+    return np.minimum(uncapped, cap), uncapped
 
 
 def compose_k_way(pairwise: np.ndarray) -> np.ndarray:

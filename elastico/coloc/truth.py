@@ -20,9 +20,10 @@ The simulator's engine and the simulated GPU backend of the node agent both read
   :func:`elastico.coloc.rates.utilisation_rule`, with ``kappa`` calibrated as the 25th
   percentile of measured / processor-sharing ratios (:func:`calibrate_kappa`).
 * k > 2 tenants: additive composition of the pairwise values (``compose_additive``).
-* MPS shares: a tenant's speed is additionally capped by ``share_speed(share, solo_util)`` when the policy
-  enforces MPS limits (the min of the two: a share cannot make co-location *better* than measured, which
-  was unrestricted sharing).
+* MPS shares: a training tenant's speed is additionally capped by ``share_speed(share, solo_util)`` when the
+  policy enforces MPS limits, and a tenant its cap holds below its co-located pace steals proportionally less
+  from its co-tenants (``compose_capped``; the H200 campaign's pairs at 50/50 shares ran faster than the
+  full-share pairs capped by each share: results.md).
 * Inference: serving capacity = share x interference factor; its utilisation in the rule is its mean
   load (constant per service, so a segment's capacity is constant between placement changes).
 
@@ -54,7 +55,7 @@ from elastico.coloc.profiles import (
     default_campaign_dir,
     load_type_table,
 )
-from elastico.coloc.rates import calibrate_kappa, compose_additive, share_speed, utilisation_rule
+from elastico.coloc.rates import calibrate_kappa, compose_additive, compose_capped, share_speed, utilisation_rule
 
 #: Columns of a measured-pairs file (``coloc_gavel_pairs.csv`` schema) that the ground truth reads.
 PAIR_COLUMNS = ("gpu_type", "job_type_a", "job_type_b", "norm_tput_a", "norm_tput_b", "coloc_failed")
@@ -180,7 +181,8 @@ class GroundTruth:
         The simulator's rules, as ``simulator.engine.Engine._gpu_norms`` applies them: a lone tenant keeps
         1.0; otherwise the ``[k, k]`` pair matrix (measured value, :data:`FAILED_PAIR_NORM` for failed
         pairs, the calibrated utilisation rule where unmeasured) composed additively. With ``share_pct``
-        (MPS limits enforced), a training tenant's speed is then capped by ``share_speed(share, u)``.
+        (MPS limits enforced), a training tenant's speed is capped by ``share_speed(share, u)``, and what it
+        steals from its co-tenants scaled by how far the cap holds it back (:func:`compose_capped`).
 
         Args:
             type_idx: [k] row of each tenant in this truth's ``TypeTable``.
@@ -197,19 +199,17 @@ class GroundTruth:
         if k == 0:
             return np.zeros(0)
         uu = self.types.solo_util[tt].astype(float) if util is None else np.asarray(util, float).reshape(-1)
-        if k == 1:
-            out = np.ones(1)
-        else:
-            pm = self.matrix[tt[:, None], tt[None, :]]
-            pm = np.where(np.isnan(pm), utilisation_rule(uu[:, None], uu[None, :], self.kappa), pm)
-            np.fill_diagonal(pm, 1.0)
-            out = compose_additive(pm)
+        cap = None
         if share_pct is not None:
             sh = np.asarray(share_pct, float).reshape(-1)
             tr = np.ones(k, bool) if training is None else np.asarray(training, bool).reshape(-1)
             cap = np.where(tr, share_speed(sh, np.maximum(uu, 1e-6)), 1.0)
-            out = np.minimum(out, cap)
-        return out
+        if k == 1:
+            return np.ones(1) if cap is None else np.minimum(1.0, cap)
+        pm = self.matrix[tt[:, None], tt[None, :]]
+        pm = np.where(np.isnan(pm), utilisation_rule(uu[:, None], uu[None, :], self.kappa), pm)
+        np.fill_diagonal(pm, 1.0)
+        return compose_additive(pm) if cap is None else compose_capped(pm, cap)[0]
 
 
 # ---- job types of workloads that are not trace rows (node agent, live jobs) ------------------------------

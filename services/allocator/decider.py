@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from elastico.coloc.rates import compose_additive
+from elastico.coloc.rates import compose_capped, share_speed
 from elastico.logging import get_logger
 from services.allocator.policy import ClusterView, Decision, ElastiCo, LucidPacking, Policy
 from services.allocator.policy.placement import pair_estimate
+from services.allocator.policy.view import INFERENCE
 
 log = get_logger(component="decider")
 
@@ -79,35 +80,45 @@ def run_policy(policy: Policy, view: ClusterView, rows: Sequence[int], decide: b
     model = _pair_model(policy)
     predicted: dict[int, float] = {}
     if model is not None:
+        M, kappa, mps_limits = model
         for r in rows:
-            pred = predicted_norm(*model, view, int(r))
+            pred = predicted_norm(M, kappa, view, int(r), mps_limits)
             if pred is not None:
                 predicted[int(r)] = pred
     attempts = policy.params.max_attempts if isinstance(policy, ElastiCo) else 0
     return Decided(decision, DecisionReport(predicted, int(attempts)))
 
 
-def _pair_model(policy: Policy) -> tuple[np.ndarray, float] | None:
-    """``(pair matrix, kappa)`` the policy predicts interference with; None for a policy that predicts none."""
+def _pair_model(policy: Policy) -> tuple[np.ndarray, float, bool] | None:
+    """``(pair matrix, kappa, mps_limits)`` the policy predicts interference with; None for a policy that predicts
+    none."""
     if isinstance(policy, (ElastiCo, LucidPacking)):
-        return policy.M, policy.kappa
+        return policy.M, policy.kappa, policy.mps_limits
     return None
 
 
-def predicted_norm(M: np.ndarray, kappa: float, view: ClusterView, r: int) -> float | None:
+def predicted_norm(M: np.ndarray, kappa: float, view: ClusterView, r: int, mps_limits: bool = False) -> float | None:
     """Predicted normalised throughput of running job ``r`` next to the co-tenants of its first GPU; None when
-    it runs alone. Interference only: node agents measure against the speed of the job's own shape."""
+    it runs alone. Interference only: node agents measure against the speed of the job's own shape. As the
+    policy predicts it (:class:`~services.allocator.policy.placement.TenantState`): a co-tenant its declared
+    shapes hold below its type's utilisation steals less (:func:`compose_capped`)."""
     jobs = view.jobs
     g = jobs.gpus[r]
     if g is None or not len(g):
         return None
-    others = [int(o) for o in view.gpu_job[g[0]] if o >= 0 and o != r]
-    if not others:
+    slots = [k for k, o in enumerate(view.gpu_job[g[0]]) if o >= 0]
+    ten = [int(view.gpu_job[g[0]][k]) for k in slots]
+    if len(ten) < 2:
         return None
-    t, u = int(jobs.type_idx[r]), float(jobs.solo_util[r])
-    pair = np.array([float(pair_estimate(M, kappa, t, u, int(jobs.type_idx[o]), float(jobs.solo_util[o])))
-                     for o in others])
-    return float(compose_additive(pair))
+    tt, uu = jobs.type_idx[ten], jobs.solo_util[ten]
+    ut = uu if jobs.type_util is None else jobs.type_util[ten]  # pairs are of the types (JobTable.type_util)
+    pair = pair_estimate(M, kappa, tt[:, None], ut[:, None], tt[None, :], ut[None, :])
+    np.fill_diagonal(pair, 1.0)
+    cap = np.ones(len(ten))
+    if mps_limits and jobs.type_util is not None:
+        low = (jobs.kind[ten] != INFERENCE) & (ut > uu)
+        cap = np.where(low, share_speed(view.gpu_share[g[0]][slots], np.maximum(ut, 1e-6)), 1.0)
+    return float(compose_capped(pair, cap)[1][ten.index(r)])
 
 
 # --- worker process side ------------------------------------------------------------------------------

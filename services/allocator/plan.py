@@ -269,12 +269,16 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
     iso = np.array([isolated_rate(j.spec, types, int(t)) for j, t in zip(rows, type_idx, strict=True)], float)
     solo = types.solo_util[type_idx].astype(float) if N else np.zeros(0)
     load = np.full(N, np.nan)
+    lowered = False  # a declaring job's utilisation lowered below its type's (JobTable.type_util)
     for r, j in enumerate(rows):
         if kind[r] == INFERENCE:
             load[r] = inference_load(j.spec, iso[r], (demand_rps or {}).get(j.job_id))
             solo[r] = load[r]
         elif j.spec.shapes:  # MPS caps a declaring job at its shares: its speed is read relative to its best one
-            solo[r] = min(solo[r], declared_util_cap(j.spec.shapes))
+            cap = declared_util_cap(j.spec.shapes)
+            lowered |= cap < solo[r]
+            solo[r] = min(solo[r], cap)
+    type_util = np.where(kind == TRAINING, types.solo_util[type_idx], solo) if lowered else None
     share = np.zeros(N)
     gpus: list = [None] * N
     gpu_job = np.full((G, K), -1, np.int64)
@@ -332,7 +336,8 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
                      observed_norm=_observed_norm(rows, gpus, gpu_job, observed or {}),
                      allowed_gpus=tuple(pinned.get(r) for r in range(N)) if pinned else None,
                      gang_sizes=tuple(tuple(sorted(allowed_gang_sizes(j.spec))) for j in rows),
-                     job_ids=tuple(j.job_id for j in rows), declared=declared, any_declared=any(declared))
+                     job_ids=tuple(j.job_id for j in rows), declared=declared, any_declared=any(declared),
+                     type_util=type_util)
     view = ClusterView(now_s=now_s * ts, gpu_job=gpu_job, gpu_share=gpu_share, jobs=table,
                        pending=np.arange(len(placed), N, dtype=np.int64), running=running, types=types,
                        topology=Topology.from_gpu_node([n for n, _ in gpu_keys]))

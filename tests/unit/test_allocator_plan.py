@@ -243,6 +243,20 @@ def test_view_carries_the_gang_sizes_each_job_allows_and_translate_never_resizes
     assert plan.place == [] and plan.dropped == [(job.job_id, "gang of 3 GPUs: the job runs on 1")]
 
 
+def test_view_keeps_the_type_utilisation_of_a_job_its_declared_shapes_cap():
+    """A job declaring 1 % of a GPU is read at its best declared shape (solo_util 0.01), while its type's
+    utilisation stays in the view (``type_util``): what its share caps its activity against."""
+    tiny = make_job(spec=make_spec(model_family="ResNet-50", batch_size=64, shapes=(Shape(1, 1.0, 1024),)))
+    plain = make_job(spec=make_spec(model_family="ResNet-50", batch_size=64))
+    view, idx = build_view([tiny, plain], [node(gpus=2)], TYPES, RESOLVE, NOW, 15)
+    rows = {j.job_id: r for r, j in enumerate(idx.jobs)}
+    t, p = rows[tiny.job_id], rows[plain.job_id]
+    assert view.jobs.solo_util[t] == pytest.approx(0.01) and view.jobs.activity_util(t) == view.jobs.solo_util[p] > 0.5
+    assert view.jobs.activity_util(p) == view.jobs.solo_util[p]
+    view, _ = build_view([plain], [node(gpus=2)], TYPES, RESOLVE, NOW, 15)
+    assert view.jobs.type_util is None  # no job is capped below its type: the simulator's view
+
+
 def test_view_groups_gpus_by_node_and_translate_drops_a_split_gang():
     """The live view carries each GPU's node; a 2-GPU gang across two nodes is dropped, inside one it is kept;
     a gang of a size the job does not declare is dropped, never shrunk."""

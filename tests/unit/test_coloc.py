@@ -2,8 +2,9 @@
 
 Expected values are derived here independently, from the measured CSV rows and the documented formulas
 (measured pair, 0.05 for failed pairs, ``kappa * min(1, 1/(u_a+u_b))`` where unmeasured, additive k-way
-composition, saturating share cap ``min(1, share/u)``), and the adapter is checked against the simulator
-engine's own per-GPU speeds.
+composition, saturating share cap ``min(1, share/u)``, a capped co-tenant's extra time scaled by its activity
+``min(1, cap / pace)``), and the adapter is checked against the simulator engine's own per-GPU speeds.
+
 """
 
 from __future__ import annotations
@@ -75,10 +76,24 @@ def test_share_cap_saturates_with_solo_utilisation_not_linear():
     assert got["a"] == pytest.approx(0.25 / u(R18)) and got["a"] < 1.0
 
 
+def capped(p: np.ndarray, caps: list[float]) -> list[float]:
+    """Each tenant's speed from pairwise ``p`` (diagonal ignored) and share caps, written out tenant by tenant:
+    tenant j's activity is ``min(1, cap_j / pace_j)`` (``pace_j`` from the pairs alone), and tenant i loses
+    ``activity_j * (1/p[i, j] - 1)`` to each co-tenant j."""
+    k = len(caps)
+    pace = [1.0 / (1.0 + sum(1.0 / p[j][m] - 1.0 for m in range(k) if m != j)) for j in range(k)]
+    act = [min(1.0, caps[j] / pace[j]) for j in range(k)]
+    return [min(caps[i], 1.0 / (1.0 + sum(act[j] * (1.0 / p[i][j] - 1.0) for j in range(k) if j != i)))
+            for i in range(k)]
+
+
 def test_measured_pair_with_share_caps():
     na, nb = measured(R18, R50)
     got = norms([t("a", "ResNet-18", 32, (0,), 70), t("b", "ResNet-50", 64, (0,), 30)])
-    assert got["a"] == pytest.approx(min(na, cap(R18, 70)))
+    assert cap(R50, 30) < nb  # b's share holds it below its pace next to a: it steals less from a
+    act_b = cap(R50, 30) / nb
+    assert got["a"] == pytest.approx(min(1.0 / (1.0 + act_b * (1.0 / na - 1.0)), cap(R18, 70)))
+    assert got["a"] > na + 0.05
     assert got["b"] == pytest.approx(min(nb, cap(R50, 30)))
     # order of tenants does not matter
     rev = norms([t("b", "ResNet-50", 64, (0,), 30), t("a", "ResNet-18", 32, (0,), 70)])
@@ -110,9 +125,10 @@ def test_three_tenants_compose_additively():
     additive = 1.0 / (1.0 + (1.0 / p - 1.0).sum(axis=1))
     got = norms([t("a", "ResNet-18", 32, (0,), 50), t("b", "ResNet-50", 64, (0,), 25),
                  t("c", "Transformer", 64, (0,), 25)])
-    want = [min(additive[i], cap(names[i], shares[i])) for i in range(3)]
+    want = capped(p, [cap(names[i], shares[i]) for i in range(3)])
     assert [got["a"], got["b"], got["c"]] == pytest.approx(want)
-    assert got["a"] == pytest.approx(additive[0]) and additive[0] < 0.5  # the share (50 %) does not bind
+    assert additive[0] < 0.5 and cap(R18, 50) > additive[0]  # a's share (50 %) does not bind
+    assert got["a"] > additive[0]  # b's (25 % of a saturating job) does: b steals less from a
     assert got["a"] != pytest.approx(p[0, 1] * p[0, 2], rel=0.05)  # not the old multiplicative rule
 
 
@@ -131,8 +147,8 @@ def test_unknown_model_and_batch_size_map_like_the_simulator():
     assert C.job_type(t("a", "BERT", 8, (0,), 100), "v100") == TR64
     got = norms([t("a", "BERT", 8, (0,), 60), t("b", "ResNet-50", 64, (0,), 40)])
     na, nb = measured(TR64, R50)
-    assert got["a"] == pytest.approx(min(na, cap(TR64, 60)))
-    assert got["b"] == pytest.approx(min(nb, cap(R50, 40)))
+    p = np.array([[1.0, na], [nb, 1.0]])
+    assert [got["a"], got["b"]] == pytest.approx(capped(p, [cap(TR64, 60), cap(R50, 40)]))
     rate = C.rates([t("a", "BERT", 8, (0,), 100)], "v100")["a"]
     assert rate == pytest.approx((DEFAULT_ISOLATED_STEPS_PER_S, 1.0))
 
@@ -141,7 +157,8 @@ def test_gpu_type_without_data_uses_the_rule_with_default_utilisation():
     gt = default_truth("a100")
     got = norms([t("a", "ResNet-50", 64, (0,), 50), t("b", "Foo", 0, (0,), 50)], "a100")
     rule = gt.kappa * min(1.0, 1.0 / (2 * UNKNOWN_TYPE_UTIL))
-    assert got == pytest.approx({"a": min(rule, 0.5 / UNKNOWN_TYPE_UTIL), "b": min(rule, 0.5 / UNKNOWN_TYPE_UTIL)})
+    want = capped(np.array([[1.0, rule], [rule, 1.0]]), [min(1.0, 0.5 / UNKNOWN_TYPE_UTIL)] * 2)
+    assert got == pytest.approx({"a": want[0], "b": want[1]})
     assert norms([t("a", "Foo", 0, (0,), 50)], "a100")["a"] == pytest.approx(0.5 / UNKNOWN_TYPE_UTIL)
 
 
@@ -221,6 +238,43 @@ def test_a_service_counts_with_its_measured_load_up_to_its_share():
     by_load = norms([train, Tenant("s", "inference", 0, (0,), 50, "inference", load=0.2)])
     above = norms([train, Tenant("s", "inference", 0, (0,), 50, "inference", load=0.9)])
     assert u(CYC) + 0.5 > 1.0  # heavy enough that the service's utilisation matters
-    assert by_load["s"] == pytest.approx(GT.kappa * min(1.0, 1.0 / (u(CYC) + 0.2)))  # the rule with its load
+    rule = GT.kappa * min(1.0, 1.0 / (u(CYC) + 0.2))  # the rule with the service's load
+    assert by_load["s"] == pytest.approx(capped(np.array([[1.0, rule], [rule, 1.0]]), [cap(CYC, 50), 1.0])[1])
     assert by_load["s"] > by_share["s"] and by_load["a"] >= by_share["a"]  # a lightly loaded service interferes less
     assert above == pytest.approx(by_share)  # a load above its share counts as its share (what it can use)
+
+
+def test_capped_composition_without_binding_caps_is_the_additive_one():
+    from elastico.coloc.rates import compose_additive, compose_capped
+
+    p = np.array([[1.0, 0.6, 0.8], [0.5, 1.0, 0.7], [0.9, 0.4, 1.0]])
+    capped_out, uncapped = compose_capped(p, np.ones(3))
+    assert (capped_out == compose_additive(p)).all() and (uncapped == capped_out).all()  # bit for bit
+    pace = compose_additive(p)
+    assert (compose_capped(p, pace + 0.01)[0] == pace).all()  # caps above each pace change nothing
+
+
+def test_a_tenant_at_a_tiny_share_barely_slows_its_neighbour():
+    from elastico.coloc.rates import compose_capped
+
+    p = np.array([[1.0, 0.45], [0.45, 1.0]])  # two saturating jobs at full shares
+    out, uncapped = compose_capped(p, np.array([1.0, 0.01]))
+    assert out[0] > 0.97 and out[1] == pytest.approx(0.01)  # next to it at a full share: 0.45
+    assert uncapped[1] == pytest.approx(0.45)  # its own pace from the pairs: the neighbour is not held back
+
+
+@given(st.lists(st.floats(0.05, 1.0), min_size=6, max_size=6), st.lists(st.floats(0.01, 1.0), min_size=3, max_size=3),
+       st.integers(0, 2), st.floats(0.01, 1.0))
+def test_lowering_a_cap_never_slows_the_co_tenants(pairs, caps, k, lower):
+    from elastico.coloc.rates import compose_capped
+
+    p = np.ones((3, 3))
+    p[~np.eye(3, dtype=bool)] = pairs
+    c = np.array(caps)
+    before = compose_capped(p, c)[0]
+    c2 = c.copy()
+    c2[k] = min(c[k], lower)
+    after = compose_capped(p, c2)[0]
+    others = np.arange(3) != k
+    assert (after[others] >= before[others] - 1e-12).all()
+    assert after[k] <= before[k] + 1e-12

@@ -1,10 +1,13 @@
 """Interference-aware placement: floors, gangs, ElastiCo and Lucid decisions."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from elastico.coloc.rates import compose_capped, share_speed
 from services.allocator.policy import make_policy
-from services.allocator.policy.placement import pick_gang, predict_join
+from services.allocator.policy.placement import TenantState, pair_estimate, pick_gang, predict_join
 from services.allocator.policy.view import slot_all, slot_any
 
 from ._policy_builders import rule_matrix, view
@@ -25,6 +28,57 @@ def test_inference_slo_floor_blocks_a_heavy_neighbour():
     v = view([{"kind": 1, "load": 0.35}, {"type": 2}], gpus=1, placed={0: ([0], 50.0)})
     p = predict_join(rule_matrix(0.9), 0.9, v.gpu_job, v.gpu_share, v.jobs, 2, 1.0, 50.0, True, 0.5, 10.0)
     assert not p.tenant_ok[0]
+
+
+def declared(v, util: dict[int, float]):
+    """``v`` as the live allocator builds it for jobs whose declared shapes cap them: ``solo_util`` lowered to the
+    largest declared share, the type's utilisation kept in ``type_util``."""
+    solo = v.jobs.solo_util.copy()
+    for j, u in util.items():
+        solo[j] = u
+    return replace(v, jobs=replace(v.jobs, solo_util=solo, type_util=v.jobs.solo_util.copy()))
+
+
+@pytest.mark.parametrize("tenants,cand,cand_share", [
+    ([(2, 30.0)], 2, 100.0), ([(2, 100.0)], 2, 30.0), ([(1, 40.0), (2, 10.0)], 0, 50.0),
+    ([(0, 20.0), (1, 30.0), (2, 25.0)], 2, 25.0),
+], ids=["capped-tenant", "capped-candidate", "three", "four"])
+def test_join_predicts_the_rule_for_declared_caps_and_the_full_pair_for_its_own_shares(tenants, cand, cand_share):
+    """A job its declared shapes cap (the live view: solo_util lowered, type_util kept) is predicted as the shared
+    rule has it on the joined GPU (``compose_capped``; speeds read against its declared best). A share the policy
+    chose itself is assumed to steal its full pair: never more optimistic than the rule."""
+    M, kappa = rule_matrix(0.9), 0.9
+    placed = {i: ([0], s) for i, (_, s) in enumerate(tenants)}
+    v = view([{"type": t} for t, _ in tenants] + [{"type": cand}], gpus=1, placed=placed)
+    ty, u = np.array([t for t, _ in tenants] + [cand]), v.jobs.solo_util.copy()
+    shares = np.array([s for _, s in tenants] + [cand_share])
+    pm = pair_estimate(M, kappa, ty[:, None], u[:, None], ty[None, :], u[None, :])
+    np.fill_diagonal(pm, 1.0)
+    truth, _ = compose_capped(pm, share_speed(shares, u))
+    k = len(tenants)
+    p = predict_join(M, kappa, v.gpu_job, v.gpu_share, v.jobs, cand, float(u[-1]), cand_share, True, 0.5, 10.0)
+    assert p.new_norm[0] <= truth[-1] + 1e-12 and (p.after[0, :k] <= truth[:k] + 1e-12).all()
+    assert p.new_norm[0] == pytest.approx(min(compose_capped(pm, np.ones(k + 1))[0][-1], share_speed(cand_share, u[-1])))
+    # every job declaring exactly its share: its speed against that share, its activity against its type
+    best = shares / 100.0
+    d = declared(v, {i: min(u[i], best[i]) for i in range(k + 1)})
+    st = TenantState(M, kappa, d.gpu_job, d.gpu_share, d.jobs, True)
+    p = st.join(cand, float(d.jobs.solo_util[-1]), cand_share, 0.5, 10.0, d.jobs.activity_util(k))
+    norm = np.minimum(1.0, truth / share_speed(shares, u))  # against each one's declared best shape
+    assert p.new_norm[0] == pytest.approx(norm[-1], rel=1e-12)
+    assert p.after[0, :k] == pytest.approx(norm[:k], rel=1e-12)
+
+
+def test_tenants_at_a_tiny_declared_share_leave_their_gpus_to_others():
+    """Jobs of one tenant declaring 1 % of a GPU hold their GPUs' slots, not their compute: another job is placed
+    beside them at once instead of waiting (two heavy jobs at full shares run at 0.45 each)."""
+    M = rule_matrix(0.9)
+    jobs = [{"type": 2}, {"type": 2}, {"type": 2}]
+    tiny = declared(view(jobs, gpus=2, placed={0: ([0], 1.0), 1: ([1], 1.0)}), {0: 0.01, 1: 0.01})
+    d = make_policy("elastico", M, 0.9).decide(tiny)
+    assert [int(j) for j, _, _ in d.place] == [2]
+    half = declared(view(jobs, gpus=2, placed={0: ([0], 50.0), 1: ([1], 50.0)}), {0: 0.5, 1: 0.5})
+    assert make_policy("elastico", M, 0.9).decide(half).place == []  # at half a GPU each: no room
 
 
 @pytest.mark.parametrize("scores,feasible,n,expected", [

@@ -2,14 +2,18 @@
 
 Every function is vectorised over all GPUs (``[G, K]`` tenant slots), so a decision for one job costs a
 few numpy operations whatever the cluster size. Predictions use the *estimate* matrix the policy was
-built with (never ground truth) and :func:`interference.compose_additive` for k tenants.
+built with (never ground truth) and the additive composition of :mod:`elastico.coloc.rates` for k tenants.
+A job its declared shapes cap below its type's utilisation (``JobTable.type_util``, the live view) steals
+what :func:`~elastico.coloc.rates.compose_capped` says it does: a job at 1 % of a GPU leaves its compute to
+others. A share the policy chose itself is assumed to steal the job's full pair: the cap's relief is the
+ground truth's, never counted on (the policy can give the share back; it cannot undo a broken floor).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from elastico.coloc.rates import MIN_NORM, compose_additive, share_speed, slot_sum, utilisation_rule, utilisation_rule_both
+from elastico.coloc.rates import MIN_NORM, share_speed, slot_sum, utilisation_rule, utilisation_rule_both
 from services.allocator.policy.inference import slo_margin
 from services.allocator.policy.view import INFERENCE, JobTable, Topology, free_share, slot_all
 
@@ -61,18 +65,25 @@ class TenantState:
     mask: np.ndarray  # [G, K] bool, occupied slots
     tt: np.ndarray  # [G, K] int, tenant types
     tu: np.ndarray  # [G, K] float, tenant solo utilisations (0 for empty slots)
-    extra: np.ndarray  # [G, K] float, sum over co-tenants of (1/p - 1): additive composition state
+    tut: np.ndarray  # [G, K] float, their types' (JobTable.type_util; tu where none is given)
+    extra: np.ndarray  # [G, K] float, sum over co-tenants of activity x (1/p - 1): additive composition state
     cap: np.ndarray  # [G, K] float, MPS share cap of each tenant's speed (1 = none)
+    cap_act: np.ndarray  # [G, K] float, a declared cap on the tenant's activity, against its type (1 = none)
+    # [G, K] float, type / own utilisation: a job its declared shapes cap keeps its own speed until its type's pace
+    # falls below the cap (None = 1 everywhere)
+    room: np.ndarray | None
+    e: np.ndarray  # [G, K, K] float, 1/p - 1 of each tenant next to each co-tenant (0 off the pairs)
+    extra_pairs: np.ndarray  # [G, K] float, sum over co-tenants of (1/p - 1): the pairs alone, no caps
     is_inf: np.ndarray  # [G, K] bool, inference tenants
     fc: np.ndarray  # [G, K] float, inference forecast load (0 for training)
     share: np.ndarray  # [G, K] float, tenant shares, percent
-    one_extra: np.ndarray  # [G, K] float, 1 + extra
     before: np.ndarray  # [G, K] float, tenants' speed now, 1 for empty slots
     before_tol: np.ndarray  # [G, K] float, before - 1e-9
     no_floor: np.ndarray  # [G, K] bool, slots no training floor applies to
     not_inf: np.ndarray  # [G, K] bool, ~is_inf
     share_frac: np.ndarray  # [G, K] float, share / 100
     slot_free: np.ndarray  # [G] bool, the GPU has an empty slot
+    occupied: np.ndarray  # [G] bool, the GPU has a tenant
     share_free: np.ndarray  # [G] float, unallocated share percent
 
     def __init__(self, M: np.ndarray, kappa: float, gpu_job: np.ndarray, gpu_share: np.ndarray, jobs: JobTable,
@@ -88,7 +99,8 @@ class TenantState:
         rows = np.atleast_1d(rows)
         self._joins.clear()
         for name, value in self._rows_state(gpu_job[rows], gpu_share[rows]).items():
-            getattr(self, name)[rows] = value
+            if value is not None:  # (`room`: None for every row of a job table without type_util)
+                getattr(self, name)[rows] = value
 
     def _rows_state(self, gj: np.ndarray, sh: np.ndarray) -> dict:
         """State of the GPUs whose tenant slots are ``gj`` / ``sh`` (rows of the planning arrays)."""
@@ -97,60 +109,106 @@ class TenantState:
         tj = np.where(mask, gj, 0)
         tt = jobs.type_idx[tj]  # tenant types
         tu = np.where(mask, jobs.solo_util[tj], 0.0)  # tenant solo utilisations
-        pair = pair_estimate(self.M, self.kappa, tt[:, :, None], tu[:, :, None], tt[:, None, :], tu[:, None, :])
+        # their types' (JobTable.type_util): the pairs, and what a share caps a tenant's activity against
+        tut = tu if jobs.type_util is None else np.where(mask, jobs.type_util[tj], 0.0)
+        pair = pair_estimate(self.M, self.kappa, tt[:, :, None], tut[:, :, None], tt[:, None, :], tut[:, None, :])
         both = mask[:, :, None] & mask[:, None, :] & self._offdiag
-        # sum over co-tenants of (1/p - 1): additive composition state
-        extra = slot_sum(np.where(both, 1.0 / np.minimum(np.maximum(pair, MIN_NORM), 1.0) - 1.0, 0.0))
         is_inf = mask & (jobs.kind[tj] == INFERENCE)  # inference tenants
-        # MPS share cap of each tenant's speed (1 = none)
+        # MPS share cap of each tenant's speed (1 = none), and of its activity where its declaration lowered its
+        # utilisation below its type's (1 elsewhere: the full pair, see the module docstring)
         cap = (np.where(mask & ~is_inf, share_speed(sh, np.maximum(tu, 1e-6)), 1.0) if self.mps_limits
                else np.ones_like(sh))
+        cap_act = np.ones_like(sh)
+        room = None  # [G, K] how far a tenant's declared cap leaves it above its type's pace (None = 1)
+        if self.mps_limits and jobs.type_util is not None:
+            low = mask & ~is_inf & (tut > tu)
+            cap_act = np.where(low, share_speed(sh, np.maximum(tut, 1e-6)), 1.0)
+            room = np.where(low, tut / np.maximum(tu, 1e-6), 1.0)
+        # sum over co-tenants of their activity x (1/p - 1): additive composition under caps (compose_capped)
+        e = np.where(both, 1.0 / np.minimum(np.maximum(pair, MIN_NORM), 1.0) - 1.0, 0.0)
+        extra = extra_pairs = slot_sum(e)
+        act = np.minimum(1.0, cap_act * (1.0 + extra))  # fraction of its co-located pace each tenant runs at
+        if (act < 1.0).any():
+            extra = slot_sum(e * act[:, None, :])
         fc = np.where(is_inf, jobs.load_forecast[tj], 0.0)  # inference forecast load (0 for training)
-        before = np.where(mask, np.minimum(1.0 / (1.0 + extra), cap), 1.0)
+        pace = 1.0 / (1.0 + extra)
+        before = np.where(mask, np.minimum(pace if room is None else pace * room, cap), 1.0)
         if not np.isfinite(fc).all():
             fc = np.nan_to_num(fc)
         return {
-            "mask": mask, "tt": tt, "tu": tu, "extra": extra, "cap": cap, "is_inf": is_inf, "fc": fc,
+            "mask": mask, "tt": tt, "tu": tu, "tut": tut, "extra": extra, "cap": cap, "cap_act": cap_act,
+            "room": room, "e": e, "extra_pairs": extra_pairs,
+            "is_inf": is_inf, "fc": fc,
             "share": sh,  # tenant shares, percent
-            "one_extra": 1.0 + extra,
             "before": before,  # tenants' speed now, 1 for empty slots
             "before_tol": before - 1e-9,
             "no_floor": ~mask | is_inf,  # slots no training floor applies to
             "not_inf": ~is_inf,
             "share_frac": sh / 100.0,
             "slot_free": ~slot_all(mask),  # [G] the GPU has an empty slot
+            "occupied": ~slot_all(~mask),  # [G] the GPU has a tenant
             "share_free": free_share(sh),  # [G] unallocated share percent
         }
 
     def join(self, cand_type: int, cand_util: float, cand_share_pct: float, train_floor: float,
-             slo_factor: float) -> JoinPrediction:
+             slo_factor: float, cand_type_util: float | None = None) -> JoinPrediction:
         """Predicted effect of one candidate joining each GPU (see :func:`predict_join`).
 
         Everything but the candidate's own share cap is the same for every share it tries, so it is kept
         until the next :meth:`refresh` (a round tries several shares of one job on the same tenants). The
-        returned arrays are valid until that refresh.
+        returned arrays are valid until that refresh. ``cand_type_util``: the candidate's type's utilisation
+        where its declared shapes lowered ``cand_util`` (:meth:`JobTable.activity_util`; None = ``cand_util``):
+        what its share caps its activity against.
         """
-        key = (cand_type, cand_util, train_floor, slo_factor)
+        type_util = cand_util if cand_type_util is None else cand_type_util
+        key = (cand_type, type_util, train_floor, slo_factor)
         hit = self._joins.get(key)
         if hit is None:
-            hit = self._joins[key] = self._join_uncapped(cand_type, cand_util, train_floor, slo_factor)
-        new_raw, before, after, tenant_ok = hit
-        new_norm = np.minimum(new_raw, share_speed(cand_share_pct, max(cand_util, 1e-6))) if self.mps_limits else new_raw
-        return JoinPrediction(new_norm, before, after, tenant_ok, self.slot_free, self.share_free)
+            hit = self._joins[key] = self._join_uncapped(cand_type, type_util, train_floor, slo_factor)
+        new_raw, pace, inv, one_extra, after, tenant_ok = hit
+        if not self.mps_limits:
+            return JoinPrediction(new_raw, self.before, after, tenant_ok, self.slot_free, self.share_free)
+        cap = float(share_speed(cand_share_pct, max(cand_util, 1e-6)))
+        if type_util > cand_util:  # its declaration holds it back: it steals less (compose_capped)
+            act = np.minimum(1.0, float(share_speed(cand_share_pct, type_util)) / pace)
+            if (act[self.occupied] < 1.0).any():
+                after, tenant_ok = self._tenants_after(inv, one_extra, train_floor, slo_factor, act)
+        new = new_raw if type_util == cand_util else new_raw * (type_util / max(cand_util, 1e-6))  # see `room`
+        return JoinPrediction(np.minimum(new, cap), self.before, after, tenant_ok, self.slot_free, self.share_free)
 
-    def _join_uncapped(self, cand_type: int, cand_util: float, train_floor: float, slo_factor: float):
+    def _join_uncapped(self, cand_type: int, type_util: float, train_floor: float, slo_factor: float):
+        """The share-independent part of :meth:`join` (``type_util``: the candidate's type's utilisation): the
+        candidate's speed before its cap, its pace from the pairs alone (what its activity is relative to),
+        ``1/p`` of each tenant next to it, ``1 +`` each tenant's extra time from its co-tenants once the
+        candidate has joined (their activities then), and the tenants' speeds and floors were the candidate
+        uncapped -- :func:`compose_capped` on the joined GPU."""
         mask = self.mask
         # tenants next to the candidate (px) and the candidate next to them (pc); px is read only at
-        # occupied slots (both uses of after_raw below take 1 at empty ones)
-        px, pc = pair_estimates(self.M, self.kappa, self.tt, self.tu, cand_type, cand_util)
-        pc = np.where(mask, pc, 1.0)
-        after_raw = 1.0 / (self.one_extra + 1.0 / np.minimum(np.maximum(px, MIN_NORM), 1.0) - 1.0)
-        after = np.where(mask, np.minimum(after_raw, self.cap), 1.0)
-        new_norm = compose_additive(pc)
+        # occupied slots (both uses of after_raw take 1 at empty ones)
+        px, pc = pair_estimates(self.M, self.kappa, self.tt, self.tut, cand_type, type_util)
+        ec = np.where(mask, 1.0 / np.minimum(np.maximum(pc, MIN_NORM), 1.0) - 1.0, 0.0)
+        inv = 1.0 / np.minimum(np.maximum(px, MIN_NORM), 1.0)
+        pace = 1.0 / (1.0 + slot_sum(ec))
+        act = np.minimum(1.0, self.cap_act * (self.extra_pairs + inv))  # the tenants' activities next to it
+        if (act[mask] < 1.0).any():
+            new_raw = 1.0 / (1.0 + slot_sum(ec * act))
+            one_extra = 1.0 + slot_sum(self.e * act[:, None, :])
+        else:
+            new_raw, one_extra = pace, 1.0 + self.extra_pairs
+        return (new_raw, pace, inv, one_extra, *self._tenants_after(inv, one_extra, train_floor, slo_factor))
+
+    def _tenants_after(self, inv: np.ndarray, one_extra: np.ndarray, train_floor: float, slo_factor: float,
+                       act: np.ndarray | None = None):
+        """Tenants' speeds ``[G, K]`` next to a candidate (``inv``: ``1/p`` of each tenant next to it;
+        ``one_extra``: 1 + their extra time from each other; ``act``: the candidate's activity per GPU, None =
+        1), and ``[G]`` whether every tenant keeps its training floor or SLO margin."""
+        mask = self.mask
+        after_raw = 1.0 / (one_extra + inv - 1.0 if act is None else one_extra + act[:, None] * (inv - 1.0))
+        after = np.where(mask, np.minimum(after_raw if self.room is None else after_raw * self.room, self.cap), 1.0)
         train_ok = self.no_floor | (after >= train_floor - 1e-9) | (after >= self.before_tol)
         inf_ok = self.not_inf | (self.share_frac * np.where(mask, after_raw, 1.0) - self.fc
                                  >= slo_margin(slo_factor) - 1e-9)
-        return new_norm, self.before, after, slot_all(train_ok & inf_ok)
+        return after, slot_all(train_ok & inf_ok)
 
 
 def predict_join(M: np.ndarray, kappa: float, gpu_job: np.ndarray, gpu_share: np.ndarray, jobs: JobTable,

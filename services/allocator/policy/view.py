@@ -62,6 +62,14 @@ class JobTable:
     # [N] each row's job identity, stable across rounds: the live allocator's job ids (its rows are positions,
     # which move as jobs come and go); None = the row is the identity (the simulator)
     job_ids: tuple[str, ...] | None = None
+    # [N] float, a training job's type's solo utilisation where ``solo_util`` is lowered to what its declared shapes
+    # let it reach (the live allocator): what its share's cap on its activity is measured against, so a job at 1 %
+    # of a GPU steals 1 % of its type's time (``rates.compose_capped``); None = ``solo_util`` (the simulator)
+    type_util: np.ndarray | None = None
+
+    def activity_util(self, j: int) -> float:
+        """Solo utilisation job ``j``'s activity under a share is measured against (``type_util``)."""
+        return float((self.solo_util if self.type_util is None else self.type_util)[j])
 
 
 @dataclass(frozen=True, eq=False)

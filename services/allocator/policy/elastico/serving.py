@@ -260,7 +260,7 @@ def fill_slack(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision, waiting
             if key in failed or room_n < n or share / 100.0 < p.slack_floor * u - 1e-9:
                 continue
             attempts += 1
-            pred = state.join(t, u, float(share), p.train_floor, p.slo_factor)
+            pred = state.join(t, u, float(share), p.train_floor, p.slo_factor, jobs.activity_util(j))
             feas = (pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok
                     & (pred.new_norm >= p.slack_floor - 1e-9))
             gl = pick_gang(pred.new_norm, feas, n, view.topo, rows, allowed=mask)

@@ -184,7 +184,7 @@ def place_training(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision, que
                 gj_rows = gj[rows]
                 state = memo.tenant_state(pol.M, pol.kappa, jobs, rows, gj_rows, gs[rows])
                 tw = tenant_weights(gj_rows, Wt)
-            pred = state.join(t, float(jobs.solo_util[j]), share, p.train_floor, p.slo_factor)
+            pred = state.join(t, float(jobs.solo_util[j]), share, p.train_floor, p.slo_factor, jobs.activity_util(j))
             feas = (pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok
                     & (pred.new_norm >= p.train_floor - 1e-9))
             gain = wc[c] * pred.new_norm * cnt_sp[c, s] - weighted_loss(pred, tw)
