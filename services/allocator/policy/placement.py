@@ -68,9 +68,11 @@ class TenantState:
     tut: np.ndarray  # [G, K] float, their types' (JobTable.type_util; tu where none is given)
     extra: np.ndarray  # [G, K] float, sum over co-tenants of activity x (1/p - 1): additive composition state
     cap: np.ndarray  # [G, K] float, MPS share cap of each tenant's speed (1 = none)
-    cap_act: np.ndarray  # [G, K] float, a declared cap on the tenant's activity, against its type (1 = none)
-    # [G, K] float, type / own utilisation: a job its declared shapes cap keeps its own speed until its type's pace
-    # falls below the cap (None = 1 everywhere)
+    # [G, K] float, where a job's declaration lowered its utilisation below its type's (JobTable.type_util; None
+    # = nowhere): its share's cap against its type (what its activity is held to; 1 elsewhere, the full pair: see
+    # the module docstring), and type / own utilisation (it keeps its own speed until its type's pace falls
+    # below the cap)
+    cap_act: np.ndarray | None
     room: np.ndarray | None
     e: np.ndarray  # [G, K, K] float, 1/p - 1 of each tenant next to each co-tenant (0 off the pairs)
     extra_pairs: np.ndarray  # [G, K] float, sum over co-tenants of (1/p - 1): the pairs alone, no caps
@@ -99,7 +101,7 @@ class TenantState:
         rows = np.atleast_1d(rows)
         self._joins.clear()
         for name, value in self._rows_state(gpu_job[rows], gpu_share[rows]).items():
-            if value is not None:  # (`room`: None for every row of a job table without type_util)
+            if value is not None:  # (`cap_act`, `room`: None for every row of a job table without type_util)
                 getattr(self, name)[rows] = value
 
     def _rows_state(self, gj: np.ndarray, sh: np.ndarray) -> dict:
@@ -114,22 +116,20 @@ class TenantState:
         pair = pair_estimate(self.M, self.kappa, tt[:, :, None], tut[:, :, None], tt[:, None, :], tut[:, None, :])
         both = mask[:, :, None] & mask[:, None, :] & self._offdiag
         is_inf = mask & (jobs.kind[tj] == INFERENCE)  # inference tenants
-        # MPS share cap of each tenant's speed (1 = none), and of its activity where its declaration lowered its
-        # utilisation below its type's (1 elsewhere: the full pair, see the module docstring)
+        # MPS share cap of each tenant's speed (1 = none)
         cap = (np.where(mask & ~is_inf, share_speed(sh, np.maximum(tu, 1e-6)), 1.0) if self.mps_limits
                else np.ones_like(sh))
-        cap_act = np.ones_like(sh)
-        room = None  # [G, K] how far a tenant's declared cap leaves it above its type's pace (None = 1)
+        # sum over co-tenants of (1/p - 1), each scaled by its activity where a declared cap holds it back
+        e = np.where(both, 1.0 / np.minimum(np.maximum(pair, MIN_NORM), 1.0) - 1.0, 0.0)
+        extra = extra_pairs = slot_sum(e)
+        cap_act = room = None
         if self.mps_limits and jobs.type_util is not None:
             low = mask & ~is_inf & (tut > tu)
             cap_act = np.where(low, share_speed(sh, np.maximum(tut, 1e-6)), 1.0)
             room = np.where(low, tut / np.maximum(tu, 1e-6), 1.0)
-        # sum over co-tenants of their activity x (1/p - 1): additive composition under caps (compose_capped)
-        e = np.where(both, 1.0 / np.minimum(np.maximum(pair, MIN_NORM), 1.0) - 1.0, 0.0)
-        extra = extra_pairs = slot_sum(e)
-        act = np.minimum(1.0, cap_act * (1.0 + extra))  # fraction of its co-located pace each tenant runs at
-        if (act < 1.0).any():
-            extra = slot_sum(e * act[:, None, :])
+            act = np.minimum(1.0, cap_act * (1.0 + extra))  # fraction of its co-located pace each tenant runs at
+            if (act < 1.0).any():
+                extra = slot_sum(e * act[:, None, :])
         fc = np.where(is_inf, jobs.load_forecast[tj], 0.0)  # inference forecast load (0 for training)
         pace = 1.0 / (1.0 + extra)
         before = np.where(mask, np.minimum(pace if room is None else pace * room, cap), 1.0)
@@ -189,12 +189,12 @@ class TenantState:
         ec = np.where(mask, 1.0 / np.minimum(np.maximum(pc, MIN_NORM), 1.0) - 1.0, 0.0)
         inv = 1.0 / np.minimum(np.maximum(px, MIN_NORM), 1.0)
         pace = 1.0 / (1.0 + slot_sum(ec))
-        act = np.minimum(1.0, self.cap_act * (self.extra_pairs + inv))  # the tenants' activities next to it
-        if (act[mask] < 1.0).any():
-            new_raw = 1.0 / (1.0 + slot_sum(ec * act))
-            one_extra = 1.0 + slot_sum(self.e * act[:, None, :])
-        else:
-            new_raw, one_extra = pace, 1.0 + self.extra_pairs
+        new_raw, one_extra = pace, 1.0 + self.extra_pairs
+        if self.cap_act is not None:
+            act = np.minimum(1.0, self.cap_act * (self.extra_pairs + inv))  # the tenants' activities next to it
+            if (act[mask] < 1.0).any():
+                new_raw = 1.0 / (1.0 + slot_sum(ec * act))
+                one_extra = 1.0 + slot_sum(self.e * act[:, None, :])
         return (new_raw, pace, inv, one_extra, *self._tenants_after(inv, one_extra, train_floor, slo_factor))
 
     def _tenants_after(self, inv: np.ndarray, one_extra: np.ndarray, train_floor: float, slo_factor: float,

@@ -17,10 +17,11 @@ def corrected_estimate(M: np.ndarray, view: ClusterView) -> tuple[np.ndarray, in
     estimate), it replaces ``M[a, b]`` for every later prediction, so a pair the predictor overrates is
     co-located once, not again and again. Only downwards: a pair that runs better than predicted was
     already placed, and raising it mostly re-shuffles placements. GPUs with more tenants or an inference
-    service, and jobs on several GPUs, are not decomposed. A co-tenant its MPS share holds back slows the job less than
-    the pair does (``compose_capped``): such a reading can leave the estimate too high, never too low. The matrix is replaced, never written in place
-    (``M`` itself is returned when nothing changes): the caller's estimate, shared with other policies,
-    stays untouched, and cached placement states keyed on it go stale.
+    service, and jobs on several GPUs, are not decomposed. A co-tenant its MPS share holds back slows the job
+    less than the pair does (``compose_capped``): such a reading can leave the estimate too high, never too
+    low. The matrix is replaced, never written in place (``M`` itself is returned when nothing changes): the
+    caller's estimate, shared with other policies, stays untouched, and cached placement states keyed on it
+    go stale.
     """
     obs = view.jobs.observed_norm
     if obs is None:
