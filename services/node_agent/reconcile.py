@@ -29,7 +29,7 @@ lost nudge, a restart or a Redis blip can delay but never lose or duplicate work
    cannot start (unparsable, or commands refused by ``ELASTICO_ALLOW_COMMANDS=0``) is reported failed.
    An inference job without a command runs the built-in serving workload (``serving.py``) on a loopback
    port the agent picks.
-6. **Measure and report**: emulated rates (simulated GPUs), progress, throughput, co-tenants; the metrics
+6. **Measure and report** (``measure.py``): emulated rates (simulated GPUs), progress, throughput, co-tenants; the metrics
    of inference services whose scrape is due (``service_demand.py``; concurrently, each bounded by a timeout) become
    their ``Workload.demand`` (a previous replica still serving is not scraped: only the current one's demand
    counts); the ledger is saved atomically, the node's actual state goes to the store,
@@ -60,7 +60,6 @@ from pathlib import Path
 from elastico.domain import (
     DRAIN_SUFFIX,
     POD_UID_LABEL,
-    GpuCounters,
     JobKind,
     JobSpec,
     MetricsEndpoint,
@@ -76,8 +75,9 @@ from elastico.errors import NotFound, Unavailable
 from elastico.logging import get_logger
 from elastico.state import codec
 from elastico.state.store import Store
-from services.node_agent.coloc import DEFAULT_ISOLATED_STEPS_PER_S, ColocationTruth
-from services.node_agent.gpu import GpuBackend, Tenant
+from services.node_agent.coloc import ColocationTruth
+from services.node_agent.gpu import GpuBackend
+from services.node_agent.measure import MeasureStep
 from services.node_agent.mps import MpsController
 from services.node_agent.mps_health import MpsHealth
 from services.node_agent.pairs import ObservationSink, PairObserver, Samples
@@ -89,7 +89,6 @@ from services.node_agent.pods import (
     pod_ip,
     pod_name,
     pod_outcome,
-    sum_counters,
 )
 from services.node_agent.runner import (
     ExitWatcher,
@@ -121,7 +120,7 @@ class SyncResult:
     resized: int = 0  # inference services resized in place
 
 
-class Reconciler:
+class Reconciler(MeasureStep):
     """Owns the ledger, the runner and the MPS controller of one node."""
 
     def __init__(self, store: Store, backend: GpuBackend, mps: MpsController, node_id: str, state_dir: Path, *,
@@ -577,110 +576,6 @@ class Reconciler:
                                                            declared.format or "vllm", declared.scrape_interval_s,
                                                            declared.model))
         return replace(entry, message="pod not seen on this node yet")
-
-    def _isolated(self, p: Placement, model: str, batch_size: int, num_gpus: int) -> float:
-        # per wall second: a simulated backend running accelerated time scales the reference speed too,
-        # so normalised throughput stays a fraction of isolated speed
-        scale = float(getattr(self.backend, "time_scale", 1.0))
-        if p.shape.throughput > 0:
-            return p.shape.throughput * scale
-        gpu_type = getattr(self.backend, "gpu_type", "") or next((g.gpu_type for g in self.backend.gpus()), "")
-        truth = self._truth or ColocationTruth.default()
-        return (truth.isolated(model, batch_size, gpu_type, num_gpus) or 0.0) * scale
-
-    def _full_gpu_rps(self, e: LedgerEntry) -> float:
-        """A service's isolated requests per wall second on whole GPUs: its shape's isolated throughput scaled
-        from the shape's share to 100 % when the allocator gave one, else the measured isolated speed."""
-        scale = float(getattr(self.backend, "time_scale", 1.0))
-        shape = e.placement.shape
-        if shape is not None and shape.throughput > 0 and shape.compute_share_pct > 0:
-            return shape.throughput * 100.0 / shape.compute_share_pct * scale
-        gpu_type = getattr(self.backend, "gpu_type", "") or next((g.gpu_type for g in self.backend.gpus()), "")
-        truth = self._truth or ColocationTruth.default()
-        iso = truth.isolated(e.model, e.batch_size, gpu_type, max(1, len(e.gpu_indices)))
-        return (iso if iso is not None else DEFAULT_ISOLATED_STEPS_PER_S) * scale
-
-    # --- 6. measure -----------------------------------------------------------------------------------
-    def _child_pid(self, e: LedgerEntry) -> int | None:
-        if e.is_pod:
-            return e.pid or None  # a container's main process
-        if e.job_id not in self._child_pids:
-            child = self.runner.child_pid(e)
-            if child is None:
-                return None
-            self._child_pids[e.job_id] = child
-        return self._child_pids[e.job_id]
-
-    def _load(self, e: LedgerEntry) -> float | None:
-        """A service's measured load (its last window's request rate / its full-GPU rate); None = not measured."""
-        report = self.scrapes.report(e) if e.kind == JobKind.INFERENCE.value else None
-        if report is None:
-            return None
-        full = self._full_gpu_rps(e)
-        return report.request_rate_rps / full if full > 0 else None
-
-    def _cotenants(self, e: LedgerEntry) -> tuple[str, ...]:
-        return tuple(sorted(o.job_id for o in self.ledger.entries.values()
-                            if o.running and o.job_id != e.job_id and set(o.gpu_indices) & set(e.gpu_indices)))
-
-    async def _measure(self, now: float) -> None:
-        running = [e for e in self.ledger.entries.values() if e.running]
-        tenants = [Tenant(e.job_id, e.model, e.batch_size, e.gpu_indices, e.compute_share_pct, e.kind, self._load(e))
-                   for e in running]
-        rates = self.backend.emulated_rates(tenants, {e.job_id: e.mem_mib for e in running})
-        for e in running:
-            if e.job_id in rates and e.kind == JobKind.INFERENCE.value:
-                # capacity of a service = full-GPU speed x its speed next to its co-tenants x its share
-                rates[e.job_id] = (self._full_gpu_rps(e) * rates[e.job_id][1] * e.compute_share_pct / 100.0,
-                                   rates[e.job_id][1])
-            if e.job_id in rates and not e.is_pod:  # a pod's real program sets its own pace
-                await asyncio.to_thread(self.runner.write_rate, e, rates[e.job_id][0])
-            progress = self.runner.read_progress(e.progress_file) if e.progress_file else None
-            s = self._samples.setdefault(e.job_id, Samples())
-            key = (self._cotenants(e), rates.get(e.job_id, (None,))[0])
-            if key != s.key:  # co-tenants (hence speed) changed: measure afresh from here
-                s.key, s.first, s.last = key, None, None
-            throughput = e.throughput
-            if progress is not None:
-                if s.first is None or progress[1] < s.first[0]:
-                    s.first = (progress[1], progress[0])
-                s.last = (progress[1], progress[0])
-                span = s.last[0] - s.first[0]
-                if span >= 0.5:
-                    throughput = (s.last[1] - s.first[1]) / span
-            norm = throughput / e.isolated_throughput if e.isolated_throughput > 0 and throughput > 0 else None
-            self.ledger.entries[e.job_id] = replace(e, progress_steps=progress[0] if progress else e.progress_steps,
-                                                    throughput=throughput, norm_throughput=norm)
-
-    def workloads(self) -> list[Workload]:
-        """The node's actual state (every ledger entry) as domain objects."""
-        counters = self.backend.process_counters()
-        out = []
-        for e in sorted(self.ledger.entries.values(), key=lambda x: x.job_id):
-            out.append(Workload(
-                job_id=e.job_id, gpu_indices=e.gpu_indices, compute_share_pct=e.compute_share_pct, mem_mib=e.mem_mib,
-                status=self._status(e), pid=e.pid if e.running else 0, progress_steps=e.progress_steps,
-                throughput=e.throughput if e.running else 0.0, started_at_s=e.started_at_s,
-                placement_id=e.placement_id, reason=e.reason, exit_code=e.exit_code, message=e.message,
-                cotenants=self._cotenants(e) if e.running else (), norm_throughput=e.norm_throughput if e.running else None,
-                counters=self._counters(e, counters) if e.running else GpuCounters(), log_path=e.log_path,
-                ended_at_s=e.ended_at_s, endpoint=e.endpoint if e.running else "", demand=self.scrapes.report(e),
-                recent_demand=self.scrapes.recent(e)))
-        return out
-
-    def _counters(self, e: LedgerEntry, counters: dict[int, GpuCounters]) -> GpuCounters:
-        """Per-process counters of a workload: its command's process, or summed over every process of its pod."""
-        if e.is_pod:
-            return sum_counters(counters[p.pid] for p in self._pod_procs.get(e.pod_uid, []) if p.pid in counters)
-        child = self._child_pid(e)
-        return counters.get(child, GpuCounters()) if child else GpuCounters()
-
-    def _status(self, e: LedgerEntry) -> str:
-        """A service with a metrics endpoint is "starting" until its endpoint first answers: the allocator marks it
-        RUNNING (and finishes a make-before-break move, stopping the previous replica) only once it serves."""
-        if e.running and e.metrics is not None and not e.draining and not self.scrapes.answered(e):
-            return "starting"
-        return e.status
 
     def apply_health(self, node: NodeInfo) -> NodeInfo:
         """Mark drained GPUs unhealthy and the node not ready while MPS is dead or stuck."""
