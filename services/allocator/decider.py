@@ -99,9 +99,10 @@ def _pair_model(policy: Policy) -> tuple[np.ndarray, float, bool] | None:
 
 def predicted_norm(M: np.ndarray, kappa: float, view: ClusterView, r: int, mps_limits: bool = False) -> float | None:
     """Predicted normalised throughput of running job ``r`` next to the co-tenants of its first GPU; None when
-    it runs alone. Interference only: node agents measure against the speed of the job's own shape. As the
-    policy predicts it (:class:`~services.allocator.policy.placement.TenantState`): a co-tenant its declared
-    shapes hold below its type's utilisation steals less (:func:`compose_capped`)."""
+    it runs alone. Against the speed of the job's own shape, as node agents measure it: with ``mps_limits``
+    a job its share caps loses nothing until its pace falls below the cap. As the policy predicts it
+    (:class:`~services.allocator.policy.placement.TenantState`): a co-tenant its declared shapes hold below its
+    type's utilisation steals less (:func:`compose_capped`)."""
     jobs = view.jobs
     g = jobs.gpus[r]
     if g is None or not len(g):
@@ -114,11 +115,15 @@ def predicted_norm(M: np.ndarray, kappa: float, view: ClusterView, r: int, mps_l
     ut = uu if jobs.type_util is None else jobs.type_util[ten]  # pairs are of the types (JobTable.type_util)
     pair = pair_estimate(M, kappa, tt[:, None], ut[:, None], tt[None, :], ut[None, :])
     np.fill_diagonal(pair, 1.0)
-    cap = np.ones(len(ten))
-    if mps_limits and jobs.type_util is not None:
-        low = (jobs.kind[ten] != INFERENCE) & (ut > uu)
-        cap = np.where(low, share_speed(view.gpu_share[g[0]][slots], np.maximum(ut, 1e-6)), 1.0)
-    return float(compose_capped(pair, cap)[1][ten.index(r)])
+    i = ten.index(r)
+    if not mps_limits:
+        return float(compose_capped(pair, np.ones(len(ten)))[1][i])
+    training = jobs.kind[ten] != INFERENCE
+    shares = view.gpu_share[g[0]][slots]
+    pace = float(compose_capped(pair, np.where(training & (ut > uu), share_speed(shares, np.maximum(ut, 1e-6)), 1.0))[1][i])
+    # against its shape: the share's cap on its type's pace (plan._observed_pace reads agents' readings back)
+    cap = float(share_speed(shares[i], max(float(ut[i]), 1e-6))) if training[i] else 1.0
+    return min(1.0, pace / cap)
 
 
 # --- worker process side ------------------------------------------------------------------------------

@@ -333,7 +333,8 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
                      attained_gpu_s=attained, share_pct=share, solo_util=solo, load_forecast=load, gpus=gpus,
                      restarts=np.array([j.restarts for j in rows], np.int64), queued_since_s=queued_since,
                      remaining_est_s=remaining, last_change_s=last_change,
-                     observed_norm=_observed_norm(rows, gpus, gpu_job, observed or {}),
+                     observed_norm=_observed_pace(_observed_norm(rows, gpus, gpu_job, observed or {}), kind, share,
+                                                  solo if type_util is None else type_util),
                      allowed_gpus=tuple(pinned.get(r) for r in range(N)) if pinned else None,
                      gang_sizes=tuple(tuple(sorted(allowed_gang_sizes(j.spec))) for j in rows),
                      job_ids=tuple(j.job_id for j in rows), declared=declared, any_declared=any(declared),
@@ -370,6 +371,18 @@ def _observed_norm(rows: Sequence[Job], gpus: list, gpu_job: np.ndarray,
         if now == set(seen[1]):
             out[r] = float(seen[0])
     return out
+
+
+def _observed_pace(reading: np.ndarray, kind: np.ndarray, share: np.ndarray, util: np.ndarray) -> np.ndarray:
+    """Agents' readings (speed against the job's own shape) as the pace ``JobTable.observed_norm`` means, the
+    simulator's: a training job its share caps (``share_speed(share, its type's utilisation) < 1``) runs at its
+    pace below the cap, so ``pace = reading x cap``; a reading at its full shape speed says only that its pace is
+    at least the cap, so it is left out (NaN)."""
+    cap = np.where(kind == TRAINING, share_speed(share, np.maximum(util, 1e-6)), 1.0)
+    capped = cap < 1.0 - 1e-9
+    if not (capped & np.isfinite(reading)).any():
+        return reading
+    return np.where(capped, np.where(reading < 1.0 - 1e-9, reading * cap, np.nan), reading)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -124,8 +124,20 @@ def test_view_carries_readings_taken_with_the_current_co_tenants_only():
     assert readings == {a.job_id: (0.6, (b.job_id,)), b.job_id: (0.7, ())}  # the stale incarnation is dropped
     view, idx = build_view([a, b, lone, waiting], [node("n1")], TYPES, RESOLVE, NOW, 15, observed=readings)
     got = dict(zip((j.job_id for j in idx.jobs), view.jobs.observed_norm.tolist()))
-    assert got[a.job_id] == 0.6
+    cap = min(1.0, 0.5 / view.jobs.solo_util[0])  # a's 50 % caps its speed alone (ResNet-50 saturates a GPU)
+    assert cap < 1.0 and got[a.job_id] == pytest.approx(0.6 * cap)  # the reading against its shape, as a pace
     assert all(np.isnan(got[j.job_id]) for j in (b, lone, waiting))  # co-tenants changed / no reading / pending
+
+
+def test_a_reading_at_full_shape_speed_of_a_capped_job_says_no_pace():
+    """An agent reads a job's speed against its shape; a job its share caps that runs at its shape's full speed
+    runs at a pace of at least the cap, which says nothing a pair estimate may be lowered to."""
+    a, b = placed(make_job(), "n1", (0,)), placed(make_job(), "n1", (0,))
+    readings = {a.job_id: (1.0, (b.job_id,)), b.job_id: (0.8, (a.job_id,))}
+    view, idx = build_view([a, b], [node("n1")], TYPES, RESOLVE, NOW, 15, observed=readings)
+    got = dict(zip((j.job_id for j in idx.jobs), view.jobs.observed_norm.tolist()))
+    cap = min(1.0, 0.5 / view.jobs.solo_util[0])
+    assert np.isnan(got[a.job_id]) and got[b.job_id] == pytest.approx(0.8 * cap)
 
 
 def test_translate_keeps_fitting_placements_and_drops_the_rest():

@@ -48,8 +48,9 @@ class JobTable:
     queued_since_s: np.ndarray  # [N] float, when the job last entered the queue, s
     remaining_est_s: np.ndarray  # [N] float, estimated remaining isolated run time, s (NaN = unknown)
     last_change_s: np.ndarray  # [N] float, when the job was last placed or resized, s
-    # [N] float, interference factor a running job is observed to run at next to its co-tenants (its measured
-    # speed / its isolated speed in its shape; the node agents' ``norm_throughput``), NaN = alone or unknown
+    # [N] float, interference factor a running job is observed to run at next to its co-tenants: its pace against
+    # its isolated speed (the simulator's; live, the node agents' ``norm_throughput``, measured against its shape,
+    # times its share's cap where the cap binds: ``plan._observed_pace``), NaN = alone or unknown
     observed_norm: np.ndarray | None = None
     # [N] the GPUs each job may run on, as a read-only [G] bool mask over the view's GPU rows, or None where it
     # may use any (a pod kube-scheduler bound to a node: that node's GPUs); None = no job is restricted (the
