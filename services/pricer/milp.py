@@ -114,6 +114,7 @@ def solve_milp(problem: PricingProblem, time_limit_s: float = 60.0, mip_rel_gap:
     choice[jobs[on]] = (idx[on] % S).astype(np.int64)
     # HiGHS meets constraints up to its feasibility tolerance; the contract is exact capacity
     load = d[jobs[on], idx[on] % S].sum(axis=0) if on.any() else np.zeros(R)
+    repaired = bool((load > c).any())  # then the allocation is no longer the one HiGHS proved optimal
     while (load > c).any():
         r = int(np.argmax(load - c))
         users = np.flatnonzero((choice >= 0) & (d[np.arange(J), np.maximum(choice, 0), r] > 0))
@@ -126,7 +127,7 @@ def solve_milp(problem: PricingProblem, time_limit_s: float = 60.0, mip_rel_gap:
         bound = value
     bound = max(bound, value)
     gap = relative_gap(value, bound)
-    proved = res.status == 0
+    proved = res.status == 0 and not repaired
     return PricingResult(
         choice=choice,
         prices=np.zeros(R),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from services.pricer.core import (
@@ -252,6 +252,7 @@ def test_capacity_never_exceeded_and_certificate_holds(d, method):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dims)
+@example(d=(1, 24, 5, 1, 0.44922183252753606))  # HiGHS' allocation over capacity by its tolerance: repaired, not proved
 def test_primal_le_milp_le_dual_bound(d):
     p = random_problem(*d)
     res = solve(p, SolverOptions(gap_tolerance=1e-4))
