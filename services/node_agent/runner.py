@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from elastico.domain import DRAIN_SUFFIX, MetricsEndpoint, Placement, StateReason
+from elastico.files import replace_file
 from elastico.logging import get_logger
 from elastico.state import codec
 from services.node_agent.mps import read_environ
@@ -152,29 +153,6 @@ class LedgerEntry:
 ALIVE_FILE = "agent.alive"  # touched by the agent while it lives; the shims' fence reads its age
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write-then-rename with fsync: a crash leaves the old or the new file, never half of one.
-
-    The file is the agent's alone (mode 0600): the ledger and launch records name every job of the node, which
-    workloads (another user, or the agent's own) have no need to read."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # a stale .tmp of an older agent may exist with wider bits
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    try:
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:  # pragma: no cover - some filesystems refuse directory fsync
-        pass
-
-
 @dataclass
 class LedgerFile:
     """``<state_dir>/ledger.json``: every workload entry plus drained GPUs, replaced atomically."""
@@ -203,7 +181,8 @@ class LedgerFile:
                 "drained": {str(k): v for k, v in sorted(self.drained.items())},
                 "entries": [codec.to_jsonable(e) for _, e in sorted(self.entries.items())],
                 "lingering": [codec.to_jsonable(e) for _, e in sorted(self.lingering.items())]}
-        atomic_write(self.path, json.dumps(data, indent=1, sort_keys=True))
+        # the agent's alone (0600): it names every job of the node, which workloads have no need to read
+        replace_file(self.path, json.dumps(data, indent=1, sort_keys=True).encode(), 0o600, sync=True)
 
 
 # --- /proc -----------------------------------------------------------------------------------------
@@ -395,7 +374,7 @@ class Runner:
                 os.chmod(d, stat.S_IMODE(os.stat(d).st_mode) | 0o111)
         for stale in ("exit.json", "child.json"):
             (workdir / stale).unlink(missing_ok=True)
-        atomic_write(workdir / "launch.json", json.dumps(codec.to_jsonable(entry)))
+        replace_file(workdir / "launch.json", json.dumps(codec.to_jsonable(entry)).encode(), 0o600, sync=True)
         env = self.workload_env(entry, extra_env)
         opts = ["--cwd", str(workdir / WORK_DIR), *(f"--rlimit={n}={v}" for n, v in policy.rlimits),
                 f"--stop-grace-s={self.stop_grace_s:g}"]
@@ -535,15 +514,11 @@ class Runner:
     def write_rate(self, entry: LedgerEntry, steps_per_s: float) -> None:
         """The simulated workload's rate file: the agent's, readable by the workload user's group only (by the
         agent's user alone when workloads run as it)."""
-        path = Path(entry.rate_file)
-        tmp = path.with_name("rate.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            if self.policy.drops_privileges:
-                os.fchown(f.fileno(), -1, self.policy.gid)
-                os.fchmod(f.fileno(), 0o640)
-            f.write(f"{steps_per_s!r}\n")
-        os.replace(tmp, path)
+        data = f"{steps_per_s!r}\n".encode()
+        if self.policy.drops_privileges:
+            replace_file(entry.rate_file, data, 0o640, group=self.policy.gid)
+        else:
+            replace_file(entry.rate_file, data, 0o600)
 
     @staticmethod
     def command_argv(command: str) -> list[str]:
