@@ -74,7 +74,7 @@ class TenantState:
     # below the cap)
     cap_act: np.ndarray | None
     room: np.ndarray | None
-    e: np.ndarray  # [G, K, K] float, 1/p - 1 of each tenant next to each co-tenant (0 off the pairs)
+    e: np.ndarray | None  # [G, K, K] float, 1/p - 1 of each tenant next to each co-tenant (0 off the pairs); with cap_act
     extra_pairs: np.ndarray  # [G, K] float, sum over co-tenants of (1/p - 1): the pairs alone, no caps
     is_inf: np.ndarray  # [G, K] bool, inference tenants
     fc: np.ndarray  # [G, K] float, inference forecast load (0 for training)
@@ -101,7 +101,7 @@ class TenantState:
         rows = np.atleast_1d(rows)
         self._joins.clear()
         for name, value in self._rows_state(gpu_job[rows], gpu_share[rows]).items():
-            if value is not None:  # (`cap_act`, `room`: None for every row of a job table without type_util)
+            if value is not None:  # (`cap_act`, `room`, `e`: None for every row of a job table without type_util)
                 getattr(self, name)[rows] = value
 
     def _rows_state(self, gj: np.ndarray, sh: np.ndarray) -> dict:
@@ -137,7 +137,7 @@ class TenantState:
             fc = np.nan_to_num(fc)
         return {
             "mask": mask, "tt": tt, "tu": tu, "tut": tut, "extra": extra, "cap": cap, "cap_act": cap_act,
-            "room": room, "e": e, "extra_pairs": extra_pairs,
+            "room": room, "e": None if cap_act is None else e, "extra_pairs": extra_pairs,
             "is_inf": is_inf, "fc": fc,
             "share": sh,  # tenant shares, percent
             "before": before,  # tenants' speed now, 1 for empty slots
