@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from elastico.coloc.profiles import TypeTable, scaling_curve
-from elastico.coloc.rates import compose_additive, compose_capped, share_speed, slot_sum, utilisation_rule
+from elastico.coloc.rates import compose_additive, compose_capped, share_speed, slot_sum
 from elastico.coloc.truth import GroundTruth
 from services.allocator.policy.baselines import Policy
 from services.allocator.policy.contract import check
@@ -277,11 +277,7 @@ class Engine:
         if len(js) == 1:
             out = np.ones(1)
         else:
-            tt = self.type_idx[js]
-            uu = self.util[js]
-            pm = self.truth.matrix[tt[:, None], tt[None, :]]
-            pm = np.where(np.isnan(pm), utilisation_rule(uu[:, None], uu[None, :], self.truth.kappa), pm)
-            np.fill_diagonal(pm, 1.0)
+            pm = self.truth.pairs(self.type_idx[js], self.util[js])
             out = compose_additive(pm) if cap is None else compose_capped(pm, cap)[1]
             if raw is not None:
                 raw.update(((g, j), v) for j, v in zip(js.tolist(), out.tolist()))

@@ -206,10 +206,16 @@ class GroundTruth:
             cap = np.where(tr, share_speed(sh, np.maximum(uu, 1e-6)), 1.0)
         if k == 1:
             return np.ones(1) if cap is None else np.minimum(1.0, cap)
-        pm = self.matrix[tt[:, None], tt[None, :]]
-        pm = np.where(np.isnan(pm), utilisation_rule(uu[:, None], uu[None, :], self.kappa), pm)
-        np.fill_diagonal(pm, 1.0)
+        pm = self.pairs(tt, uu)
         return compose_additive(pm) if cap is None else compose_capped(pm, cap)[0]
+
+    def pairs(self, type_idx: np.ndarray, util: np.ndarray) -> np.ndarray:
+        """``[k, k]`` pairwise speeds of one GPU's tenants (type rows, utilisations): the measured value, else the
+        calibrated rule; 1 on the diagonal (what :func:`compose_capped` reads)."""
+        pm = self.matrix[type_idx[:, None], type_idx[None, :]]
+        pm = np.where(np.isnan(pm), utilisation_rule(util[:, None], util[None, :], self.kappa), pm)
+        np.fill_diagonal(pm, 1.0)
+        return pm
 
 
 # ---- job types of workloads that are not trace rows (node agent, live jobs) ------------------------------
