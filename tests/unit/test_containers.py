@@ -71,6 +71,20 @@ def test_compose_declares_the_suite():
     assert set(r.stdout.split()) == SUITE
 
 
+@pytest.mark.parametrize("profile", [None, "gpu", "monitoring"], ids=["default", "gpu-profile", "monitoring"])
+def test_only_mtls_grpc_ports_are_published_beyond_loopback(profile):
+    """Metrics, Prometheus and Grafana answer without credentials: the host publishes them on 127.0.0.1 only.
+    The gRPC ports (mTLS, bearer tokens) are the suite's API and may be reached from other hosts."""
+    cfg = config(profile)
+    grpc = {int(svc["environment"]["ELASTICO_PORT"]) for svc in cfg["services"].values()
+            if "ELASTICO_PORT" in (svc.get("environment") or {})}
+    published = [(name, p) for name, svc in cfg["services"].items() for p in svc.get("ports", [])]
+    assert published, "the compose file publishes no port"
+    for name, p in published:
+        if int(p["target"]) not in grpc:
+            assert p.get("host_ip") == "127.0.0.1", f"{name}: port {p['target']} published on every interface"
+
+
 def test_compose_rejects_a_broken_file(tmp_path):
     """Guards the validator itself: a malformed file must fail, or the test above proves nothing."""
     bad = tmp_path / "docker-compose.yml"
