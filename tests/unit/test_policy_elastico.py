@@ -218,3 +218,17 @@ def test_a_row_that_holds_another_job_is_planned_afresh():
     pol = make_policy("elastico", rule_matrix(0.7), 0.7)
     assert pol.decide(_rows(2, ("a", "heavy"))).place == []
     assert pol.decide(_rows(2, ("a", "heavy"))).place == [] and pol.memo.idle is not None
+
+
+def test_a_service_joins_the_node_that_holds_services_not_a_training_node():
+    """Two nodes of 4 GPUs: a training job holds GPU 0 (node 0), a service holds all of GPU 4 (node 1). A new
+    service takes an empty GPU of node 1 (first fit would take GPU 1), so node 0 stays clearable for a gang."""
+    from services.allocator.policy.view import Topology
+
+    jobs = [{"type": HEAVY, "n": 1, "remaining": 100 * H}, {"kind": 1, "load": 0.9}, {"kind": 1, "load": 0.3}]
+    v = replace(view(jobs, gpus=8, placed={0: ([0], 100.0), 1: ([4], 100.0)}, now=100.0),
+                topology=Topology.uniform(8, 4))
+    d = elastico().decide(v)
+    assert [(j, g.tolist()) for j, g, _ in d.place] == [(2, [5])]
+    flat = elastico().decide(replace(v, topology=None))  # one node: the first empty GPU, as before
+    assert [(j, g.tolist()) for j, g, _ in flat.place] == [(2, [1])]

@@ -140,6 +140,13 @@ def service_slots(jobs, gj: np.ndarray) -> np.ndarray:
     return occ & (jobs.kind[np.where(occ, gj, 0)] == INFERENCE)
 
 
+def services_per_node(view: ClusterView, gj) -> np.ndarray:
+    """[G] how many GPUs of each GPU's node host a service (``gj``: the planning tenants)."""
+    node = view.topo.gpu_node
+    held = slot_any(service_slots(view.jobs, gj))
+    return np.bincount(node[held], minlength=view.topo.num_nodes)[node].astype(float)
+
+
 def move_service(pol: ElastiCo, view: ClusterView, gj, gs, W, j: int, g: int, sl: int, load: float, d: Decision) -> bool:
     """Running service ``j`` (slot ``sl`` of GPU ``g``, its share there already zeroed) onto another GPU at
     ``load`` (:func:`place_service`, GPU ``g`` excluded); True when it moved (preempted and placed again: a
@@ -169,6 +176,7 @@ def place_service(pol: ElastiCo, view: ClusterView, gj, gs, W, j: int, load: flo
     menu = p.inference_shares_pct if not own else declared_shares(jobs, j, 1)
     if not menu:
         return False
+    crowd = services_per_node(view, gj)
     for share in menu:
         if share / 100.0 - load < slo_margin(p.slo_factor) - 1e-9:
             continue
@@ -176,7 +184,9 @@ def place_service(pol: ElastiCo, view: ClusterView, gj, gs, W, j: int, load: flo
                             True, p.train_floor, p.slo_factor)
         cap_ok = share / 100.0 * pred.new_norm - load >= slo_margin(p.slo_factor) - 1e-9
         ok = pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok & cap_ok
-        picked = pick_gang(-pred.share_free + pred.new_norm, ok, 1, allowed=mask)
+        # ties (e.g. empty GPUs) go to the node with the most services: services gather on their own nodes
+        # and leave whole nodes to training gangs (a node holding a service is never cleared for a gang)
+        picked = pick_gang(-pred.share_free + pred.new_norm + 1e-6 * crowd, ok, 1, allowed=mask)
         if picked is not None:
             if p.slack and not (gj[picked[0]] >= 0).any():  # alone: leave room for a training co-tenant
                 room = float(slack_share(p, pol.kappa, np.array([load]), jobs.solo_util[[j]])[0])
