@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from services.allocator.policy import ClusterView, make_policy
+from services.allocator.policy.view import Topology
 from tests.unit._policy_builders import rule_matrix, view
 
 HEAVY = 2  # solo utilisation 1.0 in the builder's type table
@@ -223,8 +224,6 @@ def test_a_row_that_holds_another_job_is_planned_afresh():
 def test_a_service_joins_the_node_that_holds_services_not_a_training_node():
     """Two nodes of 4 GPUs: a training job holds GPU 0 (node 0), a service holds all of GPU 4 (node 1). A new
     service takes an empty GPU of node 1 (first fit would take GPU 1), so node 0 stays clearable for a gang."""
-    from services.allocator.policy.view import Topology
-
     jobs = [{"type": HEAVY, "n": 1, "remaining": 100 * H}, {"kind": 1, "load": 0.9}, {"kind": 1, "load": 0.3}]
     v = replace(view(jobs, gpus=8, placed={0: ([0], 100.0), 1: ([4], 100.0)}, now=100.0),
                 topology=Topology.uniform(8, 4))
