@@ -21,6 +21,8 @@ from services.allocator.policy.view import Topology, free_share
 from simulator.engine import Engine, SimConfig
 from simulator.run import build_workload
 from tests.unit._policy_builders import INFERENCE_TRACES, write_small_trace
+from tests.unit._policy_builders import rule_matrix as tiny_matrix
+from tests.unit._policy_builders import view as tiny_view
 
 TYPES = default_types()
 KAPPA = default_kappa()
@@ -314,3 +316,13 @@ def test_the_simulator_never_sees_a_rejection(small_workload, policy):
                   SimConfig(gpus=8, node_gpus=4))
     e.run()
     assert e.checked > 0 and e.actions > 0 and e.rejected == 0
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_a_view_without_gpus_gets_an_empty_decision(policy):
+    """No GPU in the view (live: every node stale, or none registered yet) with a service and a gang queued:
+    nothing is placed and the round does not fail (ElastiCo's service placement took argmin of no GPUs)."""
+    v = tiny_view([{"kind": 1, "load": 0.3}, {"type": 2, "n": 2}], gpus=0)
+    for _ in range(2):
+        d = make_policy(policy, tiny_matrix(1.0), 1.0).decide(v)
+        assert (d.place, d.preempt, d.resize) == ([], [], [])

@@ -168,6 +168,8 @@ def place_service(pol: ElastiCo, view: ClusterView, gj, gs, W, j: int, load: flo
     may take it."""
     p = pol.params
     jobs = view.jobs
+    if len(gj) == 0:  # no GPU in the view (e.g. every node stale): nowhere to go, and nothing to clear
+        return False
     mask = gpu_mask(jobs, j)
     if avoid is not None:
         mask = np.ones(len(gj), bool) if mask is None else mask.copy()
