@@ -21,7 +21,8 @@ def _policy_default(name: str):
 
 #: the settings behind each ElastiCo option the allocator sets (ELASTICO_ + the setting's name, upper case)
 _POLICY_SETTINGS = {"train_floor": "train_floor", "elastic_gpus": "elastic_gpus",
-                    "min_count_speed": "min_count_speed", "max_attempts": "policy_max_attempts"}
+                    "min_count_speed": "min_count_speed", "work_weight": "work_weight",
+                    "max_attempts": "policy_max_attempts"}
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,12 @@ class AllocatorSettings(Settings):
     # ever runs at the gang sizes its explicit shapes declare (fit.allowed_gang_sizes), so a workload that
     # cannot restart at another data-parallel size declares one size and is never resized
     elastic_gpus: bool = _policy_default("elastic_gpus")
-    # the objective knob between JCT and work done: the least fraction of its isolated speed a queued gang
-    # may shrink to (lower: more work per GPU where scaling is sub-linear; higher: each job finishes sooner)
+    # the least fraction of its isolated speed a queued gang may shrink to (lower: more work per GPU where
+    # scaling is sub-linear; higher: each job finishes sooner)
     min_count_speed: float = _policy_default("min_count_speed")
+    # the objective knob between JCT and work done: 0 weighs jobs for JCT (shortest remaining GPU-work
+    # first), 1 by their requested GPUs (the most work per round); between, a geometric mix
+    work_weight: float = _policy_default("work_weight")
     policy_max_attempts: int = 0  # ElastiCo: placement attempts per round at most (bounds a round's cost); 0 = the policy's default
     time_scale: float = 1.0  # policy clock = wall clock x this (demo replays: matches the node agents' scale)
     # inference demand forecast (services/allocator/policy/forecast.py, the simulator's forecaster): the peak
@@ -151,7 +155,7 @@ class AllocatorSettings(Settings):
     def policy_options(self) -> dict:
         """The options the policy runs with (the simulator's runs of the live configuration use the same)."""
         return {"train_floor": self.train_floor, "elastic_gpus": self.elastic_gpus,
-                "min_count_speed": self.min_count_speed}
+                "min_count_speed": self.min_count_speed, "work_weight": self.work_weight}
 
     def service_quotas(self) -> dict[str, int]:
         """ELASTICO_SERVICE_QUOTA_GPUS parsed (tenant or ``*`` -> GPUs); a malformed value is a ConfigError."""

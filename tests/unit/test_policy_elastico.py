@@ -40,6 +40,16 @@ def test_estimates_can_be_switched_off():
     assert placed_ids(d) == [0]
 
 
+@pytest.mark.parametrize("work_weight, expected", [(0.0, [0]), (0.5, [0]), (1.0, [1])])
+def test_the_objective_knob_moves_the_gpus_from_short_work_to_more_work(work_weight, expected):
+    """Two heavy jobs (no co-location) for two GPUs: one GPU for an hour, or two for ten hours. Weighed for JCT
+    the short job runs (and the gang cannot start beside it); at work_weight 1 the gang, which does twice the
+    work per hour, runs; halfway the size term still decides."""
+    jobs = [{"type": HEAVY, "n": 1, "remaining": H}, {"type": HEAVY, "n": 2, "remaining": 10 * H}]
+    d = elastico(work_weight=work_weight).decide(view(jobs, gpus=2, now=100.0))
+    assert placed_ids(d) == expected
+
+
 def test_no_starvation_waiting_age_eventually_beats_short_jobs():
     """A long job that has waited long enough outweighs any freshly arrived short job.
 

@@ -68,6 +68,8 @@ def test_defaults_build_and_accepted_options_are_the_params_fields(name):
     (ElastiCoParams, "inference_shares_pct", (0, 50)),  # (0, 100]
     (ElastiCoParams, "pricing", "yes"),  # not a bool
     (ElastiCoParams, "min_count_speed", 1.5),
+    (ElastiCoParams, "work_weight", 1.5),
+    (ElastiCoParams, "work_weight", -0.1),
     (ElastiCoParams, "min_run_s", -1.0),
     (TiresiasParams, "thresholds_gpu_s", (36000.0, 3600.0)),
     (TiresiasParams, "thresholds_gpu_s", (0.0,)),
@@ -129,6 +131,7 @@ def test_options_reach_the_policy():
 @pytest.mark.parametrize("env, var", [
     ({"ELASTICO_TRAIN_FLOOR": "1.5"}, "ELASTICO_TRAIN_FLOOR"),
     ({"ELASTICO_MIN_COUNT_SPEED": "0"}, "ELASTICO_MIN_COUNT_SPEED"),
+    ({"ELASTICO_WORK_WEIGHT": "2"}, "ELASTICO_WORK_WEIGHT"),
 ])
 def test_allocator_settings_check_the_policy_options_naming_the_variable(env, var):
     base = {"ELASTICO_INSECURE": "1", "ELASTICO_REDIS_URL": "redis://h:1"}

@@ -49,7 +49,8 @@ class ElastiCo(Policy[ElastiCoParams]):
 
     # ------------------------------------------------------------------------------------------------
     def weights(self, view: ClusterView, idx: np.ndarray) -> np.ndarray:
-        """Utility weight of jobs ``idx`` (step 2 of the package docstring)."""
+        """Utility weight of jobs ``idx`` (step 2 of the package docstring): priority x ageing x the size term,
+        the size term mixed with the requested GPUs by ``work_weight`` (0: JCT first, 1: work done first)."""
         p, j = self.params, view.jobs
         wait = np.where(j.share_pct[idx] > 0, 0.0, np.maximum(view.now_s - j.queued_since_s[idx], 0.0))
         size = 1.0 / (1.0 + j.attained_gpu_s[idx] / p.las_scale_gpu_s)
@@ -60,6 +61,8 @@ class ElastiCo(Policy[ElastiCoParams]):
                 gpus = j.num_gpus[idx] ** p.gang_exponent
                 srpt = 1.0 / (1.0 + gpus * np.maximum(np.where(known, rem, 0.0), 0.0) / p.size_scale_gpu_s)
                 size = np.where(known, srpt, size)
+        if p.work_weight:
+            size = size ** (1.0 - p.work_weight) * j.num_gpus[idx].astype(float) ** p.work_weight
         return j.priority[idx] * (1.0 + wait / p.age_scale_s) * size
 
     def learn(self, view: ClusterView) -> int:
