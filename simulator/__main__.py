@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="scheduling round period, seconds (default 300; rounds also run on arrivals/completions)")
     ap.add_argument("--train-floor", type=_ranged(0.0, 1.0, lo_open=True), default=None,
                     help=f"ElastiCo: min fraction of isolated speed (default: the policy's, {FLOOR})")
+    ap.add_argument("--work-weight", type=_ranged(0.0, 1.0), default=None,
+                    help="ElastiCo's objective knob (ELASTICO_WORK_WEIGHT): 0 = JCT first (the default), "
+                         "1 = the most work per hour")
     ap.add_argument("--estimator", choices=["auto", "predictor", "rule"], default="auto",
                     help="what the policies see as interference: the trained predictor, the utilisation rule, "
                          "or auto (predictor if models/interference.json loads)")
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
           f"rule kappa {w.truth.kappa:.2f}", flush=True)
     cfg = SimConfig(gpus=a.gpus, node_gpus=a.node_gpus, restart_s=a.restart_s, round_interval_s=a.round_interval_s, progress=not a.quiet)
     t0 = time.perf_counter()
-    opts = {} if a.train_floor is None else {"train_floor": a.train_floor}
+    opts = {k: v for k, v in (("train_floor", a.train_floor), ("work_weight", a.work_weight)) if v is not None}
     results, sums = run_policies(w, policies, cfg, opts)
     wall = time.perf_counter() - t0
     print(table(sums))

@@ -168,7 +168,8 @@ def test_cli_reports_bad_trace_without_traceback(tmp_path, capsys):
 @pytest.mark.parametrize("flag, value, says", [("--gpus", "0", "--gpus: must be in [1"),
                                                ("--load", "-1", "--load: must be in (0.0"),
                                                ("--inference-fraction", "2", "--inference-fraction: must be in"),
-                                               ("--train-floor", "0", "--train-floor: must be in (0.0, 1.0]")])
+                                               ("--train-floor", "0", "--train-floor: must be in (0.0, 1.0]"),
+                                               ("--work-weight", "1.5", "--work-weight: must be in [0.0, 1.0]")])
 def test_cli_rejects_out_of_range_options(tmp_path, capsys, flag, value, says):
     from simulator.__main__ import main
 
