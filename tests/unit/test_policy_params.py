@@ -140,3 +140,11 @@ def test_allocator_settings_check_the_policy_options_naming_the_variable(env, va
     s = AllocatorSettings.from_env({**base, "ELASTICO_POLICY_MAX_ATTEMPTS": "32"})
     opts = {**s.policy_options(), "max_attempts": s.policy_max_attempts}
     assert make_policy("elastico", np.zeros((4, 4)), 0.9, **opts).params.max_attempts == 32
+
+
+def test_the_objective_knob_reaches_the_live_policy():
+    """ELASTICO_WORK_WEIGHT configures the policy the allocator builds (its default: the policy's own, 0)."""
+    base = {"ELASTICO_INSECURE": "1", "ELASTICO_REDIS_URL": "redis://h:1"}
+    assert AllocatorSettings.from_env(base).policy_options()["work_weight"] == ElastiCoParams().work_weight == 0.0
+    opts = AllocatorSettings.from_env({**base, "ELASTICO_WORK_WEIGHT": "0.5"}).policy_options()
+    assert make_policy("elastico", np.zeros((4, 4)), 0.9, **opts).params.work_weight == 0.5
