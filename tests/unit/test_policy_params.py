@@ -128,13 +128,17 @@ def test_options_reach_the_policy():
         assert [j for j, _, _ in d.place] == placed
 
 
+#: the least environment an allocator starts from
+ALLOCATOR_ENV = {"ELASTICO_INSECURE": "1", "ELASTICO_REDIS_URL": "redis://h:1"}
+
+
 @pytest.mark.parametrize("env, var", [
     ({"ELASTICO_TRAIN_FLOOR": "1.5"}, "ELASTICO_TRAIN_FLOOR"),
     ({"ELASTICO_MIN_COUNT_SPEED": "0"}, "ELASTICO_MIN_COUNT_SPEED"),
     ({"ELASTICO_WORK_WEIGHT": "2"}, "ELASTICO_WORK_WEIGHT"),
 ])
 def test_allocator_settings_check_the_policy_options_naming_the_variable(env, var):
-    base = {"ELASTICO_INSECURE": "1", "ELASTICO_REDIS_URL": "redis://h:1"}
+    base = ALLOCATOR_ENV
     with pytest.raises(ConfigError, match=var):
         AllocatorSettings.from_env({**base, **env})
     s = AllocatorSettings.from_env({**base, "ELASTICO_POLICY_MAX_ATTEMPTS": "32"})
@@ -144,7 +148,7 @@ def test_allocator_settings_check_the_policy_options_naming_the_variable(env, va
 
 def test_the_objective_knob_reaches_the_live_policy():
     """ELASTICO_WORK_WEIGHT configures the policy the allocator builds (its default: the policy's own, 0)."""
-    base = {"ELASTICO_INSECURE": "1", "ELASTICO_REDIS_URL": "redis://h:1"}
+    base = ALLOCATOR_ENV
     assert AllocatorSettings.from_env(base).policy_options()["work_weight"] == ElastiCoParams().work_weight == 0.0
     opts = AllocatorSettings.from_env({**base, "ELASTICO_WORK_WEIGHT": "0.5"}).policy_options()
     assert make_policy("elastico", np.zeros((4, 4)), 0.9, **opts).params.work_weight == 0.5
