@@ -19,10 +19,9 @@ def _policy_default(name: str):
     return getattr(ElastiCoParams(), name)
 
 
-#: the settings behind each ElastiCo option the allocator sets (ELASTICO_ + the setting's name, upper case)
-_POLICY_SETTINGS = {"train_floor": "train_floor", "elastic_gpus": "elastic_gpus",
-                    "min_count_speed": "min_count_speed", "work_weight": "work_weight",
-                    "max_attempts": "policy_max_attempts"}
+#: the ElastiCo options the allocator sets, each from the setting of the same name (ELASTICO_ + it, upper case);
+#: ``max_attempts`` comes from ``policy_max_attempts`` when that is set
+_POLICY_OPTIONS = ("train_floor", "elastic_gpus", "min_count_speed", "work_weight")
 
 
 @dataclass(frozen=True)
@@ -149,13 +148,12 @@ class AllocatorSettings(Settings):
             try:
                 ElastiCoParams(**{name: value})
             except OptionError as exc:
-                setting = _POLICY_SETTINGS[name]
+                setting = "policy_max_attempts" if name == "max_attempts" else name
                 raise ConfigError(f"ELASTICO_{setting.upper()}={getattr(self, setting)}: {exc.reason}") from None
 
     def policy_options(self) -> dict:
         """The options the policy runs with (the simulator's runs of the live configuration use the same)."""
-        return {"train_floor": self.train_floor, "elastic_gpus": self.elastic_gpus,
-                "min_count_speed": self.min_count_speed, "work_weight": self.work_weight}
+        return {name: getattr(self, name) for name in _POLICY_OPTIONS}
 
     def service_quotas(self) -> dict[str, int]:
         """ELASTICO_SERVICE_QUOTA_GPUS parsed (tenant or ``*`` -> GPUs); a malformed value is a ConfigError."""
