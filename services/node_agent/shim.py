@@ -119,6 +119,19 @@ def main(argv: list[str]) -> int:
         prctl = None
     if prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # pragma: no cover - Linux >= 3.4 has it
         print("shim: cannot become the workload's subreaper; processes that leave its session may outlive it", flush=True)
+    # a stop may come as soon as the command exists (the agent signals the whole group): caught from before it
+    # starts, and applied once its tree is known (exec gives the command the default handlers back)
+    tree: _Tree | None = None
+    early: list[int] = []
+
+    def forward(sig: int, _frm: object) -> None:
+        if tree is None:
+            early.append(sig)
+        else:
+            tree.stop(sig)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
     try:
         limits = _reachable_limits(args.rlimit)
         child = subprocess.Popen(cmd, cwd=args.cwd, umask=0o077, preexec_fn=lambda: _child_setup(limits, prctl), **user)
@@ -129,12 +142,8 @@ def main(argv: list[str]) -> int:
                                 "finished_at_s": time.time()})
         return 127
     tree = _Tree(child.pid, args.stop_grace_s)
-
-    def forward(sig: int, _frm: object) -> None:
-        tree.stop(sig)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    if early:
+        tree.stop(early[0])
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the agent's terminal going away must not end workloads
     _write_json(os.path.join(args.workdir, "child.json"), {"pid": child.pid})
     silent = tree.wait(args.fence, args.fence_s if args.fence else 0.0)

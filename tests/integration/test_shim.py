@@ -78,3 +78,25 @@ def test_a_stopped_job_leaves_no_process_even_one_that_left_its_session(tmp_path
         assert not _alive(escaped)
     finally:
         _clean_up(shim, escaped)
+
+
+def test_a_stop_as_soon_as_the_command_starts_still_ends_in_an_exit_record(tmp_path):
+    """The agent may stop a workload the moment it exists. A SIGTERM to the group right after the command
+    appears (before, the shim set its handlers only after starting it, and such a stop killed the shim with no
+    exit record in about a third of the tries) ends every time with exit.json saying SIGTERM."""
+    for i in range(20):
+        work = tmp_path / str(i)
+        work.mkdir()
+        shim = _shim(work, "exec sleep 300\n", 1.0)
+        try:
+            deadline = time.monotonic() + 10
+            while not Path(f"/proc/{shim.pid}/task/{shim.pid}/children").read_text().split():
+                assert time.monotonic() < deadline, "the command never started"
+                time.sleep(0.001)
+            os.killpg(shim.pid, signal.SIGTERM)
+            shim.wait(timeout=10)
+            assert json.loads((work / "exit.json").read_text())["exit_code"] == -signal.SIGTERM
+        finally:
+            if shim.poll() is None:
+                os.killpg(shim.pid, signal.SIGKILL)
+                shim.wait()
