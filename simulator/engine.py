@@ -81,7 +81,7 @@ class SimResult:
     duration_s: np.ndarray
     restarts_training: int
     restarts_inference: int
-    alloc_gpu_s: float  # integral of allocated GPU fraction (GPUs x s) over [0, window_end]
+    alloc_gpu_s: float  # integral of allocated GPU fraction (GPUs x s) over [0, window_end]: compute granted
     eff_gpu_s: float  # integral of effective utilisation (GPUs x s) over [0, window_end]; useful work only
     window_end_s: float  # last arrival time (the loaded period)
     work_in_window_gpu_s: float  # isolated GPU-seconds of training work done in [0, window_end]
@@ -155,6 +155,10 @@ class Engine:
         self.last_change = np.zeros(N)
         self.restarts = np.zeros(N, np.int64)
         self.need_restart = np.zeros(N, bool)
+        # a training job's share is its MPS compute limit (fixed at launch); under a policy with
+        # ``unlimited_training`` only when it launched next to a service (elastico.coloc.rates.limited_slots)
+        self.limited = np.ones(N, bool)
+        self.unlimited_training = bool(getattr(policy, "unlimited_training", False))
         self.forecast = np.full(N, np.nan)
         self.gpus: list = [None] * N
         self.topo = Topology.uniform(G, cfg.node_gpus)
@@ -162,6 +166,8 @@ class Engine:
             a.setflags(write=False)
         self.gpu_job = np.full((G, K), -1, np.int64)
         self.gpu_share = np.zeros((G, K))
+        # the compute each tenant is granted (allocation): its share, 100 % for a training job without a limit
+        self.gpu_grant = np.zeros((G, K))
         self._gpu_job_ro, self._gpu_share_ro = read_only(self.gpu_job), read_only(self.gpu_share)
         self.gpu_eff = np.zeros(G)  # effective utilisation of each GPU now (a restarting job adds 0)
         # (ready time, job) of restarting training jobs, for the effective-utilisation accounting alone: not
@@ -210,7 +216,7 @@ class Engine:
         if t > self.int_t:
             hi = min(t, self.window_end)
             if hi > self.int_t:
-                self.alloc_int += np.minimum(slot_sum(self.gpu_share), 100.0).sum() / 100.0 * (hi - self.int_t)
+                self.alloc_int += np.minimum(slot_sum(self.gpu_grant), 100.0).sum() / 100.0 * (hi - self.int_t)
             self.int_t = t
         self._integrate_eff(t)
 
@@ -272,8 +278,11 @@ class Engine:
         js = ten[m]
         if len(js) == 0:
             return {}
-        cap = (np.where(self.kind[js] == TRAINING, share_speed(self.gpu_share[g][m], np.maximum(self.util[js], 1e-6)),
-                        1.0) if self.p.mps_limits else None)
+        cap = None
+        if self.p.mps_limits:
+            lim = (self.kind[js] == TRAINING) & self.limited[js]
+            if lim.any():
+                cap = np.where(lim, share_speed(self.gpu_share[g][m], np.maximum(self.util[js], 1e-6)), 1.0)
         if len(js) == 1:
             out = np.ones(1)
         else:
@@ -360,6 +369,7 @@ class Engine:
             row = self.gpu_job[g] == j
             self.gpu_job[g, row] = -1
             self.gpu_share[g, row] = 0.0
+            self.gpu_grant[g, row] = 0.0
         self.gpus[j] = None
         self.ngpu_run[j] = 0
         self.share[j] = 0.0
@@ -375,10 +385,12 @@ class Engine:
         """Start pending job ``j`` on ``gpus`` at ``share`` (accepted by the decision contract)."""
         gpus = np.array(gpus, np.int64)
         gpus.setflags(write=False)  # the policy sees it as JobTable.gpus[j]
+        self._set_limit(j, gpus)
         for g in gpus:
             slot = np.flatnonzero(self.gpu_job[g] < 0)[0]
             self.gpu_job[g, slot] = j
             self.gpu_share[g, slot] = share
+            self.gpu_grant[g, slot] = share if self.limited[j] or self.kind[j] != TRAINING else 100.0
         self.pending.pop(j, None)
         self.running.add(j)
         self._members = None
@@ -399,6 +411,12 @@ class Engine:
         if self.kind[j] == INFERENCE and self.inf is not None:
             self._slo_close(j, t)  # the pending segment (capacity 0) ends here
         return set(gpus.tolist())
+
+    def _set_limit(self, j: int, gpus: np.ndarray) -> None:
+        """Whether training job ``j``, launching on ``gpus``, runs under its share as a compute limit."""
+        if self.unlimited_training and self.kind[j] == TRAINING:
+            ten = self.gpu_job[gpus]
+            self.limited[j] = bool((self.kind[ten[ten >= 0]] == INFERENCE).any())
 
     def _count_factors(self, j: int, n: int) -> tuple[float, float]:
         """(speed factor vs the requested count, per-GPU scaling efficiency) of training job ``j`` on ``n``
@@ -427,8 +445,10 @@ class Engine:
         for j, sh in d.resize:
             if self.kind[j] == TRAINING:
                 self._advance(j, t)
+            self._set_limit(j, self.gpus[j])
             for g in self.gpus[j]:
                 self.gpu_share[g, self.gpu_job[g] == j] = sh
+                self.gpu_grant[g, self.gpu_job[g] == j] = sh if self.limited[j] or self.kind[j] != TRAINING else 100.0
             self.share[j] = sh
             if self.p.mps_limits:
                 self.restarts[j] += 1
@@ -469,7 +489,7 @@ class Engine:
         self._apply(d, view, t)
         if not self.timeline or t - self.timeline[-1][0] > 0:
             G = self.cfg.gpus
-            self.timeline.append((t, float(np.minimum(slot_sum(self.gpu_share), 100).sum() / 100 / G),
+            self.timeline.append((t, float(np.minimum(slot_sum(self.gpu_grant), 100).sum() / 100 / G),
                                   float(self.gpu_eff.sum() / G)))
 
     def run(self) -> SimResult:

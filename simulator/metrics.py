@@ -12,7 +12,8 @@
 * Queueing delay = first start - arrival.
 * SLO attainment = fraction of inference service lifetime (queued time included) whose 60-s demand bin
   meets the latency SLO at the capacity the service had.
-* Utilisation over the loaded period, time-averaged over all GPUs: *allocated* = share handed out;
+* Utilisation over the loaded period, time-averaged over all GPUs: *allocated* = compute handed out (each
+  tenant's share; a whole GPU for a training job its share does not limit: ``limited_slots``);
   *effective* = per GPU, sum over tenants of solo utilisation x achieved fraction of isolated speed,
   capped at 100 % (inference: its mean load, capped at its capacity). A training job's solo utilisation
   is its 1-GPU profile's times its per-GPU scaling efficiency ``T(n)/n`` at the count it runs on (capped

@@ -15,6 +15,11 @@ Conventions: ``p[a, b]`` is the normalised throughput (co-located / isolated, in
 * **MPS shares** (:func:`share_speed`): a job that uses a fraction ``u`` of a GPU alone keeps
   ``min(1, share / u)`` of its isolated speed under an active-thread share. A tenant its share holds below
   its co-located pace also steals less time from its co-tenants (:func:`compose_capped`).
+* **Where a share is a limit** (:func:`limited_slots`): a training tenant's share is its compute limit only
+  on a GPU that hosts an inference service (the limit protects the service). Training tenants of a GPU with
+  no service share its compute unlimited, as the measured pairs ran (both at 100 %: the GPU campaign's
+  pairs sum to 1.13-1.19 where shares summing to 100 % would cap them near 1); their shares are the slices
+  they reserve (memory, the GPU's capacity account).
 
 Pure numpy; no I/O.
 """
@@ -27,6 +32,15 @@ from elastico.coloc.profiles import TypeTable
 
 #: Pairwise values below this are read as this (a near-stall; keeps ``1/p`` finite).
 MIN_NORM = 1e-3
+
+
+def limited_slots(training: np.ndarray, inference: np.ndarray) -> np.ndarray:
+    """Where a tenant's MPS share caps its speed: training slots of a GPU that also hosts an inference tenant.
+
+    ``training`` and ``inference`` are bool ``[..., K]`` over one GPU's tenant slots (both False at empty
+    slots); the result has the same shape.
+    """
+    return training & inference.any(axis=-1, keepdims=True)
 
 
 def slot_sum(a: np.ndarray) -> np.ndarray:

@@ -35,6 +35,7 @@ from elastico.coloc.rates import compose_capped, share_speed
 from elastico.logging import get_logger
 from services.allocator.policy import ClusterView, Decision, ElastiCo, LucidPacking, Policy
 from services.allocator.policy.placement import pair_estimate
+from services.allocator.policy.shapes import shapes_of
 from services.allocator.policy.view import INFERENCE
 
 log = get_logger(component="decider")
@@ -121,8 +122,10 @@ def predicted_norm(M: np.ndarray, kappa: float, view: ClusterView, r: int, mps_l
     training = jobs.kind[ten] != INFERENCE
     shares = view.gpu_share[g[0]][slots]
     pace = float(compose_capped(pair, np.where(training & (ut > uu), share_speed(shares, np.maximum(ut, 1e-6)), 1.0))[1][i])
-    # against its shape: the share's cap on its type's pace (plan._observed_pace reads agents' readings back)
-    cap = float(share_speed(shares[i], max(float(ut[i]), 1e-6))) if training[i] else 1.0
+    # against its shape: the share's cap on its type's pace (plan._observed_pace reads agents' readings back),
+    # where the share is a limit: next to a service, or a declared shape (plan.make_placement)
+    limited = training[i] and (not training.all() or bool(shapes_of(jobs, r)))
+    cap = float(share_speed(shares[i], max(float(ut[i]), 1e-6))) if limited else 1.0
     return min(1.0, pace / cap)
 
 

@@ -280,6 +280,7 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
             solo[r] = min(solo[r], cap)
     type_util = np.where(kind == TRAINING, types.solo_util[type_idx], solo) if lowered else None
     share = np.zeros(N)
+    limit = np.zeros(N)  # a placed job's MPS limit: its shape's share (100 % for training its share limits nothing)
     gpus: list = [None] * N
     gpu_job = np.full((G, K), -1, np.int64)
     gpu_share = np.zeros((G, K))
@@ -311,6 +312,7 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
             gpu_share[g, slots[0]] = s.compute_share_pct
             mine.append(g)
         share[r] = p.slices[0].compute_share_pct if p.slices else 0.0
+        limit[r] = p.shape.compute_share_pct if kind[r] == TRAINING else share[r]  # its MPS limit (make_placement)
         gpus[r] = np.array(mine, np.int64)
     running = np.array([r for r in range(len(placed)) if gpus[r] is not None and len(gpus[r])], np.int64)
     # the jobs' constraints travel with the view, and every policy honours them: declared shapes (a declaring
@@ -333,7 +335,7 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
                      attained_gpu_s=attained, share_pct=share, solo_util=solo, load_forecast=load, gpus=gpus,
                      restarts=np.array([j.restarts for j in rows], np.int64), queued_since_s=queued_since,
                      remaining_est_s=remaining, last_change_s=last_change,
-                     observed_norm=_observed_pace(_observed_norm(rows, gpus, gpu_job, observed or {}), kind, share,
+                     observed_norm=_observed_pace(_observed_norm(rows, gpus, gpu_job, observed or {}), kind, limit,
                                                   solo if type_util is None else type_util),
                      allowed_gpus=tuple(pinned.get(r) for r in range(N)) if pinned else None,
                      gang_sizes=tuple(tuple(sorted(allowed_gang_sizes(j.spec))) for j in rows),
@@ -375,7 +377,7 @@ def _observed_norm(rows: Sequence[Job], gpus: list, gpu_job: np.ndarray,
 
 def _observed_pace(reading: np.ndarray, kind: np.ndarray, share: np.ndarray, util: np.ndarray) -> np.ndarray:
     """Agents' readings (speed against the job's own shape) as the pace ``JobTable.observed_norm`` means, the
-    simulator's: a training job its share caps (``share_speed(share, its type's utilisation) < 1``) runs at its
+    simulator's: a training job its share (``share``: its MPS limit, the placement's shape) caps (``share_speed(share, its type's utilisation) < 1``) runs at its
     pace below the cap, so ``pace = reading x cap``; a reading at its full shape speed says only that its pace is
     at least the cap, so it is left out (NaN)."""
     cap = np.where(kind == TRAINING, share_speed(share, np.maximum(util, 1e-6)), 1.0)
@@ -415,7 +417,7 @@ BARE_POD_WHY = "bare pod: never preempted"  # why a decision to preempt, resize 
 
 
 def make_placement(job: Job, slices_on: Sequence[tuple[str, int, int, str]], share_pct: float, iso_rate: float,
-                   solo_util: float = 1.0, shape_index: int | None = None) -> Placement | None:
+                   solo_util: float = 1.0, shape_index: int | None = None, limited: bool = True) -> Placement | None:
     """A placement of ``job`` with ``share_pct`` on ``slices_on`` = [(node id, GPU index, GPU MiB, GPU type)].
 
     A job that declares shapes (``JobSpec.shapes``) runs in one of them exactly: the declared shape
@@ -428,7 +430,10 @@ def make_placement(job: Job, slices_on: Sequence[tuple[str, int, int, str]], sha
 
     A job without declared shapes runs in the policy's own shape: memory per GPU is the share of the GPU's
     memory (``share x memory``, as the policy's shapes define it) and the shape's throughput is the policy's
-    model of isolated speed under that share (``share_speed``), which the node agent measures against.
+    model of isolated speed under that share (``share_speed``), which the node agent measures against. The
+    shape's compute share is the MPS limit the node agent launches it with: its share where it is ``limited``
+    (next to a service: :func:`elastico.coloc.rates.limited_slots`); 100 % for a training job that is not (its
+    slices still book its share).
     """
     n = len(slices_on)
     if job.spec.shapes:
@@ -441,20 +446,21 @@ def make_placement(job: Job, slices_on: Sequence[tuple[str, int, int, str]], sha
         return Placement(job_id=job.job_id, shape_index=idx, shape=shape, slices=slices)
     idx = SHARES_PCT.index(int(share_pct)) if share_pct in SHARES_PCT else 0
     mem = [int(m * share_pct // 100) for _, _, m, _ in slices_on]
-    speed = float(share_speed(share_pct, max(solo_util, 1e-6))) if math.isfinite(iso_rate) else 0.0
-    shape = Shape(num_gpus=n, compute_share_pct=float(share_pct), mem_mib=min(mem), batch_size=job.spec.batch_size,
+    limit = 100.0 if not limited and job.spec.kind is JobKind.TRAINING else float(share_pct)
+    speed = float(share_speed(limit, max(solo_util, 1e-6))) if math.isfinite(iso_rate) else 0.0
+    shape = Shape(num_gpus=n, compute_share_pct=limit, mem_mib=min(mem), batch_size=job.spec.batch_size,
                   gpu_type=slices_on[0][3] if slices_on else "", throughput=iso_rate * speed if iso_rate > 0 else 0.0)
     slices = tuple(GpuSlice(node, gpu, float(share_pct), int(m)) for (node, gpu, _, _), m in zip(slices_on, mem, strict=True))
     return Placement(job_id=job.job_id, shape_index=idx, shape=shape, slices=slices)
 
 
 def _candidates(job: Job, slices_on: Sequence[tuple[str, int, int, str]], share_pct: float, iso_rate: float,
-                solo_util: float) -> list[Placement]:
+                solo_util: float, limited: bool = True) -> list[Placement]:
     """The placements ``job`` may get for one decision, preferred first: its declared shapes on these GPUs with
     this share, in declared order (several may differ in memory only), or the policy's own shape; ``[]`` when
     it declares shapes and none of them is this one."""
     if not job.spec.shapes:
-        return [make_placement(job, slices_on, share_pct, iso_rate, solo_util)]
+        return [make_placement(job, slices_on, share_pct, iso_rate, solo_util, limited=limited)]
     return [make_placement(job, slices_on, share_pct, iso_rate, solo_util, i)
             for i in declared_matches(job.spec.shapes, len(slices_on), share_pct)
             if all(gpu_type_matches(job.spec.shapes[i].gpu_type, t) for *_, t in slices_on)]
@@ -528,6 +534,14 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
 
     gone: set[int] = set()
     replaced = {int(r): float(sh) for r, _, sh in decision.place}
+    # GPU rows that host a service once the decision applies: a training job launched there runs under its share
+    # as its MPS limit (make_placement); a moving service keeps its old slices until its new replica runs
+    kinds = view.jobs.kind
+    stopped = {int(r) for r in decision.preempt} - {int(r) for r, _, _ in decision.place if kinds[int(r)] == INFERENCE}
+    occ = view.gpu_job >= 0
+    svc_slot = occ & (kinds[np.where(occ, view.gpu_job, 0)] == INFERENCE) & ~np.isin(view.gpu_job, list(stopped))
+    service_rows = set(np.flatnonzero(svc_slot.any(axis=1)).tolist())
+    service_rows |= {int(g) for r, g_rows, _ in decision.place if kinds[int(r)] == INFERENCE for g in np.atleast_1d(g_rows)}
     moving: set[int] = set()  # services preempted and placed again: they move, keeping their slices meanwhile
     for r in decision.preempt:
         job = index.jobs[r]
@@ -553,7 +567,8 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
             hold(r, StateReason.RESIZED, f"resized to {sh:g}%")
             continue
         options = _candidates(job, [(s.node_id, s.gpu_index, _mem_of(index, s.node_id, s.gpu_index, s.mem_mib, s.compute_share_pct), _type_of(index, s.node_id, s.gpu_index))
-                                    for s in job.placement.slices], sh, float(index.iso_rate[r]), float(view.jobs.solo_util[r]))
+                                    for s in job.placement.slices], sh, float(index.iso_rate[r]), float(view.jobs.solo_util[r]),
+                              limited=bool(set(np.atleast_1d(view.jobs.gpus[r]).tolist()) & service_rows))
         if not options:
             plan.dropped.append((job.job_id, f"resize to {sh}% is not among the job's declared shapes"))
             continue
@@ -581,7 +596,7 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
 
         def on(rows: Sequence[int], job: Job = job, r: int = r, sh: float = float(sh)) -> list[Placement]:
             return _candidates(job, [(*index.gpus[g], int(index.gpu_mem_mib[g]), index.gpu_type[g]) for g in rows], sh,
-                               float(index.iso_rate[r]), float(view.jobs.solo_util[r]))
+                               float(index.iso_rate[r]), float(view.jobs.solo_util[r]), limited=bool(set(rows) & service_rows))
 
         p = next((o for o in on(g_rows) if fits(o)), None)
         if p is not None and r in gone and r not in moving and _nodes(p) != _nodes(job.placement):

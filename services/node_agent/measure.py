@@ -79,7 +79,7 @@ class MeasureStep:
 
     async def _measure(self, now: float) -> None:
         running = [e for e in self.ledger.entries.values() if e.running]
-        tenants = [Tenant(e.job_id, e.model, e.batch_size, e.gpu_indices, e.compute_share_pct, e.kind, self._load(e))
+        tenants = [Tenant(e.job_id, e.model, e.batch_size, e.gpu_indices, e.mps_limit_pct, e.kind, self._load(e))
                    for e in running]
         rates = self.backend.emulated_rates(tenants, {e.job_id: e.mem_mib for e in running})
         for e in running:

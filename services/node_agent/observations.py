@@ -28,7 +28,7 @@ _KIND = {JobKind.TRAINING.value: types_pb2.JOB_KIND_TRAINING, JobKind.INFERENCE.
 def profile(e: LedgerEntry, gpu_type: str) -> predictor_pb2.TaskProfile:
     return predictor_pb2.TaskProfile(job_id=e.job_id, model_family=e.model, batch_size=e.batch_size,
                                      precision=e.precision, kind=_KIND.get(e.kind, types_pb2.JOB_KIND_UNSPECIFIED),
-                                     gpu_type=gpu_type, mps_share_pct=e.compute_share_pct)
+                                     gpu_type=gpu_type, mps_share_pct=e.mps_limit_pct)
 
 
 def reportable(e: LedgerEntry) -> bool:

@@ -521,7 +521,7 @@ class Reconciler(MeasureStep):
             self._blocked_logged.discard(job_id)
             inference = spec.kind is JobKind.INFERENCE
             # a service is resized in place (_resize_in_place): it runs unlimited and its co-tenants' limits protect it
-            env = self.mps.client_env(gpus, 100.0 if inference else share, mem)
+            env = self.mps.client_env(gpus, 100.0 if inference else entry.mps_limit_pct, mem)
             try:
                 if spec.command:
                     if not self.runner.policy.allow_commands:

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from elastico.domain import DRAIN_SUFFIX, MetricsEndpoint, Placement, StateReason
+from elastico.domain import DRAIN_SUFFIX, JobKind, MetricsEndpoint, Placement, StateReason
 from elastico.files import replace_file
 from elastico.logging import get_logger
 from elastico.state import codec
@@ -104,6 +104,12 @@ class LedgerEntry:
     pod_seen: bool = False  # the pod was seen bound to this node: gone after that = deleted
     pod_ip: str = ""  # from the watch: where a pod's metrics endpoint is scraped
     pod_ending: str = ""  # why the pod was going away when last seen (evicted, deleted): the end's message once it is gone
+
+    @property
+    def mps_limit_pct(self) -> float:
+        """The compute share it runs under: a training job's placement shape (100 % where its share limits nothing,
+        ``plan.make_placement``); a service's share (its capacity: it runs unlimited, its co-tenants are limited)."""
+        return self.placement.shape.compute_share_pct if self.kind == JobKind.TRAINING.value else self.compute_share_pct
 
     @property
     def is_pod(self) -> bool:

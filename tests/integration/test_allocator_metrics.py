@@ -29,10 +29,11 @@ def _delta(before: tuple[float, float], name: str) -> tuple[float, float]:
 
 async def _running_pair(store, epoch: int) -> list[str]:
     """Two training jobs sharing GPU 0 of n1, reported running at ``READING`` of their speed alone, each next to
-    the other (a clean measurement of the pair the policy may learn from)."""
+    the other (a clean measurement of the pair the policy may learn from). Each books half the GPU and runs
+    unlimited (its shape's 100 %), as ``plan.make_placement`` places training on a GPU without a service."""
     spec = make_spec(model_family="ResNet-18", batch_size=64, training=TrainingWork(total_steps=10**8))
     jobs = [(await store.create_job(make_job(spec=spec)))[0] for _ in range(2)]
-    half = Shape(1, 50.0, 8192)
+    half = Shape(1, 100.0, 8192)
     placed = await store.commit_placements(epoch, [(j, Placement(j.job_id, 0, half, (GpuSlice("n1", 0, 50.0, 8192),)))
                                                    for j in jobs])
     ids = [j.job_id for j in placed]

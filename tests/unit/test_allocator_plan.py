@@ -150,6 +150,25 @@ def test_translate_keeps_fitting_placements_and_drops_the_rest():
     assert all(p.slices[0].mem_mib == int(16384 * p.slices[0].compute_share_pct // 100) for _, p in plan.place)
 
 
+def test_a_training_placement_is_limited_by_its_share_only_next_to_a_service():
+    """limited_slots, live: slices book the share either way; the shape (the MPS limit the node agent launches
+    with) is the share on a GPU a service holds -- running, or placed by the same decision -- and 100 % elsewhere."""
+    svc = placed(make_job(spec=make_spec(kind=JobKind.INFERENCE)), "n1", (0,), 50.0)
+    queued = [make_job(submitted_at_s=NOW - i) for i in range(3)] + [make_job(spec=make_spec(kind=JobKind.INFERENCE))]
+    n1 = node("n1", gpus=3)
+    n1 = replace(n1, gpus=(replace(n1.gpus[0], allocated_share_pct=50.0, allocated_mem_mib=8192), *n1.gpus[1:]))
+    view, idx = build_view([svc, *queued], [n1], TYPES, RESOLVE, NOW, 15)
+    rows = {j.job_id: r for r, j in enumerate(idx.jobs)}
+    d = Decision(place=[(rows[queued[3].job_id], np.array([2]), 25.0), (rows[queued[0].job_id], np.array([0]), 25.0),
+                        (rows[queued[1].job_id], np.array([1]), 50.0), (rows[queued[2].job_id], np.array([2]), 50.0)])
+    plan = translate(d, view, idx)
+    got = {j.job_id: (p.shape.compute_share_pct, p.slices[0].compute_share_pct, p.slices[0].mem_mib) for j, p in plan.place}
+    assert got[queued[0].job_id] == (25.0, 25.0, 4096)  # next to the running service: its share is its limit
+    assert got[queued[1].job_id] == (100.0, 50.0, 8192)  # alone: unlimited, half the GPU booked
+    assert got[queued[2].job_id] == (50.0, 50.0, 8192)  # next to the service this decision places
+    assert got[queued[3].job_id][0] == 25.0  # a service's shape is its share
+
+
 def test_translate_preempt_then_place_is_a_resize():
     run = placed(make_job(), "n1", (0,), 50.0)
     n1 = node("n1", gpus=1)

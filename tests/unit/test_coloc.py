@@ -178,27 +178,32 @@ def test_tenant_speeds_is_the_same_lookup():
 TYPE_NAMES = [n for n in TYPES.names[:-1]]
 
 
-def _engine_norms(type_names, shares):
-    """Speeds of one GPU's tenants as the simulator's engine computes them (its own method, unbound)."""
+def _engine_norms(type_names, shares, limited=None):
+    """Speeds of one GPU's tenants as the simulator's engine computes them (its own method, unbound); ``limited``:
+    which tenants launched with their share as a limit (default all)."""
     k = len(type_names)
     tix = np.array([TYPES.index(n) for n in type_names] + [0])
+    lim = np.ones(len(tix), bool) if limited is None else np.array(list(limited) + [True])
     fake = SimpleNamespace(
         gpu_job=[np.array(list(range(k)) + [-1] * (4 - k))], type_idx=tix, util=TYPES.solo_util[tix].copy(),
         truth=GT, p=SimpleNamespace(mps_limits=True), gpu_share=[np.array(list(shares) + [0.0] * (4 - k))],
-        kind=np.zeros(len(tix), np.int8))
+        kind=np.zeros(len(tix), np.int8), limited=lim)
     d = Engine._gpu_norms(fake, 0)
     return [d[i] for i in range(k)]
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(TYPE_NAMES), st.sampled_from([25.0, 50.0, 75.0, 100.0])),
+@given(st.lists(st.tuples(st.sampled_from(TYPE_NAMES), st.sampled_from([25.0, 50.0, 75.0, 100.0]), st.booleans()),
                 min_size=1, max_size=4))
 def test_node_agent_equals_the_simulator_engine(specs):
+    """The node agent's tenants carry the MPS limit they launched with (100 % where the share limits nothing:
+    plan.make_placement); the engine the share and whether it is a limit. Both give the same speeds."""
     from services.allocator.estimate import split_type_name
 
-    tenants = [t(f"j{i}", *split_type_name(n), (0,), s) for i, (n, s) in enumerate(specs)]
+    tenants = [t(f"j{i}", *split_type_name(n), (0,), s if lim else 100.0) for i, (n, s, lim) in enumerate(specs)]
     got = norms(tenants)
-    assert [got[x.job_id] for x in tenants] == pytest.approx(_engine_norms([n for n, _ in specs], [s for _, s in specs]))
+    want = _engine_norms([n for n, _, _ in specs], [s for _, s, _ in specs], [lim for _, _, lim in specs])
+    assert [got[x.job_id] for x in tenants] == pytest.approx(want)
 
 
 MODELS = st.sampled_from([("ResNet-18", 32), ("ResNet-50", 64), ("A3C", 0), ("BERT", 8)])

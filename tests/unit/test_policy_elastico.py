@@ -97,11 +97,15 @@ def test_preemption_pass_is_rate_limited():
     assert pol2.decide(_contended(now=4000.0)).preempt == []  # within the interval: not re-run
 
 
-@pytest.mark.parametrize("remaining, grows", [(100 * H, True), (60.0, False)], ids=["long-expands", "short-stays"])
-def test_expand_share_capped_job_when_room_and_worth_the_restart(remaining, grows):
-    jobs = [{"type": HEAVY, "arrival": 0, "remaining": remaining}]
-    d = elastico(min_run_s=1800.0).decide(view(jobs, gpus=1, placed={0: ([0], 50.0)}, now=4000.0))
-    assert (d.resize == [(0, 100.0)]) is grows
+@pytest.mark.parametrize("remaining, service, grows", [(100 * H, True, True), (60.0, True, False), (100 * H, False, False)],
+                         ids=["long-expands", "short-stays", "no-service-no-cap"])
+def test_expand_share_capped_job_when_room_and_worth_the_restart(remaining, service, grows):
+    """A training job its share caps next to a service grows the share in place when the time saved pays for the
+    restart; without a service on its GPU its share caps nothing (limited_slots), so it never resizes for speed."""
+    jobs = [{"type": HEAVY, "arrival": 0, "remaining": remaining}] + ([{"kind": 1, "load": 0.01}] if service else [])
+    placed = {0: ([0], 50.0), **({1: ([0], 25.0)} if service else {})}
+    d = elastico(min_run_s=1800.0, slack=False).decide(view(jobs, gpus=1, placed=placed, now=4000.0))
+    assert ((0, 75.0) in d.resize) is grows, d
 
 
 def test_expand_waits_for_min_run():
@@ -163,7 +167,8 @@ def test_declared_10pct_jobs_pack_by_their_share_not_the_menus():
     d = make_policy("elastico", np.ones_like(rule_matrix(1.0)), 1.0).decide(v)
     assert len(d.place) == 8 and {s for _, _, s in d.place} == {10.0}
     plain = make_policy("elastico", np.ones_like(rule_matrix(1.0)), 1.0).decide(view(jobs, gpus=1, K=8))
-    assert len(plain.place) == 4 and {s for _, _, s in plain.place} == {25.0}  # the menu, for contrast
+    # the menu, for contrast: on a GPU without a service a job's share is a slice of at least half the GPU
+    assert len(plain.place) == 2 and {s for _, _, s in plain.place} == {50.0}
 
 
 def test_declared_shapes_are_priced_and_placed_never_the_menu():

@@ -23,6 +23,18 @@ def test_training_floor_guards_tenants(resident, cand, floor, ok):
     assert bool(p.tenant_ok[0]) is ok
 
 
+def test_a_share_limits_training_only_next_to_a_service():
+    """limited_slots: the policy's own share caps a training candidate's speed on a GPU hosting a service and on no
+    other -- alone, or next to training only, it runs its full pair."""
+    v = view([{"kind": 1, "load": 0.05}, {"type": 2}, {"type": 2}], gpus=3, placed={0: ([0], 50.0), 1: ([1], 50.0)})
+    u = float(v.jobs.solo_util[2])
+    p = predict_join(rule_matrix(0.9), 0.9, v.gpu_job, v.gpu_share, v.jobs, 2, u, 25.0, True, 0.1, 10.0)
+    assert p.new_norm[0] <= float(share_speed(25.0, u)) + 1e-12 < 1.0  # next to the service: its share's cap
+    assert p.new_norm[2] == 1.0  # alone on an empty GPU
+    assert p.new_norm[1] > float(share_speed(25.0, u))  # next to training only: the pair, no cap
+    assert p.before[1, 0] == 1.0  # the resident alone runs unlimited at its 50 %
+
+
 def test_inference_slo_floor_blocks_a_heavy_neighbour():
     # an inference service at 50 % with load 0.35 needs capacity >= 0.45: a heavy neighbour breaks it
     v = view([{"kind": 1, "load": 0.35}, {"type": 2}], gpus=1, placed={0: ([0], 50.0)})
@@ -46,7 +58,7 @@ def declared(v, util: dict[int, float]):
 def test_join_predicts_the_rule_for_declared_caps_and_the_full_pair_for_its_own_shares(tenants, cand, cand_share):
     """A job its declared shapes cap (the live view: solo_util lowered, type_util kept) is predicted as the shared
     rule has it on the joined GPU (``compose_capped``; speeds read against its declared best). A share the policy
-    chose itself is assumed to steal its full pair: never more optimistic than the rule."""
+    chose itself limits nothing on a GPU without a service (``limited_slots``): every tenant runs its full pair."""
     M, kappa = rule_matrix(0.9), 0.9
     placed = {i: ([0], s) for i, (_, s) in enumerate(tenants)}
     v = view([{"type": t} for t, _ in tenants] + [{"type": cand}], gpus=1, placed=placed)
@@ -57,8 +69,8 @@ def test_join_predicts_the_rule_for_declared_caps_and_the_full_pair_for_its_own_
     truth, _ = compose_capped(pm, share_speed(shares, u))
     k = len(tenants)
     p = predict_join(M, kappa, v.gpu_job, v.gpu_share, v.jobs, cand, float(u[-1]), cand_share, True, 0.5, 10.0)
-    assert p.new_norm[0] <= truth[-1] + 1e-12 and (p.after[0, :k] <= truth[:k] + 1e-12).all()
-    assert p.new_norm[0] == pytest.approx(min(compose_capped(pm, np.ones(k + 1))[0][-1], share_speed(cand_share, u[-1])))
+    full = compose_capped(pm, np.ones(k + 1))[0]
+    assert p.new_norm[0] == pytest.approx(full[-1]) and p.after[0, :k] == pytest.approx(full[:k])
     # every job declaring exactly its share: its speed against that share, its activity against its type
     best = shares / 100.0
     d = declared(v, {i: min(u[i], best[i]) for i in range(k + 1)})

@@ -153,6 +153,9 @@ class Policy(Generic[P]):
     name = "policy"
     Params: ClassVar[type[PolicyParams]] = PolicyParams  # its options (make_policy accepts exactly these fields)
     mps_limits = False  # True when the shares it grants are enforced MPS limits (speed is capped by them)
+    # with mps_limits: True when a training job's share limits it only where it launched next to a service
+    # (elastico.coloc.rates.limited_slots), else everywhere
+    unlimited_training = False
     needs_periodic_rounds = False  # True when decisions change with time alone (ages, attained service)
     uses_observations = False  # True when it reads JobTable.observed_norm (the caller may skip computing it)
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from elastico.coloc.rates import MIN_NORM, share_speed, slot_sum, utilisation_rule, utilisation_rule_both
+from elastico.coloc.rates import MIN_NORM, limited_slots, share_speed, slot_sum, utilisation_rule, utilisation_rule_both
 from services.allocator.policy.inference import slo_margin
+from services.allocator.policy.shapes import any_declared, shapes_of
 from services.allocator.policy.view import INFERENCE, JobTable, Topology, free_share, slot_all
 
 
@@ -77,6 +78,7 @@ class TenantState:
     e: np.ndarray | None  # [G, K, K] float, 1/p - 1 of each tenant next to each co-tenant (0 off the pairs); with cap_act
     extra_pairs: np.ndarray  # [G, K] float, sum over co-tenants of (1/p - 1): the pairs alone, no caps
     is_inf: np.ndarray  # [G, K] bool, inference tenants
+    has_inf: np.ndarray  # [G] bool, the GPU hosts a service (its training tenants' shares are limits)
     fc: np.ndarray  # [G, K] float, inference forecast load (0 for training)
     share: np.ndarray  # [G, K] float, tenant shares, percent
     before: np.ndarray  # [G, K] float, tenants' speed now, 1 for empty slots
@@ -116,15 +118,21 @@ class TenantState:
         pair = pair_estimate(self.M, self.kappa, tt[:, :, None], tut[:, :, None], tt[:, None, :], tut[:, None, :])
         both = mask[:, :, None] & mask[:, None, :] & self._offdiag
         is_inf = mask & (jobs.kind[tj] == INFERENCE)  # inference tenants
-        # MPS share cap of each tenant's speed (1 = none)
-        cap = (np.where(mask & ~is_inf, share_speed(sh, np.maximum(tu, 1e-6)), 1.0) if self.mps_limits
+        has_inf = ~slot_all(~is_inf)  # [G] the GPU hosts a service
+        # MPS share cap of each tenant's speed (1 = none): training next to a service (limited_slots), and a
+        # declaring job's lowered utilisation (below) wherever it runs
+        low = mask & ~is_inf & (tut > tu)
+        limited = limited_slots(mask & ~is_inf, is_inf) | low
+        if any_declared(jobs):  # a declaring job runs in its declared shape, its share a limit wherever it runs
+            limited |= mask & ~is_inf & np.array([bool(shapes_of(jobs, int(j))) for j in tj.ravel().tolist()],
+                                                 bool).reshape(tj.shape)
+        cap = (np.where(limited, share_speed(sh, np.maximum(tu, 1e-6)), 1.0) if self.mps_limits
                else np.ones_like(sh))
         # sum over co-tenants of (1/p - 1), each scaled by its activity where a declared cap holds it back
         e = np.where(both, 1.0 / np.minimum(np.maximum(pair, MIN_NORM), 1.0) - 1.0, 0.0)
         extra = extra_pairs = slot_sum(e)
         cap_act = room = None
         if self.mps_limits and jobs.type_util is not None:
-            low = mask & ~is_inf & (tut > tu)
             cap_act = np.where(low, share_speed(sh, np.maximum(tut, 1e-6)), 1.0)
             room = np.where(low, tut / np.maximum(tu, 1e-6), 1.0)
             act = np.minimum(1.0, cap_act * (1.0 + extra))  # fraction of its co-located pace each tenant runs at
@@ -138,7 +146,7 @@ class TenantState:
         return {
             "mask": mask, "tt": tt, "tu": tu, "tut": tut, "extra": extra, "cap": cap, "cap_act": cap_act,
             "room": room, "e": None if cap_act is None else e, "extra_pairs": extra_pairs,
-            "is_inf": is_inf, "fc": fc,
+            "is_inf": is_inf, "fc": fc, "has_inf": has_inf,
             "share": sh,  # tenant shares, percent
             "before": before,  # tenants' speed now, 1 for empty slots
             "before_tol": before - 1e-9,
@@ -151,14 +159,16 @@ class TenantState:
         }
 
     def join(self, cand_type: int, cand_util: float, cand_share_pct: float, train_floor: float,
-             slo_factor: float, cand_type_util: float | None = None) -> JoinPrediction:
+             slo_factor: float, cand_type_util: float | None = None, declared: bool = False) -> JoinPrediction:
         """Predicted effect of one candidate joining each GPU (see :func:`predict_join`).
 
         Everything but the candidate's own share cap is the same for every share it tries, so it is kept
         until the next :meth:`refresh` (a round tries several shares of one job on the same tenants). The
         returned arrays are valid until that refresh. ``cand_type_util``: the candidate's type's utilisation
         where its declared shapes lowered ``cand_util`` (:meth:`JobTable.activity_util`; None = ``cand_util``):
-        what its share caps its activity against.
+        what its share caps its activity against. The candidate's share caps its speed next to a service only
+        (:func:`~elastico.coloc.rates.limited_slots`), everywhere when it is ``declared`` (it runs in its
+        declared shape) or its declaration lowered its utilisation.
         """
         type_util = cand_util if cand_type_util is None else cand_type_util
         key = (cand_type, type_util, train_floor, slo_factor)
@@ -168,8 +178,10 @@ class TenantState:
         new_raw, pace, inv, one_extra, after, tenant_ok = hit
         if not self.mps_limits:
             return JoinPrediction(new_raw, self.before, after, tenant_ok, self.slot_free, self.share_free)
-        cap = float(share_speed(cand_share_pct, max(cand_util, 1e-6)))
-        if type_util > cand_util:  # its declaration holds it back: it steals less (compose_capped)
+        cap: float | np.ndarray = float(share_speed(cand_share_pct, max(cand_util, 1e-6)))
+        if type_util == cand_util and not declared:  # its share is a limit only next to a service (limited_slots)
+            cap = np.where(self.has_inf, cap, 1.0)
+        else:  # its declaration holds it back wherever it runs: it steals less (compose_capped)
             act = np.minimum(1.0, float(share_speed(cand_share_pct, type_util)) / pace)
             if (act[self.occupied] < 1.0).any():
                 after, tenant_ok = self._tenants_after(inv, one_extra, train_floor, slo_factor, act)

@@ -9,7 +9,10 @@ that needs ``u`` of a GPU (its solo utilisation, :mod:`profiles`) runs at full s
 i.e. throughput saturates at the share its solo utilisation needs. Source of the shape: MPS limits the
 SMs a client may occupy, so a kernel stream that keeps only ``u`` of the SMs busy is unaffected by a cap
 above ``u`` and becomes SM-bound below it (the NVIDIA MPS documentation's "active thread percentage"
-semantics); the linear part is an assumption, replaceable by measured share sweeps.
+semantics); the linear part is an assumption, replaceable by measured share sweeps. A share is such a limit
+only on a GPU that hosts an inference service (:func:`elastico.coloc.rates.limited_slots`); training tenants of
+a GPU without one run unlimited, and their share (at least :data:`UNLIMITED_MIN_SHARE_PCT`) is the slice they
+reserve: memory and the GPU's capacity account.
 
 Shapes: shares from :data:`SHARES_PCT` (25/50/75/100 %) at the job's requested GPU count, plus
 GPU-count shapes -- the same job on halvings of its gang or grown up to its type's largest measured count
@@ -43,6 +46,9 @@ from services.allocator.policy.view import TRAINING, JobTable
 
 #: Memory of the default simulated GPU (V100 16 GB), MiB.
 DEFAULT_GPU_MEM_MIB = 16384
+#: The smallest share a training job holds on a GPU without a service, where shares are slices (memory, the
+#: capacity account) and not compute limits: at most two such tenants share a GPU, as the measured pairs ran.
+UNLIMITED_MIN_SHARE_PCT = 50.0
 
 
 def training_shapes(num_gpus: int, solo_util: float, iso_tput_steps_s: float, min_speed: float = 0.5,
@@ -73,7 +79,11 @@ def training_shapes(num_gpus: int, solo_util: float, iso_tput_steps_s: float, mi
 
 def shape_speed_table(solo_util: np.ndarray, min_speed: float,
                       shares_pct: tuple[int, ...] = SHARES_PCT) -> tuple[np.ndarray, np.ndarray]:
-    """Vectorised shape family for many jobs at once (what a scheduling round uses).
+    """Vectorised shape family of training jobs for many jobs at once (what a scheduling round uses).
+
+    A share of at least :data:`UNLIMITED_MIN_SHARE_PCT` is the slice a job may hold on a GPU without a
+    service, where it runs unlimited (:func:`elastico.coloc.rates.limited_slots`): full speed alone. A smaller
+    share is a compute limit, taken only next to a service: ``share_speed``.
 
     Args:
         solo_util: [J] solo utilisations.
@@ -81,11 +91,13 @@ def shape_speed_table(solo_util: np.ndarray, min_speed: float,
         shares_pct: candidate shares.
 
     Returns:
-        (speed [J, S], feasible [J, S] bool) over ``shares_pct``; the 100 % column is always feasible.
+        (speed [J, S], feasible [J, S] bool) over ``shares_pct``; shares of at least
+        ``UNLIMITED_MIN_SHARE_PCT`` are always feasible.
     """
     sh = np.asarray(shares_pct, float)[None, :]
-    speed = share_speed(sh, np.asarray(solo_util, float)[:, None])
-    ok = (speed + 1e-9 >= min_speed) | (sh >= 100.0)
+    unlimited = sh >= UNLIMITED_MIN_SHARE_PCT
+    speed = np.where(unlimited, 1.0, share_speed(sh, np.asarray(solo_util, float)[:, None]))
+    ok = (speed + 1e-9 >= min_speed) | unlimited
     return speed, ok
 
 

@@ -11,7 +11,7 @@ from services.allocator.policy.elastico.counts import count_shapes_on, defragmen
 from services.allocator.policy.elastico.learning import corrected_estimate
 from services.allocator.policy.elastico.params import ElastiCoParams
 from services.allocator.policy.elastico.preemption import preempt
-from services.allocator.policy.elastico.serving import fill_slack, size_services
+from services.allocator.policy.elastico.serving import fill_slack, service_slots, size_services
 from services.allocator.policy.elastico.training import place_training, waiting_training
 from services.allocator.policy.shapes import declared_shares, shapes_of
 from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, Decision
@@ -28,6 +28,7 @@ class ElastiCo(Policy[ElastiCoParams]):
     name = "elastico"
     Params = ElastiCoParams
     mps_limits = True
+    unlimited_training = True  # training without a service on its GPUs runs with no compute limit (limited_slots)
     needs_periodic_rounds = True
 
     def __init__(self, estimate: np.ndarray, kappa: float, params: ElastiCoParams | None = None, solver=None):
@@ -127,8 +128,8 @@ class ElastiCo(Policy[ElastiCoParams]):
         return d
 
     def _expand(self, view: ClusterView, gj, gs, d: Decision) -> None:
-        """Nobody waits: gangs grow onto idle GPUs (:func:`counts.regrow`), and share-capped running training
-        jobs grow their share in place when the time saved exceeds ``expand_gain`` restarts (step 6)."""
+        """Nobody waits: gangs grow onto idle GPUs (:func:`counts.regrow`), and training jobs a share caps next
+        to a service grow their share in place when the time saved exceeds ``expand_gain`` restarts (step 6)."""
         p = self.params
         jobs = view.jobs
         run = view.running[jobs.kind[view.running] == TRAINING]
@@ -151,8 +152,8 @@ class ElastiCo(Policy[ElastiCoParams]):
                 continue
             g = jobs.gpus[j]
             slot = gj[g] == j
-            if not slot.any(axis=1).all():
-                continue
+            if not slot.any(axis=1).all() or not (shapes_of(jobs, j) or service_slots(jobs, gj[g]).any()):
+                continue  # (its share caps it only next to a service or in a declared shape: limited_slots)
             room = float((100.0 - gs[g].sum(axis=1)).min()) + float(cur[k])
             best = float(cur[k])
             for s in (p.shares_pct if not shapes_of(jobs, j) else declared_shares(jobs, j, len(g))):

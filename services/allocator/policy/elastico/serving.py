@@ -179,13 +179,16 @@ def place_service(pol: ElastiCo, view: ClusterView, gj, gs, W, j: int, load: flo
     if not menu:
         return False
     crowd = services_per_node(view, gj)
+    # training without a service runs unlimited from its launch (limited_slots): a service never joins it
+    svc = service_slots(jobs, gj)
+    unlimited = slot_any((gj >= 0) & ~svc) & ~slot_any(svc)
     for share in menu:
         if share / 100.0 - load < slo_margin(p.slo_factor) - 1e-9:
             continue
         pred = predict_join(pol.M, pol.kappa, gj, gs, jobs, view.types.inference_index, load, share,
                             True, p.train_floor, p.slo_factor)
         cap_ok = share / 100.0 * pred.new_norm - load >= slo_margin(p.slo_factor) - 1e-9
-        ok = pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok & cap_ok
+        ok = pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok & cap_ok & ~unlimited
         # ties (e.g. empty GPUs) go to the node with the most services: services gather on their own nodes
         # and leave whole nodes to training gangs (a node holding a service is never cleared for a gang)
         picked = pick_gang(-pred.share_free + pred.new_norm + 1e-6 * crowd, ok, 1, allowed=mask)
@@ -272,7 +275,7 @@ def fill_slack(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision, waiting
             if key in failed or room_n < n or share / 100.0 < p.slack_floor * u - 1e-9:
                 continue
             attempts += 1
-            pred = state.join(t, u, float(share), p.train_floor, p.slo_factor, jobs.activity_util(j))
+            pred = state.join(t, u, float(share), p.train_floor, p.slo_factor, jobs.activity_util(j), declared=own)
             feas = (pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok
                     & (pred.new_norm >= p.slack_floor - 1e-9))
             gl = pick_gang(pred.new_norm, feas, n, view.topo, rows, allowed=mask)

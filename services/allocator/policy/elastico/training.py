@@ -18,6 +18,7 @@ from services.allocator.policy.elastico.params import ElastiCoParams
 from services.allocator.policy.placement import pick_gang, tenant_weights, weighted_loss
 from services.allocator.policy.pricing import choose_shapes
 from services.allocator.policy.shapes import (
+    UNLIMITED_MIN_SHARE_PCT,
     any_declared,
     count_speed,
     declared_options,
@@ -106,6 +107,9 @@ def place_training(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision, que
     # share (the rest cannot win capacity this round)
     sh_all = np.asarray(p.shares_pct, float)
     fs = sh_all[np.minimum(np.searchsorted(sh_all / 100.0 + 1e-9, jobs.solo_util[pend[top]]), len(sh_all) - 1)]
+    unlimited = sh_all[sh_all >= UNLIMITED_MIN_SHARE_PCT]
+    if len(unlimited):  # full speed on a GPU without a service from the smallest slice there
+        fs = np.minimum(fs, unlimited[0])
     if decl:  # a declaring job's minimal demand: its smallest declared share
         for i, j in enumerate(pend[top].tolist()):
             if shapes_of(jobs, j):
@@ -184,9 +188,13 @@ def place_training(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision, que
                 gj_rows = gj[rows]
                 state = memo.tenant_state(pol.M, pol.kappa, jobs, rows, gj_rows, gs[rows])
                 tw = tenant_weights(gj_rows, Wt)
-            pred = state.join(t, float(jobs.solo_util[j]), share, p.train_floor, p.slo_factor, jobs.activity_util(j))
+            declared = bool(shapes_of(jobs, j))
+            pred = state.join(t, float(jobs.solo_util[j]), share, p.train_floor, p.slo_factor, jobs.activity_util(j),
+                              declared=declared)
             feas = (pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok
                     & (pred.new_norm >= p.train_floor - 1e-9))
+            if share < UNLIMITED_MIN_SHARE_PCT and not declared:  # a compute limit of the menu: next to a service only
+                feas &= state.has_inf
             gain = wc[c] * pred.new_norm * cnt_sp[c, s] - weighted_loss(pred, tw)
             feas &= gain > 0
             # ties (e.g. many empty GPUs) go to the fullest GPU: keeps whole GPUs free for gangs
