@@ -109,7 +109,9 @@ class LedgerEntry:
     def mps_limit_pct(self) -> float:
         """The compute share it runs under: a training job's placement shape (100 % where its share limits nothing,
         ``plan.make_placement``); a service's share (its capacity: it runs unlimited, its co-tenants are limited)."""
-        return self.placement.shape.compute_share_pct if self.kind == JobKind.TRAINING.value else self.compute_share_pct
+        if self.kind != JobKind.TRAINING.value or self.placement is None:
+            return self.compute_share_pct
+        return self.placement.shape.compute_share_pct
 
     @property
     def is_pod(self) -> bool:
