@@ -23,7 +23,8 @@ Per loaded cell (load >= 1), with PASS/FAIL:
 * at the headline share: work/h closing at least half of the gap from exclusive FIFO to the ceiling, and
   effective utilisation >= 1.25x exclusive FIFO's (the ceiling says when no policy can).
 
-Ablations of ElastiCo run beside it in the headline-share cells: without MPS shapes (whole GPUs only),
+Ablations of ElastiCo run beside it in the headline-share cells: without MPS shapes (whole GPUs only), with
+every training share a compute limit (``unlimited_training`` off: no unlimited training pairs),
 without shadow prices (each job its best shape, greedy by utility), and with the utilisation rule instead
 of the predictor as its interference estimate; and the objective knob (``work_weight``,
 ``ELASTICO_WORK_WEIGHT``) halfway (0.5) and at its work end (1: jobs weighed by their requested GPUs), beside
@@ -79,6 +80,7 @@ METRICS = (("avg_jct_h", "avg JCT", False), ("jobs_per_h_loaded", "jobs/h", True
 
 #: ElastiCo ablations: label, policy options, estimate ("rule" = the utilisation rule instead of the predictor)
 ABLATIONS = (("elastico/no-mps-shapes", {"shares_pct": (100,)}, None),
+             ("elastico/limits-everywhere", {"unlimited_training": False}, None),
              ("elastico/no-prices", {"pricing": False}, None),
              ("elastico/rule-estimate", {}, "rule"))
 #: the objective knob (ELASTICO_WORK_WEIGHT) halfway and at its work end; the default (0) is its JCT end

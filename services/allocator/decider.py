@@ -81,24 +81,25 @@ def run_policy(policy: Policy, view: ClusterView, rows: Sequence[int], decide: b
     model = _pair_model(policy)
     predicted: dict[int, float] = {}
     if model is not None:
-        M, kappa, mps_limits = model
+        M, kappa, mps_limits, unlimited = model
         for r in rows:
-            pred = predicted_norm(M, kappa, view, int(r), mps_limits)
+            pred = predicted_norm(M, kappa, view, int(r), mps_limits, unlimited)
             if pred is not None:
                 predicted[int(r)] = pred
     attempts = policy.params.max_attempts if isinstance(policy, ElastiCo) else 0
     return Decided(decision, DecisionReport(predicted, int(attempts)))
 
 
-def _pair_model(policy: Policy) -> tuple[np.ndarray, float, bool] | None:
-    """``(pair matrix, kappa, mps_limits)`` the policy predicts interference with; None for a policy that predicts
-    none."""
+def _pair_model(policy: Policy) -> tuple[np.ndarray, float, bool, bool] | None:
+    """``(pair matrix, kappa, mps_limits, unlimited_training)`` the policy predicts interference with; None for a
+    policy that predicts none."""
     if isinstance(policy, (ElastiCo, LucidPacking)):
-        return policy.M, policy.kappa, policy.mps_limits
+        return policy.M, policy.kappa, policy.mps_limits, policy.unlimited_training
     return None
 
 
-def predicted_norm(M: np.ndarray, kappa: float, view: ClusterView, r: int, mps_limits: bool = False) -> float | None:
+def predicted_norm(M: np.ndarray, kappa: float, view: ClusterView, r: int, mps_limits: bool = False,
+                   unlimited_training: bool = False) -> float | None:
     """Predicted normalised throughput of running job ``r`` next to the co-tenants of its first GPU; None when
     it runs alone. Against the speed of the job's own shape, as node agents measure it: with ``mps_limits``
     a job its share caps loses nothing until its pace falls below the cap. As the policy predicts it
@@ -124,7 +125,7 @@ def predicted_norm(M: np.ndarray, kappa: float, view: ClusterView, r: int, mps_l
     pace = float(compose_capped(pair, np.where(training & (ut > uu), share_speed(shares, np.maximum(ut, 1e-6)), 1.0))[1][i])
     # against its shape: the share's cap on its type's pace (plan._observed_pace reads agents' readings back),
     # where the share is a limit: next to a service, or a declared shape (plan.make_placement)
-    limited = training[i] and (not training.all() or bool(shapes_of(jobs, r)))
+    limited = training[i] and (not unlimited_training or not training.all() or bool(shapes_of(jobs, r)))
     cap = float(share_speed(shares[i], max(float(ut[i]), 1e-6))) if limited else 1.0
     return min(1.0, pace / cap)
 

@@ -466,7 +466,7 @@ def _candidates(job: Job, slices_on: Sequence[tuple[str, int, int, str]], share_
             if all(gpu_type_matches(job.spec.shapes[i].gpu_type, t) for *_, t in slices_on)]
 
 
-def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
+def translate(decision: Decision, view: ClusterView, index: ViewIndex, unlimited_training: bool = False) -> Plan:
     """Turn the policy's rows into store operations: what the decision contract accepts, re-checked against
     committed usage.
 
@@ -489,6 +489,9 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
     (:data:`BARE_POD_WHY`) for a bare pod. Either way its slices stay booked here, so what the decision planned
     on them fails the fit re-check and is dropped, and its own placement in the decision is not applied (its
     owner's new pod is a new job).
+
+    With ``unlimited_training`` (the ElastiCo policy's), a training job placed on GPUs that host no service once
+    the decision applies runs with no compute limit (:func:`make_placement`); else every share is a limit.
 
     A job that declares shapes gets exactly one of them (:func:`make_placement`). The policies plan compute
     share and tenant slots, not memory: a declared shape whose memory does not fit the GPUs the policy chose
@@ -568,7 +571,7 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
             continue
         options = _candidates(job, [(s.node_id, s.gpu_index, _mem_of(index, s.node_id, s.gpu_index, s.mem_mib, s.compute_share_pct), _type_of(index, s.node_id, s.gpu_index))
                                     for s in job.placement.slices], sh, float(index.iso_rate[r]), float(view.jobs.solo_util[r]),
-                              limited=bool(set(np.atleast_1d(view.jobs.gpus[r]).tolist()) & service_rows))
+                              limited=not unlimited_training or bool(set(np.atleast_1d(view.jobs.gpus[r]).tolist()) & service_rows))
         if not options:
             plan.dropped.append((job.job_id, f"resize to {sh}% is not among the job's declared shapes"))
             continue
@@ -596,7 +599,8 @@ def translate(decision: Decision, view: ClusterView, index: ViewIndex) -> Plan:
 
         def on(rows: Sequence[int], job: Job = job, r: int = r, sh: float = float(sh)) -> list[Placement]:
             return _candidates(job, [(*index.gpus[g], int(index.gpu_mem_mib[g]), index.gpu_type[g]) for g in rows], sh,
-                               float(index.iso_rate[r]), float(view.jobs.solo_util[r]), limited=bool(set(rows) & service_rows))
+                               float(index.iso_rate[r]), float(view.jobs.solo_util[r]),
+                               limited=not unlimited_training or bool(set(rows) & service_rows))
 
         p = next((o for o in on(g_rows) if fits(o)), None)
         if p is not None and r in gone and r not in moving and _nodes(p) != _nodes(job.placement):

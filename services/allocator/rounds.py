@@ -381,7 +381,7 @@ class Scheduler:
         """The decision as store writes (:func:`plan.translate`): releases (preemptions, resizes) in one batch,
         then one commit of every placement, with the UNSCHEDULABLE_NOW marks of the jobs left queued."""
         view, index, decision, workloads = decided.view, decided.index, decided.decision, cluster.workloads
-        plan = translate(decision, view, index)
+        plan = translate(decision, view, index, unlimited_training=self.s.policy == "elastico" and self.s.unlimited_training)
         rep.dropped = len(plan.dropped)
         pending = {index.jobs[int(r)].job_id for r in view.pending}
         self._not_applied.update((job_id, self._decided + SIT_OUT_ROUNDS) for job_id, _ in plan.dropped if job_id in pending)

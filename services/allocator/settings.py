@@ -21,7 +21,7 @@ def _policy_default(name: str):
 
 #: the ElastiCo options the allocator sets, each from the setting of the same name (ELASTICO_ + it, upper case);
 #: ``max_attempts`` comes from ``policy_max_attempts`` when that is set
-_POLICY_OPTIONS = ("train_floor", "elastic_gpus", "min_count_speed", "work_weight")
+_POLICY_OPTIONS = ("train_floor", "elastic_gpus", "min_count_speed", "work_weight", "unlimited_training")
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,10 @@ class AllocatorSettings(Settings):
     # the objective knob between JCT and work done: 0 weighs jobs for JCT (shortest remaining GPU-work
     # first), 1 by their requested GPUs (the most work per round); between, a geometric mix
     work_weight: float = _policy_default("work_weight")
+    # training on a GPU without a service runs with no MPS compute limit (its share books memory and capacity;
+    # pairs at most); off: every training share is a compute limit -- isolation between training tenants at
+    # the co-location throughput the measured pairs give up under limits
+    unlimited_training: bool = _policy_default("unlimited_training")
     policy_max_attempts: int = 0  # ElastiCo: placement attempts per round at most (bounds a round's cost); 0 = the policy's default
     time_scale: float = 1.0  # policy clock = wall clock x this (demo replays: matches the node agents' scale)
     # inference demand forecast (services/allocator/policy/forecast.py, the simulator's forecaster): the peak

@@ -161,12 +161,14 @@ def test_a_training_placement_is_limited_by_its_share_only_next_to_a_service():
     rows = {j.job_id: r for r, j in enumerate(idx.jobs)}
     d = Decision(place=[(rows[queued[3].job_id], np.array([2]), 25.0), (rows[queued[0].job_id], np.array([0]), 25.0),
                         (rows[queued[1].job_id], np.array([1]), 50.0), (rows[queued[2].job_id], np.array([2]), 50.0)])
-    plan = translate(d, view, idx)
+    plan = translate(d, view, idx, unlimited_training=True)
     got = {j.job_id: (p.shape.compute_share_pct, p.slices[0].compute_share_pct, p.slices[0].mem_mib) for j, p in plan.place}
     assert got[queued[0].job_id] == (25.0, 25.0, 4096)  # next to the running service: its share is its limit
     assert got[queued[1].job_id] == (100.0, 50.0, 8192)  # alone: unlimited, half the GPU booked
     assert got[queued[2].job_id] == (50.0, 50.0, 8192)  # next to the service this decision places
     assert got[queued[3].job_id][0] == 25.0  # a service's shape is its share
+    limits = translate(d, view, idx)  # every share a limit (ELASTICO_UNLIMITED_TRAINING=0, or another policy)
+    assert all(p.shape.compute_share_pct == p.slices[0].compute_share_pct for _, p in limits.place)
 
 
 def test_translate_preempt_then_place_is_a_resize():

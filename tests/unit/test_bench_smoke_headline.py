@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BASELINES = ("exclusive-fifo", "exclusive-backfill", "tiresias", "mps-equal-share", "lucid")
 POLICIES = ("elastico", *BASELINES)
-VARIANTS = ("elastico/no-mps-shapes", "elastico/no-prices", "elastico/rule-estimate", "elastico/work-half",
+VARIANTS = ("elastico/no-mps-shapes", "elastico/limits-everywhere", "elastico/no-prices", "elastico/rule-estimate", "elastico/work-half",
             "elastico/work-end")
 # the benchmark's stated targets: JCT vs FIFO, inference SLO, tie, share of the work/h gap, effective util vs FIFO
 JCT_X, SLO, TIE, GAP, EFF = 3.0, 0.99, 0.005, 0.5, 1.25

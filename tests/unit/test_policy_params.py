@@ -152,3 +152,15 @@ def test_the_objective_knob_reaches_the_live_policy():
     assert AllocatorSettings.from_env(base).policy_options()["work_weight"] == ElastiCoParams().work_weight == 0.0
     opts = AllocatorSettings.from_env({**base, "ELASTICO_WORK_WEIGHT": "0.5"}).policy_options()
     assert make_policy("elastico", np.zeros((4, 4)), 0.9, **opts).params.work_weight == 0.5
+
+
+def test_unlimited_training_reaches_the_live_policy_and_is_on_by_default():
+    """ELASTICO_UNLIMITED_TRAINING=0 makes every training share a compute limit in the policy the allocator builds
+    (and in the engine, which reads the policy's attribute); on by default, as the simulator measures it."""
+    base = ALLOCATOR_ENV
+    assert AllocatorSettings.from_env(base).policy_options()["unlimited_training"] is True
+    opts = AllocatorSettings.from_env({**base, "ELASTICO_UNLIMITED_TRAINING": "0"}).policy_options()
+    pol = make_policy("elastico", np.zeros((4, 4)), 0.9, **opts)
+    assert pol.params.unlimited_training is False and pol.unlimited_training is False
+    with pytest.raises(ConfigError, match="ELASTICO_UNLIMITED_TRAINING"):
+        AllocatorSettings.from_env({**base, "ELASTICO_UNLIMITED_TRAINING": "maybe"})

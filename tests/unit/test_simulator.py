@@ -318,3 +318,15 @@ PINNED = {  # (rounds, training restarts, inference restarts, allocated GPU-s, h
     "mps-equal-share": (97, 0, 0, 1732085.7, "f4feb0a58b69012b"),  # a capped tenant steals less
     "lucid": (104, 0, 0, 1612948.9, "6f5bc7d7710f7a38"),
 }
+
+
+def test_every_training_share_a_limit_is_elastico_before_unlimited_training(workload):
+    """``unlimited_training=False`` (ELASTICO_UNLIMITED_TRAINING=0): every training share is a compute limit, and
+    the schedule is bit for bit the one pinned before training without a service ran unlimited."""
+    import hashlib
+
+    (r,), _ = run_policies(workload, ["elastico"], SimConfig(gpus=8, node_gpus=4), {"unlimited_training": False})
+    times = np.round(np.concatenate([r.completion_s, r.first_start_s]), 3)
+    digest = hashlib.sha256(np.nan_to_num(times, nan=-1.0).tobytes()).hexdigest()[:16]
+    assert (r.rounds, r.restarts_training, r.restarts_inference, round(r.alloc_gpu_s, 1), digest) == \
+        (1229, 43, 0, 1543440.6, "6bcc8d7bdcb7c70e")

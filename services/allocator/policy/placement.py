@@ -91,8 +91,9 @@ class TenantState:
     share_free: np.ndarray  # [G] float, unallocated share percent
 
     def __init__(self, M: np.ndarray, kappa: float, gpu_job: np.ndarray, gpu_share: np.ndarray, jobs: JobTable,
-                 mps_limits: bool):
+                 mps_limits: bool, unlimited_training: bool = True):
         self.M, self.kappa, self.jobs, self.mps_limits = M, kappa, jobs, mps_limits
+        self.unlimited_training = unlimited_training  # with mps_limits: shares limit training only next to a service
         self._offdiag = ~np.eye(gpu_job.shape[1], dtype=bool)[None]
         self._joins: dict = {}  # (type, util, floor, slo) -> share-independent part of join(), until refresh
         for name, value in self._rows_state(gpu_job, np.array(gpu_share, float)).items():
@@ -122,7 +123,7 @@ class TenantState:
         # MPS share cap of each tenant's speed (1 = none): training next to a service (limited_slots), and a
         # declaring job's lowered utilisation (below) wherever it runs
         low = mask & ~is_inf & (tut > tu)
-        limited = limited_slots(mask & ~is_inf, is_inf) | low
+        limited = (limited_slots(mask & ~is_inf, is_inf) if self.unlimited_training else mask & ~is_inf) | low
         if any_declared(jobs):  # a declaring job runs in its declared shape, its share a limit wherever it runs
             limited |= mask & ~is_inf & np.array([bool(shapes_of(jobs, int(j))) for j in tj.ravel().tolist()],
                                                  bool).reshape(tj.shape)
@@ -179,7 +180,7 @@ class TenantState:
         if not self.mps_limits:
             return JoinPrediction(new_raw, self.before, after, tenant_ok, self.slot_free, self.share_free)
         cap: float | np.ndarray = float(share_speed(cand_share_pct, max(cand_util, 1e-6)))
-        if type_util == cand_util and not declared:  # its share is a limit only next to a service (limited_slots)
+        if type_util == cand_util and not declared and self.unlimited_training:  # a limit next to a service only
             cap = np.where(self.has_inf, cap, 1.0)
         else:  # its declaration holds it back wherever it runs: it steals less (compose_capped)
             act = np.minimum(1.0, float(share_speed(cand_share_pct, type_util)) / pace)
@@ -225,7 +226,7 @@ class TenantState:
 
 def predict_join(M: np.ndarray, kappa: float, gpu_job: np.ndarray, gpu_share: np.ndarray, jobs: JobTable,
                  cand_type: int, cand_util: float, cand_share_pct: float, mps_limits: bool,
-                 train_floor: float, slo_factor: float) -> JoinPrediction:
+                 train_floor: float, slo_factor: float, unlimited_training: bool = True) -> JoinPrediction:
     """Predict, for every GPU, the candidate's and the tenants' speed if the candidate joined it.
 
     Args:
@@ -235,6 +236,7 @@ def predict_join(M: np.ndarray, kappa: float, gpu_job: np.ndarray, gpu_share: np
         jobs: job table (types, utilisations, inference forecasts).
         cand_type, cand_util, cand_share_pct: the candidate.
         mps_limits: True when shares cap speed (MPS); False for unrestricted sharing.
+        unlimited_training: with ``mps_limits``, a training job's share limits it only next to a service.
         train_floor: minimum normalised throughput a training tenant may be pushed to (a tenant already
             below it may stay if it does not get worse).
         slo_factor: inference SLO multiple (see :mod:`inference`).
@@ -242,8 +244,8 @@ def predict_join(M: np.ndarray, kappa: float, gpu_job: np.ndarray, gpu_share: np
     Returns:
         :class:`JoinPrediction`.
     """
-    return TenantState(M, kappa, gpu_job, gpu_share, jobs, mps_limits).join(cand_type, cand_util, cand_share_pct,
-                                                                           train_floor, slo_factor)
+    return TenantState(M, kappa, gpu_job, gpu_share, jobs, mps_limits, unlimited_training).join(
+        cand_type, cand_util, cand_share_pct, train_floor, slo_factor)
 
 
 def tenant_weights(gpu_job: np.ndarray, weight: np.ndarray) -> np.ndarray:

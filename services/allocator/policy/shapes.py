@@ -77,13 +77,14 @@ def training_shapes(num_gpus: int, solo_util: float, iso_tput_steps_s: float, mi
     return tuple(out)
 
 
-def shape_speed_table(solo_util: np.ndarray, min_speed: float,
-                      shares_pct: tuple[int, ...] = SHARES_PCT) -> tuple[np.ndarray, np.ndarray]:
+def shape_speed_table(solo_util: np.ndarray, min_speed: float, shares_pct: tuple[int, ...] = SHARES_PCT,
+                      unlimited_training: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Vectorised shape family of training jobs for many jobs at once (what a scheduling round uses).
 
     A share of at least :data:`UNLIMITED_MIN_SHARE_PCT` is the slice a job may hold on a GPU without a
     service, where it runs unlimited (:func:`elastico.coloc.rates.limited_slots`): full speed alone. A smaller
-    share is a compute limit, taken only next to a service: ``share_speed``.
+    share is a compute limit, taken only next to a service: ``share_speed``. Every share is a limit without
+    ``unlimited_training``.
 
     Args:
         solo_util: [J] solo utilisations.
@@ -91,13 +92,13 @@ def shape_speed_table(solo_util: np.ndarray, min_speed: float,
         shares_pct: candidate shares.
 
     Returns:
-        (speed [J, S], feasible [J, S] bool) over ``shares_pct``; shares of at least
-        ``UNLIMITED_MIN_SHARE_PCT`` are always feasible.
+        (speed [J, S], feasible [J, S] bool) over ``shares_pct``; 100 % (and, unlimited, shares of at least
+        ``UNLIMITED_MIN_SHARE_PCT``) always feasible.
     """
     sh = np.asarray(shares_pct, float)[None, :]
-    unlimited = sh >= UNLIMITED_MIN_SHARE_PCT
+    unlimited = sh >= (UNLIMITED_MIN_SHARE_PCT if unlimited_training else np.inf)
     speed = np.where(unlimited, 1.0, share_speed(sh, np.asarray(solo_util, float)[:, None]))
-    ok = (speed + 1e-9 >= min_speed) | unlimited
+    ok = (speed + 1e-9 >= min_speed) | unlimited | (sh >= 100.0)
     return speed, ok
 
 

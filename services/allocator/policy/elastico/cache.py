@@ -111,7 +111,7 @@ class PolicyMemo:
         return hit
 
     def tenant_state(self, M: np.ndarray, kappa: float, jobs, rows: np.ndarray, gj_rows: np.ndarray,
-                     gs_rows: np.ndarray) -> TenantState:
+                     gs_rows: np.ndarray, unlimited_training: bool = True) -> TenantState:
         """Placement state of GPUs ``rows`` (tenant slots ``gj_rows``, ``gs_rows``).
 
         A :class:`TenantState` and its cached joins are a function of the tenants' ids, types, kinds,
@@ -126,7 +126,7 @@ class PolicyMemo:
         same_model = hit is not None and hit[1].jobs is jobs and hit[1].M is M and hit[1].kappa == kappa
         if same_model and hit is not None and hit[0] == key:  # (same_model implies hit; restated for mypy)
             return hit[1]
-        state = TenantState(M, kappa, gj_rows, gs_rows, jobs, True)
+        state = TenantState(M, kappa, gj_rows, gs_rows, jobs, True, unlimited_training)
         self.state = (key, state)
         return state
 

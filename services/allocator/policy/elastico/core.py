@@ -28,7 +28,6 @@ class ElastiCo(Policy[ElastiCoParams]):
     name = "elastico"
     Params = ElastiCoParams
     mps_limits = True
-    unlimited_training = True  # training without a service on its GPUs runs with no compute limit (limited_slots)
     needs_periodic_rounds = True
 
     def __init__(self, estimate: np.ndarray, kappa: float, params: ElastiCoParams | None = None, solver=None):
@@ -37,6 +36,7 @@ class ElastiCo(Policy[ElastiCoParams]):
         self.kappa = kappa  # contention factor of the rule
         self.solver = solver  # pricing solver with the signature of services.pricer.core.solve; None = in-process
         self.uses_observations = self.params.learn_observed
+        self.unlimited_training = self.params.unlimited_training  # (the engine reads it: Policy.unlimited_training)
         self.memo = PolicyMemo()
         self.prices: np.ndarray | None = None  # the posted prices (warm start of the next solve)
         self.priced_at_s = -np.inf  # when the posted prices were last solved, s
@@ -152,7 +152,8 @@ class ElastiCo(Policy[ElastiCoParams]):
                 continue
             g = jobs.gpus[j]
             slot = gj[g] == j
-            if not slot.any(axis=1).all() or not (shapes_of(jobs, j) or service_slots(jobs, gj[g]).any()):
+            if not slot.any(axis=1).all() or (p.unlimited_training and not shapes_of(jobs, j)
+                                              and not service_slots(jobs, gj[g]).any()):
                 continue  # (its share caps it only next to a service or in a declared shape: limited_slots)
             room = float((100.0 - gs[g].sum(axis=1)).min()) + float(cur[k])
             best = float(cur[k])

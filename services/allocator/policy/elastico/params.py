@@ -37,6 +37,10 @@ class ElastiCoParams(PolicyParams):
     reprice_interval_s: float = option(3600.0, 0.0)  # re-solve prices at most this often; 0 = every round, s
     # --- 3. placement ----------------------------------------------------------------------------------
     max_attempts: int = option(8, 1)  # placement predictions per round at most (bounds a round's cost)
+    # training without a service on its GPUs runs with no compute limit, its share the slice it books (at least
+    # shapes.UNLIMITED_MIN_SHARE_PCT); False: every training share is a compute limit (isolation between
+    # training tenants, at the throughput the measured pairs give up under limits)
+    unlimited_training: bool = option(True)
     # --- 4. preemption ---------------------------------------------------------------------------------
     preempt_ratio: float = option(2.0, 0.0)  # a waiting job must outweigh a victim by this factor (> 1; 0 = off)
     min_run_s: float = option(1800.0, 0.0)  # a job placed/resized less than this ago is never preempted or resized, s

@@ -75,7 +75,7 @@ def size_services(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision) -> N
         rows = np.unique(g_of)
         # interference of the current co-tenants, on the services' GPUs only (an inference slot's
         # predicted speed is 1 / (1 + sum of its co-tenants' extra time); no MPS cap on inference)
-        st = TenantState(pol.M, pol.kappa, gj[rows], gs[rows], jobs, True)
+        st = TenantState(pol.M, pol.kappa, gj[rows], gs[rows], jobs, True, p.unlimited_training)
         pos = np.searchsorted(rows, g_of)
         slot_mask = gj[g_of] == run[:, None]
         has = slot_mask.any(axis=1)
@@ -181,12 +181,12 @@ def place_service(pol: ElastiCo, view: ClusterView, gj, gs, W, j: int, load: flo
     crowd = services_per_node(view, gj)
     # training without a service runs unlimited from its launch (limited_slots): a service never joins it
     svc = service_slots(jobs, gj)
-    unlimited = slot_any((gj >= 0) & ~svc) & ~slot_any(svc)
+    unlimited = slot_any((gj >= 0) & ~svc) & ~slot_any(svc) & p.unlimited_training
     for share in menu:
         if share / 100.0 - load < slo_margin(p.slo_factor) - 1e-9:
             continue
         pred = predict_join(pol.M, pol.kappa, gj, gs, jobs, view.types.inference_index, load, share,
-                            True, p.train_floor, p.slo_factor)
+                            True, p.train_floor, p.slo_factor, p.unlimited_training)
         cap_ok = share / 100.0 * pred.new_norm - load >= slo_margin(p.slo_factor) - 1e-9
         ok = pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok & cap_ok & ~unlimited
         # ties (e.g. empty GPUs) go to the node with the most services: services gather on their own nodes
@@ -254,7 +254,7 @@ def fill_slack(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision, waiting
     if sig == memo.slack:
         return
     placed_before = len(d.place)
-    state = TenantState(pol.M, pol.kappa, gj[rows], gs[rows], jobs, True)
+    state = TenantState(pol.M, pol.kappa, gj[rows], gs[rows], jobs, True, p.unlimited_training)
     failed: set = set()
     attempts = 0
     shares = sorted(p.shares_pct, reverse=True)

@@ -86,7 +86,7 @@ def place_training(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision, que
     sh = np.asarray(p.shares_pct, float)
     room = np.where(slot_open, gfree, 0.0)
     n_room = (room[None, :] >= sh[:, None] - 1e-9).sum(axis=1)  # [S] GPUs with room for each share
-    _, okp = shape_speed_table(jobs.solo_util[pend], p.train_floor, p.shares_pct)
+    _, okp = shape_speed_table(jobs.solo_util[pend], p.train_floor, p.shares_pct, p.unlimited_training)
     fits_now = n_room[np.argmax(okp, axis=1)] >= nmin
     if decl:  # a declaring job: room for its smallest declared share on as many GPUs as its smallest count
         for i, j in enumerate(pend.tolist()):
@@ -108,7 +108,7 @@ def place_training(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision, que
     sh_all = np.asarray(p.shares_pct, float)
     fs = sh_all[np.minimum(np.searchsorted(sh_all / 100.0 + 1e-9, jobs.solo_util[pend[top]]), len(sh_all) - 1)]
     unlimited = sh_all[sh_all >= UNLIMITED_MIN_SHARE_PCT]
-    if len(unlimited):  # full speed on a GPU without a service from the smallest slice there
+    if len(unlimited) and p.unlimited_training:  # full speed on a GPU without a service from the smallest slice there
         fs = np.minimum(fs, unlimited[0])
     if decl:  # a declaring job's minimal demand: its smallest declared share
         for i, j in enumerate(pend[top].tolist()):
@@ -186,14 +186,14 @@ def place_training(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision, que
             attempts += 1
             if state is None:
                 gj_rows = gj[rows]
-                state = memo.tenant_state(pol.M, pol.kappa, jobs, rows, gj_rows, gs[rows])
+                state = memo.tenant_state(pol.M, pol.kappa, jobs, rows, gj_rows, gs[rows], p.unlimited_training)
                 tw = tenant_weights(gj_rows, Wt)
             declared = bool(shapes_of(jobs, j))
             pred = state.join(t, float(jobs.solo_util[j]), share, p.train_floor, p.slo_factor, jobs.activity_util(j),
                               declared=declared)
             feas = (pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok
                     & (pred.new_norm >= p.train_floor - 1e-9))
-            if share < UNLIMITED_MIN_SHARE_PCT and not declared:  # a compute limit of the menu: next to a service only
+            if share < UNLIMITED_MIN_SHARE_PCT and not declared and p.unlimited_training:  # a limit: next to a service
                 feas &= state.has_inf
             gain = wc[c] * pred.new_norm * cnt_sp[c, s] - weighted_loss(pred, tw)
             feas &= gain > 0
@@ -233,7 +233,7 @@ def shape_family(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, cand: n
         when its share is and its count keeps at least ``min_count_speed``.
     """
     jobs = view.jobs
-    sp, okp = shape_speed_table(jobs.solo_util[cand], p.train_floor, p.shares_pct)  # [J, S]
+    sp, okp = shape_speed_table(jobs.solo_util[cand], p.train_floor, p.shares_pct, p.unlimited_training)  # [J, S]
     req = jobs.num_gpus[cand].astype(np.int64)
     S = len(p.shares_pct)
     C = 4 if count_shapes_on(p, view) and p.shrink_gpus else 1
