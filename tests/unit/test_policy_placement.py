@@ -197,3 +197,14 @@ def test_slot_all_and_any_are_numpy_s_all_and_any_whatever_the_layout(slots):
         m = rng.random((37, slots)) < rng.random()
         for a in (m, np.asfortranarray(m), m[:, ::-1]):  # contiguous rows read as words; the others slot by slot
             assert (slot_all(a) == m.all(axis=1)).all() and (slot_any(a) == m.any(axis=1)).all()
+
+
+@pytest.mark.parametrize("unlimited", [True, False])
+def test_a_share_the_policy_chose_never_counts_on_stealing_less(unlimited):
+    """Whether or not its share is a limit, a candidate at a share the policy chose (no declared shapes) is
+    assumed to take its full pair from its co-tenants: their predicted speeds do not depend on its share."""
+    v = view([{"type": 2}, {"type": 2}], gpus=1, placed={0: ([0], 50.0)})
+    st = TenantState(rule_matrix(0.9), 0.9, v.gpu_job, v.gpu_share, v.jobs, True, unlimited)
+    u = float(v.jobs.solo_util[1])
+    small, full = st.join(2, u, 25.0, 0.1, 10.0), st.join(2, u, 100.0, 0.1, 10.0)
+    assert np.array_equal(small.after, full.after) and np.array_equal(small.tenant_ok, full.tenant_ok)

@@ -180,12 +180,12 @@ class TenantState:
         if not self.mps_limits:
             return JoinPrediction(new_raw, self.before, after, tenant_ok, self.slot_free, self.share_free)
         cap: float | np.ndarray = float(share_speed(cand_share_pct, max(cand_util, 1e-6)))
-        if type_util == cand_util and not declared and self.unlimited_training:  # a limit next to a service only
-            cap = np.where(self.has_inf, cap, 1.0)
-        else:  # its declaration holds it back wherever it runs: it steals less (compose_capped)
+        if type_util > cand_util:  # its declaration holds it back wherever it runs: it steals less (compose_capped)
             act = np.minimum(1.0, float(share_speed(cand_share_pct, type_util)) / pace)
             if (act[self.occupied] < 1.0).any():
                 after, tenant_ok = self._tenants_after(inv, one_extra, train_floor, slo_factor, act)
+        elif not declared and self.unlimited_training:  # its share is a limit next to a service only
+            cap = np.where(self.has_inf, cap, 1.0)
         new = new_raw if type_util == cand_util else new_raw * (type_util / max(cand_util, 1e-6))  # see `room`
         return JoinPrediction(np.minimum(new, cap), self.before, after, tenant_ok, self.slot_free, self.share_free)
 
