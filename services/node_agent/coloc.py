@@ -14,8 +14,9 @@ module only adapts the node agent's view of a workload to it and turns normalise
    measured pair of the GPU type keeps its measured fraction (``data/coloc_gavel_pairs.csv``); a pair Gavel
    could not co-locate keeps ``FAILED_PAIR_NORM`` (0.05); an unmeasured pair (or a pair with an
    inference service) the calibrated utilisation rule ``kappa x min(1, 1 / (u_a + u_b))``; k > 2 tenants
-   compose pairwise values additively (``1 / (1 + sum(1/p - 1))``). MPS limits are always enforced on a
-   node, so a training tenant's speed is then capped by its share: ``min(1, share / u)`` with ``u`` its
+   compose pairwise values additively (``1 / (1 + sum(1/p - 1))``). A training tenant's speed is capped by
+   the MPS limit it launched with (``Tenant.compute_share_pct``: the placement's shape, 100 % for training
+   placed where no service runs): ``min(1, share / u)`` with ``u`` its
    type's fitted solo utilisation (saturating: a job that uses 60 % of a GPU alone loses nothing at a 75 %
    share). An inference workload (``kind="inference"``) is not capped and counts with utilisation = its
    measured load (``Tenant.load``, from its metrics scrape) up to its share, or its share while unmeasured
