@@ -17,9 +17,8 @@ Conventions: ``p[a, b]`` is the normalised throughput (co-located / isolated, in
   its co-located pace also steals less time from its co-tenants (:func:`compose_capped`).
 * **Where a share is a limit** (:func:`limited_slots`): a training tenant's share is its compute limit only
   on a GPU that hosts an inference service (the limit protects the service). Training tenants of a GPU with
-  no service share its compute unlimited, as the measured pairs ran (both at 100 %: the GPU campaign's
-  pairs sum to 1.13-1.19 where shares summing to 100 % would cap them near 1); their shares are the slices
-  they reserve (memory, the GPU's capacity account).
+  no service share its compute unlimited, as the measured pairs ran (both tenants at 100 %); their shares
+  are the slices they reserve (memory, the GPU's capacity account).
 
 Pure numpy; no I/O.
 """

@@ -377,9 +377,9 @@ def _observed_norm(rows: Sequence[Job], gpus: list, gpu_job: np.ndarray,
 
 def _observed_pace(reading: np.ndarray, kind: np.ndarray, share: np.ndarray, util: np.ndarray) -> np.ndarray:
     """Agents' readings (speed against the job's own shape) as the pace ``JobTable.observed_norm`` means, the
-    simulator's: a training job its share (``share``: its MPS limit, the placement's shape) caps (``share_speed(share, its type's utilisation) < 1``) runs at its
-    pace below the cap, so ``pace = reading x cap``; a reading at its full shape speed says only that its pace is
-    at least the cap, so it is left out (NaN)."""
+    simulator's: a training job its MPS limit (``share``: the placement's shape) caps (``share_speed(share, its
+    type's utilisation) < 1``) runs at its pace below the cap, so ``pace = reading x cap``; a reading at its full
+    shape speed says only that its pace is at least the cap, so it is left out (NaN)."""
     cap = np.where(kind == TRAINING, share_speed(share, np.maximum(util, 1e-6)), 1.0)
     capped = cap < 1.0 - 1e-9
     if not (capped & np.isfinite(reading)).any():
