@@ -22,7 +22,9 @@ For each policy:
 2. **simulated** -- the same jobs and services (same profiles, peak loads, phases, start and end) through
    ``simulator`` with the live allocator's policy options, on the same node topology. Each job runs at its
    requested GPU count on both sides: live, it declares shapes at that count only, and a gang changes count
-   only to counts it declares, so the simulated policy runs without GPU-count shapes (``elastic_gpus``).
+   only to counts it declares, so the simulated policy runs without GPU-count shapes (``elastic_gpus``); a
+   declared share is a compute limit wherever it runs, so the simulated policy keeps every training share a
+   limit (``unlimited_training`` off).
 
 Then the simulator's metrics table, live next to simulated, the differences, the ElastiCo / FIFO ratios, each
 service's SLO attainment and p99 latency, and the plots. The estimate both sides decide on is the calibrated
@@ -506,9 +508,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{a.mu_full:g} req/s, declared demand {s.spec.inference.demand_rps:.2f} req/s, alive [0, {end_s / 3600:.2f} h)")
     print("== simulator: same jobs and services, same policies, same estimate (in-process)")
     # the trace jobs declare shapes at their requested GPU count only, so live no job changes its count (the live
-    # policy grows or shrinks a gang only to counts it declares); the simulated jobs get the same constraint
-    sim_opts = {**live_opts, "elastic_gpus": False}
-    print("   every job runs at its requested GPU count on both sides (its declared shapes): no GPU-count shapes")
+    # policy grows or shrinks a gang only to counts it declares) and a declared share is a compute limit wherever it
+    # runs; the simulated jobs get the same constraints
+    sim_opts = {**live_opts, "elastic_gpus": False, "unlimited_training": False}
+    print("   every job runs at its requested GPU count on both sides (its declared shapes): no GPU-count shapes, and "
+          "every training share a compute limit")
     sim = run_sim(w, policies, cfg, sim_opts, a.mu_full)
     sims = [s for _, s, _ in sim]
     for s in sims:

@@ -148,3 +148,25 @@ async def test_32_jobs_declaring_10pct_are_placed_up_to_the_tenant_limit(store, 
     [n] = await store.list_nodes()
     assert [(g.allocated_share_pct, g.allocated_mem_mib) for g in n.gpus] == [(10.0 * max_tenants, 1024 * max_tenants)] * 4
     assert all(j.state is JobState.PENDING for j in got if j.placement is None)
+
+
+@pytest.mark.parametrize("unlimited", [True, False])
+async def test_a_plain_training_job_without_a_service_launches_without_a_compute_limit(agent_node, unlimited):
+    """ELASTICO_UNLIMITED_TRAINING (on by default): ElastiCo places a job without declared shapes on a GPU without a
+    service; its slice books its share and memory, and the node agent launches it with the placement shape's MPS
+    limit -- 100 % (unlimited), or its share when the setting is off."""
+    store, reconciler = agent_node["store"], agent_node["reconciler"]
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(policy="elastico", unlimited_training=unlimited), lease)
+    job, _ = await store.create_job(make_job(spec=make_spec(model_family="ResNet-18", batch_size=32, training=LONG)))
+    rep = await sch.round(epoch)
+    assert rep.placed == [job.job_id]
+    p = (await store.get_job(job.job_id)).placement
+    share, mem = p.slices[0].compute_share_pct, p.slices[0].mem_mib
+    assert p.shape.compute_share_pct == (100.0 if unlimited else share) and share <= 100.0
+    assert (await reconciler.reconcile()).started == 1
+    [w] = reconciler.workloads()
+    env = read_environ(child_of(w.pid, need=MPS_ENV))
+    assert env is not None and (w.compute_share_pct, w.mem_mib) == (share, mem)  # the booked slice is reported
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == f"{p.shape.compute_share_pct:g}"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={mem}M"
