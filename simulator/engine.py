@@ -390,7 +390,7 @@ class Engine:
             slot = np.flatnonzero(self.gpu_job[g] < 0)[0]
             self.gpu_job[g, slot] = j
             self.gpu_share[g, slot] = share
-            self.gpu_grant[g, slot] = share if self.limited[j] or self.kind[j] != TRAINING else 100.0
+            self.gpu_grant[g, slot] = self._granted(j, share)
         self.pending.pop(j, None)
         self.running.add(j)
         self._members = None
@@ -417,6 +417,10 @@ class Engine:
         if self.unlimited_training and self.kind[j] == TRAINING:
             ten = self.gpu_job[gpus]
             self.limited[j] = bool((self.kind[ten[ten >= 0]] == INFERENCE).any())
+
+    def _granted(self, j: int, share: float) -> float:
+        """Compute job ``j`` is granted on each of its GPUs at ``share`` (allocation): a whole GPU without a limit."""
+        return share if self.limited[j] or self.kind[j] != TRAINING else 100.0
 
     def _count_factors(self, j: int, n: int) -> tuple[float, float]:
         """(speed factor vs the requested count, per-GPU scaling efficiency) of training job ``j`` on ``n``
@@ -448,7 +452,7 @@ class Engine:
             self._set_limit(j, self.gpus[j])
             for g in self.gpus[j]:
                 self.gpu_share[g, self.gpu_job[g] == j] = sh
-                self.gpu_grant[g, self.gpu_job[g] == j] = sh if self.limited[j] or self.kind[j] != TRAINING else 100.0
+                self.gpu_grant[g, self.gpu_job[g] == j] = self._granted(j, sh)
             self.share[j] = sh
             if self.p.mps_limits:
                 self.restarts[j] += 1

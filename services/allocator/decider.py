@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from elastico.coloc.rates import compose_capped, share_speed
+from elastico.coloc.rates import compose_capped, limited_slots, share_speed
 from elastico.logging import get_logger
 from services.allocator.policy import ClusterView, Decision, ElastiCo, LucidPacking, Policy
 from services.allocator.policy.placement import pair_estimate
@@ -125,7 +125,8 @@ def predicted_norm(M: np.ndarray, kappa: float, view: ClusterView, r: int, mps_l
     pace = float(compose_capped(pair, np.where(training & (ut > uu), share_speed(shares, np.maximum(ut, 1e-6)), 1.0))[1][i])
     # against its shape: the share's cap on its type's pace (plan._observed_pace reads agents' readings back),
     # where the share is a limit: next to a service, or a declared shape (plan.make_placement)
-    limited = training[i] and (not unlimited_training or not training.all() or bool(shapes_of(jobs, r)))
+    limited = bool(training[i]) and (not unlimited_training or bool(limited_slots(training, ~training)[i])
+                                     or bool(shapes_of(jobs, r)))
     cap = float(share_speed(shares[i], max(float(ut[i]), 1e-6))) if limited else 1.0
     return min(1.0, pace / cap)
 

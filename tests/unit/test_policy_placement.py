@@ -208,3 +208,21 @@ def test_a_share_the_policy_chose_never_counts_on_stealing_less(unlimited):
     u = float(v.jobs.solo_util[1])
     small, full = st.join(2, u, 25.0, 0.1, 10.0), st.join(2, u, 100.0, 0.1, 10.0)
     assert np.array_equal(small.after, full.after) and np.array_equal(small.tenant_ok, full.tenant_ok)
+
+
+def test_the_allocators_predicted_speed_follows_where_a_share_is_a_limit():
+    """decider.predicted_norm (the metric node agents' readings are compared with) reads a training job's speed
+    against its shape: unlimited beside training only (its pace, the pair), against its share's cap beside a
+    service or with every share a limit."""
+    from services.allocator.decider import predicted_norm
+
+    M = rule_matrix(0.9)
+    v = view([{"type": 2}, {"type": 2}, {"type": 2}, {"kind": 1, "load": 0.05}], gpus=2,
+             placed={0: ([0], 50.0), 1: ([0], 50.0), 2: ([1], 50.0), 3: ([1], 50.0)})
+    u = float(v.jobs.solo_util[0])
+    pair = float(pair_estimate(M, 0.9, np.array([2]), np.array([u]), np.array([2]), np.array([u]))[0])
+    cap = float(share_speed(50.0, u))
+    assert cap < 1.0 and predicted_norm(M, 0.9, v, 0, True, True) == pytest.approx(min(1.0, pair))
+    assert predicted_norm(M, 0.9, v, 0, True, False) == pytest.approx(min(1.0, min(pair, 1.0) / cap))
+    beside = predicted_norm(M, 0.9, v, 2, True, True)
+    assert beside == predicted_norm(M, 0.9, v, 2, True, False)  # next to a service: a limit either way
