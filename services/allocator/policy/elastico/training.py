@@ -172,6 +172,7 @@ def place_training(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision, que
             break
         j, t, first, n_c = cand_l[c], type_l[c], choice_l[c], n_l[c]
         mask = gpu_mask(jobs, j)  # a job pinned to nodes: its own failures say nothing of other jobs
+        declared = bool(shapes_of(jobs, j))  # its declared shares are limits wherever it runs
         tries = [first] + [s for s in order_l[c] if ok_l[c][s] and s != first]
         if shrunk_shapes:  # a shrunk gang only when no full-gang shape fits
             full = [x == n_c[0] for x in n_c]
@@ -188,7 +189,6 @@ def place_training(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision, que
                 gj_rows = gj[rows]
                 state = memo.tenant_state(pol.M, pol.kappa, jobs, rows, gj_rows, gs[rows], p.unlimited_training)
                 tw = tenant_weights(gj_rows, Wt)
-            declared = bool(shapes_of(jobs, j))
             pred = state.join(t, float(jobs.solo_util[j]), share, p.train_floor, p.slo_factor, jobs.activity_util(j),
                               declared=declared)
             feas = (pred.slot_free & (pred.share_free >= share - 1e-9) & pred.tenant_ok
