@@ -108,6 +108,20 @@ def test_expand_share_capped_job_when_room_and_worth_the_restart(remaining, serv
     assert ((0, 75.0) in d.resize) is grows, d
 
 
+@pytest.mark.parametrize("remaining, partner, unlocked", [(100 * H, False, True), (60.0, False, False),
+                                                         (100 * H, True, False)],
+                         ids=["long-alone-relaunches", "short-stays", "beside-training-stays"])
+def test_a_job_left_limited_by_a_service_that_left_is_relaunched_without_a_limit(remaining, partner, unlocked):
+    """A share below an unlimited slice on a GPU without a service is a limit the job launched with next to a
+    service since gone (limited_slots: unlimited training books at least UNLIMITED_MIN_SHARE_PCT). Alone and with
+    work left to pay for the restart, it is relaunched on the smallest unlimited slice (no limit there); beside
+    another training job (whose pair speed the policy would have to predict) it stays."""
+    jobs = [{"type": HEAVY, "arrival": 0, "remaining": remaining}] + ([{"type": HEAVY, "arrival": 0}] if partner else [])
+    placed = {0: ([0], 25.0), **({1: ([0], 50.0)} if partner else {})}
+    d = elastico(min_run_s=1800.0).decide(view(jobs, gpus=1, placed=placed, now=4000.0))
+    assert [r for r in d.resize if r[0] == 0] == ([(0, 50.0)] if unlocked else []), d
+
+
 def test_expand_waits_for_min_run():
     jobs = [{"type": HEAVY, "arrival": 0, "remaining": 100 * H}]
     d = elastico(min_run_s=1800.0).decide(view(jobs, gpus=1, placed={0: ([0], 50.0)}, now=600.0))

@@ -13,7 +13,7 @@ from services.allocator.policy.elastico.params import ElastiCoParams
 from services.allocator.policy.elastico.preemption import preempt
 from services.allocator.policy.elastico.serving import fill_slack, service_slots, size_services
 from services.allocator.policy.elastico.training import place_training, waiting_training
-from services.allocator.policy.shapes import declared_shares, shapes_of
+from services.allocator.policy.shapes import UNLIMITED_MIN_SHARE_PCT, declared_shares, shapes_of
 from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, Decision
 
 
@@ -129,7 +129,8 @@ class ElastiCo(Policy[ElastiCoParams]):
 
     def _expand(self, view: ClusterView, gj, gs, d: Decision) -> None:
         """Nobody waits: gangs grow onto idle GPUs (:func:`counts.regrow`), and training jobs a share caps next
-        to a service grow their share in place when the time saved exceeds ``expand_gain`` restarts (step 6)."""
+        to a service grow their share in place when the time saved exceeds ``expand_gain`` restarts (step 6); a
+        job still under the limit of a service that has left its GPU, alone there, is relaunched without one."""
         p = self.params
         jobs = view.jobs
         run = view.running[jobs.kind[view.running] == TRAINING]
@@ -152,19 +153,29 @@ class ElastiCo(Policy[ElastiCoParams]):
                 continue
             g = jobs.gpus[j]
             slot = gj[g] == j
-            if not slot.any(axis=1).all() or (p.unlimited_training and not shapes_of(jobs, j)
-                                              and not service_slots(jobs, gj[g]).any()):
-                continue  # (its share caps it only next to a service or in a declared shape: limited_slots)
+            if not slot.any(axis=1).all():
+                continue
+            declared = bool(shapes_of(jobs, j))
+            menu = p.shares_pct if not declared else declared_shares(jobs, j, len(g))
+            unlimited = p.unlimited_training and not declared and not service_slots(jobs, gj[g]).any()
+            if unlimited:
+                # no service beside it: its share caps it only when it launched next to one that has left, which a
+                # share below an unlimited slice tells (limited_slots); alone, relaunched on such a slice, it runs
+                # at full speed
+                if cur[k] >= UNLIMITED_MIN_SHARE_PCT or ((gj[g] >= 0).sum(axis=1) > 1).any():
+                    continue
+                menu = tuple(s for s in p.shares_pct if s >= UNLIMITED_MIN_SHARE_PCT)[:1]
             room = float((100.0 - gs[g].sum(axis=1)).min()) + float(cur[k])
             best = float(cur[k])
-            for s in (p.shares_pct if not shapes_of(jobs, j) else declared_shares(jobs, j, len(g))):
+            for s in menu:
                 if best < s <= room + 1e-9:
                     best = float(s)
                     if float(share_speed(s, u[k])) >= 1.0 - 1e-9:
                         break
             if best <= cur[k]:
                 continue
-            old_sp, new_sp = float(share_speed(cur[k], u[k])), float(share_speed(best, u[k]))
+            old_sp = float(share_speed(cur[k], u[k]))
+            new_sp = 1.0 if unlimited else float(share_speed(best, u[k]))
             if rem[k] * (1.0 - old_sp / new_sp) <= p.expand_gain * p.restart_s:
                 continue
             gs[g] = np.where(slot, best, gs[g])
