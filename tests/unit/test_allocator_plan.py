@@ -171,6 +171,20 @@ def test_a_training_placement_is_limited_by_its_share_only_next_to_a_service():
     assert all(p.shape.compute_share_pct == p.slices[0].compute_share_pct for _, p in limits.place)
 
 
+def test_a_job_resized_off_a_departed_services_limit_relaunches_without_one():
+    """A training job still at the 25 % limit it launched with next to a service that has left, resized by the
+    policy to an unlimited slice: live it relaunches with no limit (shape 100 %) and half the GPU booked; with
+    every share a limit, the resize keeps the share as the limit."""
+    run = placed(make_job(), "n1", (0,), 25.0)
+    n1 = node("n1", gpus=1)
+    n1 = replace(n1, gpus=(replace(n1.gpus[0], allocated_share_pct=25.0, allocated_mem_mib=4096),))
+    view, idx = build_view([run], [n1], TYPES, RESOLVE, NOW, 15)
+    for unlimited, limit in ((True, 100.0), (False, 50.0)):
+        plan = translate(Decision(resize=[(0, 50.0)]), view, idx, unlimited_training=unlimited)
+        assert [(j.job_id, p.shape.compute_share_pct, p.slices[0].compute_share_pct) for j, p in plan.resize] == [
+            (run.job_id, limit, 50.0)]
+
+
 def test_translate_preempt_then_place_is_a_resize():
     run = placed(make_job(), "n1", (0,), 50.0)
     n1 = node("n1", gpus=1)
