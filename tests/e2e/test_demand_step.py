@@ -86,7 +86,9 @@ def test_a_demand_step_grows_the_share_within_two_rounds_without_restarting_the_
         except AssertionError:
             raise AssertionError(f"share never reached 70 %: {sorted(set(seen[::5]))}") from None
         took = time.monotonic() - t_step
-        assert took <= 60.0 / SCALE + 2 * SCRAPE_S + 2 * ROUND_S + 0.5, took  # 0.5 s: reconcile and report poll
+        # 1 s: reconcile, report poll and this test's own polling (3.005 s against a 0.5-s grace once, on a loaded
+        # machine)
+        assert took <= 60.0 / SCALE + 2 * SCRAPE_S + 2 * ROUND_S + 1.0, took
         share1 = grown.placement.slices[0].compute_share_pct
         assert placement_id(grown.placement) == pid0  # in place
         assert next(w.pid for w in agent.workloads([svc.job_id])) == proc0  # the same serving process
