@@ -29,8 +29,9 @@ measurements behind them: ``docs/results.md`` (its ElastiCo sections and "Measur
    limit of a service that has left is relaunched without one) and gangs grow onto idle GPUs (measured scaling
    curves, read pessimistically) when the time saved exceeds ``expand_gain`` restarts; when jobs wait, grown
    gangs lighter than them give the GPUs back, and gangs running shrunk may grow onto the empty GPUs as the
-   heavier ones may. A one-node gang still shrunk gets a node cleared for it: the few settled training jobs on the node with fewest tenants move to empty GPUs elsewhere
-   (never a service; at most ``defrag_moves`` jobs a round, when the time saved pays for every restart).
+   heavier ones may. A one-node gang still shrunk gets a node cleared for it: the few settled training jobs on
+   the node with fewest tenants move to empty GPUs elsewhere (never a service; at most ``defrag_moves`` jobs a
+   round, when the time saved pays for every restart).
 7. **Observed interference** (:mod:`.learning`). A training pair seen running slower than estimated is
    not co-located again on the estimate's word.
 
