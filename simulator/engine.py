@@ -156,7 +156,8 @@ class Engine:
         self.restarts = np.zeros(N, np.int64)
         self.need_restart = np.zeros(N, bool)
         # a training job's share is its MPS compute limit (fixed at launch); under a policy with
-        # ``unlimited_training`` only when it launched next to a service (elastico.coloc.rates.limited_slots)
+        # ``unlimited_training`` only when it launched next to a service (elastico.coloc.rates.limited_slots);
+        # the policy sees it (JobTable.limited)
         self.limited = np.ones(N, bool)
         self.unlimited_training = bool(getattr(policy, "unlimited_training", False))
         self.forecast = np.full(N, np.nan)
@@ -203,7 +204,8 @@ class Engine:
         self.view_jobs = JobTable(*(read_only(a) for a in (
             self.kind, self.type_idx, self.num_gpus, self.arrival, np.ones(N), self.attained, self.share, self.util,
             self.forecast)), self.gpus, *(read_only(a) for a in (
-                self.restarts, self.queued_since, self.remaining_est, self.last_change, self.observed)))
+                self.restarts, self.queued_since, self.remaining_est, self.last_change, self.observed)),
+            limited=read_only(self.limited))
         self.margin = slo_margin(cfg.slo_factor)
         self._factors_memo: dict = {}  # (type, requested GPUs, count) -> (count speed, per-GPU efficiency)
 

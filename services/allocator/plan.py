@@ -340,7 +340,7 @@ def build_view(jobs: Sequence[Job], nodes: Sequence[NodeInfo], types: TypeTable,
                      allowed_gpus=tuple(pinned.get(r) for r in range(N)) if pinned else None,
                      gang_sizes=tuple(tuple(sorted(allowed_gang_sizes(j.spec))) for j in rows),
                      job_ids=tuple(j.job_id for j in rows), declared=declared, any_declared=any(declared),
-                     type_util=type_util)
+                     type_util=type_util, limited=(kind == TRAINING) & (limit > 0) & (limit < 100.0))
     view = ClusterView(now_s=now_s * ts, gpu_job=gpu_job, gpu_share=gpu_share, jobs=table,
                        pending=np.arange(len(placed), N, dtype=np.int64), running=running, types=types,
                        topology=Topology.from_gpu_node([n for n, _ in gpu_keys]))

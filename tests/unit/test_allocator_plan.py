@@ -185,6 +185,20 @@ def test_a_job_resized_off_a_departed_services_limit_relaunches_without_one():
             (run.job_id, limit, 50.0)]
 
 
+def test_the_view_flags_training_whose_share_is_the_limit_it_launched_with():
+    """JobTable.limited: a training job whose shape's compute share is below 100 % runs under that MPS limit (it
+    launched next to a service), whatever its GPU holds now; one launched without a limit (shape 100 %, half the
+    GPU booked) and a queued job are not flagged."""
+    lim = placed(make_job(), "n1", (0,), 50.0)
+    free = placed(make_job(), "n1", (1,), 50.0)
+    free = replace(free, placement=replace(free.placement, shape=replace(free.placement.shape, compute_share_pct=100.0)))
+    n1 = node("n1", gpus=2)
+    n1 = replace(n1, gpus=tuple(replace(g, allocated_share_pct=50.0, allocated_mem_mib=8192) for g in n1.gpus))
+    view, idx = build_view([lim, free, make_job()], [n1], TYPES, RESOLVE, NOW, 15)
+    assert [j.job_id for j in idx.jobs] == [lim.job_id, free.job_id, idx.jobs[2].job_id]
+    assert view.jobs.limited.tolist() == [True, False, False]
+
+
 def test_translate_preempt_then_place_is_a_resize():
     run = placed(make_job(), "n1", (0,), 50.0)
     n1 = node("n1", gpus=1)

@@ -122,6 +122,20 @@ def test_a_job_left_limited_by_a_service_that_left_is_relaunched_without_a_limit
     assert [r for r in d.resize if r[0] == 0] == ([(0, 50.0)] if unlocked else []), d
 
 
+@pytest.mark.parametrize("flag, relaunched", [(True, True), (False, False), (None, False)],
+                         ids=["flagged-relaunches", "not-flagged-stays", "no-flag-reads-the-share"])
+def test_the_views_limit_flag_tells_a_departed_services_limit_at_an_unlimited_slice(flag, relaunched):
+    """At 50 % alone on a GPU without a service a job may run unlimited (the slice it booked) or under the limit it
+    launched with next to a service since gone: the share cannot tell, the view's limit flag (JobTable.limited)
+    does. Flagged, it is relaunched at the same slice without the limit; not flagged, or with no flag, it stays."""
+    jobs = [{"type": HEAVY, "arrival": 0, "remaining": 100 * H}]
+    v = view(jobs, gpus=1, placed={0: ([0], 50.0)}, now=4000.0)
+    if flag is not None:
+        v = replace(v, jobs=replace(v.jobs, limited=np.array([flag])))
+    d = elastico(min_run_s=1800.0).decide(v)
+    assert [r for r in d.resize if r[0] == 0] == ([(0, 50.0)] if relaunched else []), d
+
+
 def test_expand_waits_for_min_run():
     jobs = [{"type": HEAVY, "arrival": 0, "remaining": 100 * H}]
     d = elastico(min_run_s=1800.0).decide(view(jobs, gpus=1, placed={0: ([0], 50.0)}, now=600.0))

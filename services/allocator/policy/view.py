@@ -67,6 +67,10 @@ class JobTable:
     # let it reach (the live allocator): what its share's cap on its activity is measured against, so a job at 1 %
     # of a GPU steals 1 % of its type's time (``rates.compose_capped``); None = ``solo_util`` (the simulator)
     type_util: np.ndarray | None = None
+    # [N] bool, read for running training jobs only: the job's share is the MPS compute limit it launched with
+    # (next to a service, or every share where training is never unlimited), which stays when the service leaves;
+    # None = not known, a policy infers it from the share (the simulator and the live allocator both give it)
+    limited: np.ndarray | None = None
 
     def activity_util(self, j: int) -> float:
         """Solo utilisation job ``j``'s activity under a share is measured against (``type_util``)."""

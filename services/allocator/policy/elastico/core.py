@@ -158,22 +158,25 @@ class ElastiCo(Policy[ElastiCoParams]):
             declared = bool(shapes_of(jobs, j))
             menu = p.shares_pct if not declared else declared_shares(jobs, j, len(g))
             unlimited = p.unlimited_training and not declared and not service_slots(jobs, gj[g]).any()
-            if unlimited:
-                # no service beside it: its share caps it only when it launched next to one that has left, which a
-                # share below an unlimited slice tells (limited_slots); alone, relaunched on such a slice, it runs
-                # at full speed
-                if cur[k] >= UNLIMITED_MIN_SHARE_PCT or ((gj[g] >= 0).sum(axis=1) > 1).any():
-                    continue
-                menu = tuple(s for s in p.shares_pct if s >= UNLIMITED_MIN_SHARE_PCT)[:1]
             room = float((100.0 - gs[g].sum(axis=1)).min()) + float(cur[k])
-            best = float(cur[k])
-            for s in menu:
-                if best < s <= room + 1e-9:
-                    best = float(s)
-                    if float(share_speed(s, u[k])) >= 1.0 - 1e-9:
-                        break
-            if best <= cur[k]:
-                continue
+            if unlimited:
+                # no service beside it: its share caps it only when it launched next to one that has left (the
+                # view's limit flag; without one, a share below an unlimited slice tells: limited_slots); alone,
+                # relaunched on an unlimited slice (the smallest that fits, at least its share), it runs at full speed
+                limited = bool(jobs.limited[j]) if jobs.limited is not None else cur[k] < UNLIMITED_MIN_SHARE_PCT
+                if not limited or ((gj[g] >= 0).sum(axis=1) > 1).any():
+                    continue
+                best = next((float(s) for s in p.shares_pct
+                             if max(UNLIMITED_MIN_SHARE_PCT, cur[k]) <= s <= room + 1e-9), float(cur[k]))
+            else:
+                best = float(cur[k])
+                for s in menu:
+                    if best < s <= room + 1e-9:
+                        best = float(s)
+                        if float(share_speed(s, u[k])) >= 1.0 - 1e-9:
+                            break
+                if best <= cur[k]:
+                    continue
             old_sp = float(share_speed(cur[k], u[k]))
             new_sp = 1.0 if unlimited else float(share_speed(best, u[k]))
             if rem[k] * (1.0 - old_sp / new_sp) <= p.expand_gain * p.restart_s:
