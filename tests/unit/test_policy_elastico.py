@@ -112,24 +112,26 @@ def test_expand_share_capped_job_when_room_and_worth_the_restart(remaining, serv
                                                          (100 * H, True, False)],
                          ids=["long-alone-relaunches", "short-stays", "beside-training-stays"])
 def test_a_job_left_limited_by_a_service_that_left_is_relaunched_without_a_limit(remaining, partner, unlocked):
-    """A share below an unlimited slice on a GPU without a service is a limit the job launched with next to a
-    service since gone (limited_slots: unlimited training books at least UNLIMITED_MIN_SHARE_PCT). Alone and with
-    work left to pay for the restart, it is relaunched on the smallest unlimited slice (no limit there); beside
-    another training job (whose pair speed the policy would have to predict) it stays."""
+    """A 25 % share the job launched with as a limit next to a service since gone (the view's limit flag). Alone
+    and with work left to pay for the restart, it is relaunched on the smallest unlimited slice (no limit there);
+    beside another training job (whose pair speed the policy would have to predict) it stays."""
     jobs = [{"type": HEAVY, "arrival": 0, "remaining": remaining}] + ([{"type": HEAVY, "arrival": 0}] if partner else [])
     placed = {0: ([0], 25.0), **({1: ([0], 50.0)} if partner else {})}
-    d = elastico(min_run_s=1800.0).decide(view(jobs, gpus=1, placed=placed, now=4000.0))
+    v = view(jobs, gpus=1, placed=placed, now=4000.0)
+    d = elastico(min_run_s=1800.0).decide(replace(v, jobs=replace(v.jobs, limited=np.array([True, False][:len(jobs)]))))
     assert [r for r in d.resize if r[0] == 0] == ([(0, 50.0)] if unlocked else []), d
 
 
-@pytest.mark.parametrize("flag, relaunched", [(True, True), (False, False), (None, False)],
-                         ids=["flagged-relaunches", "not-flagged-stays", "no-flag-reads-the-share"])
-def test_the_views_limit_flag_tells_a_departed_services_limit_at_an_unlimited_slice(flag, relaunched):
-    """At 50 % alone on a GPU without a service a job may run unlimited (the slice it booked) or under the limit it
-    launched with next to a service since gone: the share cannot tell, the view's limit flag (JobTable.limited)
-    does. Flagged, it is relaunched at the same slice without the limit; not flagged, or with no flag, it stays."""
+@pytest.mark.parametrize("share, flag, relaunched", [(50.0, True, True), (50.0, False, False), (25.0, False, False),
+                                                     (25.0, None, False)],
+                         ids=["flagged-relaunches", "not-flagged-stays", "unlimited-at-25-stays", "no-flag-stays"])
+def test_the_views_limit_flag_tells_a_departed_services_limit(share, flag, relaunched):
+    """Alone on a GPU without a service a job may run unlimited (at the slice it booked, or at 25 % left by a pair
+    partner that finished) or under the limit it launched with next to a service since gone: the share cannot
+    tell, the view's limit flag (JobTable.limited) does. Flagged, it is relaunched at the smallest unlimited slice
+    at least its share, without the limit; not flagged, or with no flag, it stays (a relaunch would gain nothing)."""
     jobs = [{"type": HEAVY, "arrival": 0, "remaining": 100 * H}]
-    v = view(jobs, gpus=1, placed={0: ([0], 50.0)}, now=4000.0)
+    v = view(jobs, gpus=1, placed={0: ([0], share)}, now=4000.0)
     if flag is not None:
         v = replace(v, jobs=replace(v.jobs, limited=np.array([flag])))
     d = elastico(min_run_s=1800.0).decide(v)

@@ -69,7 +69,8 @@ class JobTable:
     type_util: np.ndarray | None = None
     # [N] bool, read for running training jobs only: the job's share is the MPS compute limit it launched with
     # (next to a service, or every share where training is never unlimited), which stays when the service leaves;
-    # None = not known, a policy infers it from the share (the simulator and the live allocator both give it)
+    # None = not known: a share is read as a limit next to a service only (the simulator and the live allocator
+    # both give it)
     limited: np.ndarray | None = None
 
     def activity_util(self, j: int) -> float:

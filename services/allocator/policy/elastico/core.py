@@ -161,10 +161,9 @@ class ElastiCo(Policy[ElastiCoParams]):
             room = float((100.0 - gs[g].sum(axis=1)).min()) + float(cur[k])
             if unlimited:
                 # no service beside it: its share caps it only when it launched next to one that has left (the
-                # view's limit flag; without one, a share below an unlimited slice tells: limited_slots); alone,
-                # relaunched on an unlimited slice (the smallest that fits, at least its share), it runs at full speed
-                limited = bool(jobs.limited[j]) if jobs.limited is not None else cur[k] < UNLIMITED_MIN_SHARE_PCT
-                if not limited or ((gj[g] >= 0).sum(axis=1) > 1).any():
+                # view's limit flag, JobTable.limited); alone, relaunched on an unlimited slice (the smallest that
+                # fits, at least its share), it runs at full speed
+                if jobs.limited is None or not jobs.limited[j] or ((gj[g] >= 0).sum(axis=1) > 1).any():
                     continue
                 best = next((float(s) for s in p.shares_pct
                              if max(UNLIMITED_MIN_SHARE_PCT, cur[k]) <= s <= room + 1e-9), float(cur[k]))
