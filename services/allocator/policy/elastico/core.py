@@ -13,7 +13,7 @@ from services.allocator.policy.elastico.params import ElastiCoParams
 from services.allocator.policy.elastico.preemption import preempt
 from services.allocator.policy.elastico.serving import fill_slack, service_slots, size_services
 from services.allocator.policy.elastico.training import place_training, waiting_training
-from services.allocator.policy.shapes import UNLIMITED_MIN_SHARE_PCT, declared_shares, shapes_of
+from services.allocator.policy.shapes import UNLIMITED_MIN_SHARE_PCT, any_declared, declared_shares, shapes_of
 from services.allocator.policy.view import INFERENCE, TRAINING, ClusterView, Decision
 
 
@@ -142,6 +142,13 @@ class ElastiCo(Policy[ElastiCoParams]):
         cur = jobs.share_pct[run]
         capped = (cur > 0) & (cur < 100.0) & (cur / 100.0 < u - 1e-9)
         capped &= view.now_s - jobs.last_change_s[run] >= p.min_run_s
+        if p.unlimited_training and jobs.limited is not None:
+            # a job its share does not limit has nothing to grow (a service never joins it): only limited jobs and
+            # declaring ones (their shares are their shapes) are candidates -- most of a loaded cluster's are not
+            keep = jobs.limited[run]
+            if any_declared(jobs):
+                keep = keep | np.fromiter((bool(shapes_of(jobs, int(j))) for j in run.tolist()), bool, len(run))
+            capped &= keep
         if not capped.any():
             return
         gone = set(d.preempt) | {int(j) for j, _ in d.resize}
