@@ -163,20 +163,18 @@ class ElastiCo(Policy[ElastiCoParams]):
             if not slot.any(axis=1).all():
                 continue
             declared = bool(shapes_of(jobs, j))
-            menu = p.shares_pct if not declared else declared_shares(jobs, j, len(g))
             unlimited = p.unlimited_training and not declared and not service_slots(jobs, gj[g]).any()
             room = float((100.0 - gs[g].sum(axis=1)).min()) + float(cur[k])
             if unlimited:
-                # no service beside it: its share caps it only when it launched next to one that has left (the
-                # view's limit flag, JobTable.limited); alone, relaunched on an unlimited slice (the smallest that
-                # fits, at least its share), it runs at full speed
-                if jobs.limited is None or not jobs.limited[j] or ((gj[g] >= 0).sum(axis=1) > 1).any():
+                # no service beside it, yet flagged (above): it launched next to one that has left; alone, relaunched
+                # on an unlimited slice (the smallest that fits, at least its share), it runs at full speed
+                if jobs.limited is None or ((gj[g] >= 0).sum(axis=1) > 1).any():
                     continue
                 best = next((float(s) for s in p.shares_pct
                              if max(UNLIMITED_MIN_SHARE_PCT, cur[k]) <= s <= room + 1e-9), float(cur[k]))
             else:
                 best = float(cur[k])
-                for s in menu:
+                for s in (p.shares_pct if not declared else declared_shares(jobs, j, len(g))):
                     if best < s <= room + 1e-9:
                         best = float(s)
                         if float(share_speed(s, u[k])) >= 1.0 - 1e-9:
