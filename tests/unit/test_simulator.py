@@ -43,7 +43,8 @@ class Checked(Engine):
         for j in self.running:
             assert all((self.gpu_job[g] == j).sum() == 1 for g in self.gpus[j])
             assert self.topo.gang_ok(self.gpus[j]), f"job {j} on {self.gpus[j]} breaks the topology"
-            if self.kind[j] == 0 and (self.kind[self.gpu_job[self.gpus[j]][self.gpu_job[self.gpus[j]] >= 0]] == 1).any():
+            ten = self.gpu_job[self.gpus[j]]
+            if self.kind[j] == 0 and (self.kind[ten[ten >= 0]] == 1).any():
                 # a service never joins an unlimited training job: next to one, the policy sees the limit flag
                 assert self.view_jobs.limited[j], f"job {j} next to a service without a limit"
         if self.observe:  # what a learning policy sees: each co-located job's interference, from the ground truth
