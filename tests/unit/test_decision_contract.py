@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from elastico.domain import Shape
 from services.allocator.estimate import default_kappa, default_types, rule_matrix
 from services.allocator.policy import INFERENCE, POLICY_NAMES, TRAINING, ClusterView, Decision, JobTable, make_policy
 from services.allocator.policy.contract import check
+from services.allocator.policy.elastico import counts
 from services.allocator.policy.placement import pick_gang
 from services.allocator.policy.shapes import DeclaredJobTable, allowed_counts, declared_util_cap
 from services.allocator.policy.view import Topology, free_share
@@ -281,6 +283,61 @@ def test_elastico_clears_no_node_for_a_shrunk_gang_outside_the_gpus_it_may_use()
     view = freeze(ClusterView(1e5, gj, gs, JobTable(**f), np.array([1]), np.array([0]), TYPES, topo))
     d = make_policy("elastico", MATRIX, KAPPA).decide(view)
     assert check(d, view)[1] == [] and 0 not in d.preempt and all(j != 0 for j, _, _ in d.place)
+
+
+
+@st.composite
+def fragmented(draw) -> Case:
+    """Nodes of 4 or 8 GPUs, 2 slots each, holding gangs running shrunk on part of a node, one-GPU jobs, services
+    and scattered empty GPUs: what the node-clearing pass (``counts.defragment``) works on."""
+    size, nodes = draw(st.sampled_from([4, 8])), draw(st.integers(2, 5))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    G, K = size * nodes, 2
+    gj, gs = np.full((G, K), -1, np.int64), np.zeros((G, K))
+    kind, typ, req, gpus, util = [], [], [], [], []
+    for nd in range(nodes):
+        free = (nd * size + rng.permutation(size)).tolist()
+        while free and rng.random() < 0.85:
+            r = rng.random()
+            n = int(rng.choice([size // 2, size]))
+            held = max(1, int(rng.choice([n // 4, n // 2])))  # a halving of its request, as the policy shrinks gangs
+            if r < 0.4 and held <= len(free):  # a gang shrunk to part of this node
+                j = (TRAINING, int(rng.choice(TRAIN_TYPES)), n, free[:held])
+            elif r < 0.85:
+                j = (TRAINING, int(rng.choice(TRAIN_TYPES)), 1, free[:1])
+            else:
+                j = (INFERENCE, TYPES.inference_index, 1, free[:1])
+            del free[:len(j[3])]
+            for g in j[3]:
+                gj[g, 0], gs[g, 0] = len(kind), 100.0 if j[0] == TRAINING else 30.0
+            kind.append(j[0]), typ.append(j[1]), req.append(j[2]), gpus.append(np.array(j[3]))
+            util.append(float(TYPES.solo_util[j[1]]) if j[0] == TRAINING else 0.2)
+    N = len(kind)
+    if N == 0:
+        return draw(fragmented())
+    f = table(N, kind=np.array(kind, np.int8), type_idx=np.array(typ), num_gpus=np.array(req, np.int64),
+              share_pct=np.where(np.array(kind) == TRAINING, 100.0, 30.0), solo_util=np.array(util), gpus=gpus,
+              remaining_est_s=rng.uniform(3600, 1e6, N), last_change_s=rng.uniform(0, 1e5, N))
+    f["load_forecast"] = np.where(np.array(kind) == INFERENCE, 0.2, np.nan)
+    f["observed_norm"] = np.full(N, np.nan)
+    view = ClusterView(2e5, gj, gs, JobTable(**f), np.array([], np.int64), np.arange(N, dtype=np.int64), TYPES,
+                       Topology.uniform(G, size))
+    return Case(freeze(view))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=fragmented())
+def test_elasticos_node_clearing_skips_only_offers_that_have_no_node_to_try(case):
+    """``counts._may_clear`` is a shortcut: trying every offer of the node-clearing pass decides the same."""
+    def everyone(nodes, order, offers, *_):
+        return [True] * len(offers)
+
+    fast = make_policy("elastico", MATRIX, KAPPA).decide(case.view)
+    with mock.patch.object(counts, "_may_clear", everyone):
+        slow = make_policy("elastico", MATRIX, KAPPA).decide(case.view)
+    assert check(fast, case.view)[1] == []
+    assert sorted(fast.preempt) == sorted(slow.preempt) and fast.resize == slow.resize
+    assert [(j, g.tolist(), s) for j, g, s in fast.place] == [(j, g.tolist(), s) for j, g, s in slow.place]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -311,7 +311,7 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
     budget = p.defrag_moves
     moved = False
     nodes = None  # the nodes' tenants (_node_tenants), recomputed after each move
-    for neg_saving, j, n in offers:
+    for k, (neg_saving, j, n) in enumerate(offers):
         if j in touched:  # moved out of the way of an earlier gang of this pass
             continue
         if nodes is None:
@@ -325,10 +325,15 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
                            if clearable[nd] and ntenants[nd] <= budget and need[nd] <= n_empty - node_empty[nd])
             # fewest moves any node may cost (a gang's own node counts one tenant less); none: nobody moves
             low = min((ntenants[nd] - 1 for nd in range(topo.num_nodes) if clearable[nd]), default=math.inf)
+            may = _may_clear(nodes, order, offers, held, budget, n_empty)
+        if not may[k]:
+            continue  # no node to try (below): nothing to do, and no state changes until a move
         saving = -neg_saving
         if saving <= cost * (1 + max(low, 0)):
             break  # (offers come by decreasing saving: no later gang pays for a move either)
-        home = int(node_of[jobs.gpus[j][0]])
+        home = int(nodes.job_node[j])
+        if home < 0:  # (spread over nodes)
+            home = int(node_of[jobs.gpus[j][0]])
         # the nodes the gang might take: its own node without it counted
         tries = [t for t in order if t[2] != home]
         if clearable[home] and need[home] - held[j] <= n_empty - node_empty[home] and ntenants[home] - 1 <= budget:
@@ -342,7 +347,7 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
                 continue  # too small, or GPUs the gang is not allowed on
             if saving <= cost * (1 + moves):
                 break
-            plan = _evacuate(nodes, jobs, topo, nd, [o for o in nodes.tenants[nd] if o != j])
+            plan = _evacuate(nodes, jobs, topo, nd, [o for o in nodes.tenants(nd) if o != j])
             if plan is None:  # (the same for every other gang of the pass, until something moves)
                 if nd != home:
                     order.remove(t)
@@ -350,7 +355,7 @@ def defragment(p: ElastiCoParams, memo: PolicyMemo, view: ClusterView, gj, gs, d
             for o, target in plan:
                 relaunch(view, gj, gs, d, o, target)
             relaunch(view, gj, gs, d, j, np.arange(lo, lo + n))
-            touched.update([j, *nodes.tenants[nd]])
+            touched.update([j, *nodes.tenants(nd)])
             budget -= moves
             moved = True
             nodes = None
@@ -394,11 +399,18 @@ class NodeTenants(NamedTuple):
     """The planning arrays seen per node, for :func:`defragment` (valid until something moves)."""
 
     clearable: np.ndarray  # [Nn] bool, every tenant a settled training job held inside it, not pinned or touched
-    tenants: list[list[int]]  # per node, its tenants (sorted)
-    ntenants: np.ndarray  # [Nn] int, how many
+    pair_node: np.ndarray  # [P] the (node, tenant) pairs of the planning arrays, by node then job
+    pair_job: np.ndarray
+    ntenants: np.ndarray  # [Nn] int, tenants per node
     need: np.ndarray  # [Nn] float, the GPUs they hold
     empty: np.ndarray  # [G] bool, GPUs with no tenant
     node_empty: np.ndarray  # [Nn] int, empty GPUs per node
+    job_node: np.ndarray  # [N] int, the node holding each job; -1: none, -2: several
+
+    def tenants(self, nd: int) -> list[int]:
+        """The tenants of node ``nd``, ascending."""
+        lo = int(np.searchsorted(self.pair_node, nd))
+        return self.pair_job[lo:lo + int(self.ntenants[nd])].tolist()
 
 
 def _node_tenants(view: ClusterView, gj, settled: np.ndarray, touched: set) -> NodeTenants:
@@ -412,21 +424,36 @@ def _node_tenants(view: ClusterView, gj, settled: np.ndarray, touched: set) -> N
     p_node, p_job = pairs // len(jobs.kind), pairs % len(jobs.kind)
     # a tenant that is a service, unsettled, touched this round, without GPUs in the view, pinned to nodes or
     # spread over nodes (an untouched job's rows in gj are its GPUs) keeps its node as it is
-    bad = (jobs.kind[p_job] != TRAINING) | ~settled[p_job] | (np.bincount(p_job)[p_job] > 1)
-    bad |= np.fromiter((jobs.gpus[j] is None for j in p_job.tolist()), bool, len(p_job))
+    spread = np.bincount(p_job)[p_job] > 1
+    bad = (jobs.kind[p_job] != TRAINING) | ~settled[p_job] | spread | (view.held[p_job] == 0)
     if touched:
         bad |= np.isin(p_job, np.fromiter(touched, np.int64, len(touched)))
     if jobs.allowed_gpus is not None:
         bad |= np.array([gpu_mask(jobs, j) is not None for j in p_job.tolist()], bool)
     held = np.bincount(who, minlength=len(jobs.kind))
-    tenants: list[list[int]] = [[] for _ in range(topo.num_nodes)]
-    for nd, j in zip(p_node.tolist(), p_job.tolist()):
-        tenants[nd].append(j)
+    job_node = np.full(len(jobs.kind), -1, np.int64)
+    job_node[p_job] = np.where(spread, -2, p_node)
     empty = slot_all(gj < 0)
-    return NodeTenants(clearable=np.bincount(p_node[bad], minlength=topo.num_nodes) == 0, tenants=tenants,
-                       ntenants=np.bincount(p_node, minlength=topo.num_nodes),
+    return NodeTenants(clearable=np.bincount(p_node[bad], minlength=topo.num_nodes) == 0, pair_node=p_node,
+                       pair_job=p_job, ntenants=np.bincount(p_node, minlength=topo.num_nodes),
                        need=np.bincount(p_node, weights=held[p_job], minlength=topo.num_nodes), empty=empty,
-                       node_empty=np.bincount(node_of[empty], minlength=topo.num_nodes))
+                       node_empty=np.bincount(node_of[empty], minlength=topo.num_nodes), job_node=job_node)
+
+
+def _may_clear(nodes: NodeTenants, order: list, offers: list, held: np.ndarray, budget: int, n_empty: int) -> list:
+    """Per offer of :func:`defragment`, whether it has a node to try: another node of ``order`` or its own node
+    cleared. A superset of the offers that may move anyone while ``nodes`` holds (the pass only shrinks ``order``
+    and the budget), so the pass skips the others at no cost."""
+    if len(order) > 1 or not offers:
+        return [True] * len(offers)
+    js = np.fromiter((o[1] for o in offers), np.int64, len(offers))
+    home = nodes.job_node[js]
+    at = np.maximum(home, 0)
+    may = (home < 0) | (nodes.clearable[at] & (nodes.ntenants[at] - 1 <= budget)
+                        & (nodes.need[at] - held[js] <= n_empty - nodes.node_empty[at]))
+    if order:
+        may |= home != order[0][2]
+    return may.tolist()
 
 
 def _evacuate(nodes: NodeTenants, jobs, topo, nd: int, occ: list[int]) -> list[tuple[int, np.ndarray]] | None:
