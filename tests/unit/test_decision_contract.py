@@ -285,7 +285,6 @@ def test_elastico_clears_no_node_for_a_shrunk_gang_outside_the_gpus_it_may_use()
     assert check(d, view)[1] == [] and 0 not in d.preempt and all(j != 0 for j, _, _ in d.place)
 
 
-
 @st.composite
 def fragmented(draw) -> Case:
     """Nodes of 4 or 8 GPUs, 2 slots each, holding gangs running shrunk on part of a node, one-GPU jobs, services
@@ -294,32 +293,31 @@ def fragmented(draw) -> Case:
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     G, K = size * nodes, 2
     gj, gs = np.full((G, K), -1, np.int64), np.zeros((G, K))
-    kind, typ, req, gpus, util = [], [], [], [], []
+    jobs = []  # (kind, type, requested GPUs, GPUs held)
     for nd in range(nodes):
         free = (nd * size + rng.permutation(size)).tolist()
-        while free and rng.random() < 0.85:
+        while free and (rng.random() < 0.85 or not jobs):
             r = rng.random()
             n = int(rng.choice([size // 2, size]))
             held = max(1, int(rng.choice([n // 4, n // 2])))  # a halving of its request, as the policy shrinks gangs
             if r < 0.4 and held <= len(free):  # a gang shrunk to part of this node
-                j = (TRAINING, int(rng.choice(TRAIN_TYPES)), n, free[:held])
+                job = (TRAINING, int(rng.choice(TRAIN_TYPES)), n, free[:held])
             elif r < 0.85:
-                j = (TRAINING, int(rng.choice(TRAIN_TYPES)), 1, free[:1])
+                job = (TRAINING, int(rng.choice(TRAIN_TYPES)), 1, free[:1])
             else:
-                j = (INFERENCE, TYPES.inference_index, 1, free[:1])
-            del free[:len(j[3])]
-            for g in j[3]:
-                gj[g, 0], gs[g, 0] = len(kind), 100.0 if j[0] == TRAINING else 30.0
-            kind.append(j[0]), typ.append(j[1]), req.append(j[2]), gpus.append(np.array(j[3]))
-            util.append(float(TYPES.solo_util[j[1]]) if j[0] == TRAINING else 0.2)
-    N = len(kind)
-    if N == 0:
-        return draw(fragmented())
-    f = table(N, kind=np.array(kind, np.int8), type_idx=np.array(typ), num_gpus=np.array(req, np.int64),
-              share_pct=np.where(np.array(kind) == TRAINING, 100.0, 30.0), solo_util=np.array(util), gpus=gpus,
+                job = (INFERENCE, TYPES.inference_index, 1, free[:1])
+            del free[:len(job[3])]
+            for g in job[3]:
+                gj[g, 0], gs[g, 0] = len(jobs), 100.0 if job[0] == TRAINING else 30.0
+            jobs.append(job)
+    N = len(jobs)
+    kind = np.array([j[0] for j in jobs], np.int8)
+    typ = np.array([j[1] for j in jobs])
+    f = table(N, kind=kind, type_idx=typ, num_gpus=np.array([j[2] for j in jobs], np.int64),
+              share_pct=np.where(kind == TRAINING, 100.0, 30.0), gpus=[np.array(j[3]) for j in jobs],
+              solo_util=np.where(kind == TRAINING, TYPES.solo_util[np.where(kind == TRAINING, typ, 0)], 0.2),
+              load_forecast=np.where(kind == INFERENCE, 0.2, np.nan), observed_norm=np.full(N, np.nan),
               remaining_est_s=rng.uniform(3600, 1e6, N), last_change_s=rng.uniform(0, 1e5, N))
-    f["load_forecast"] = np.where(np.array(kind) == INFERENCE, 0.2, np.nan)
-    f["observed_norm"] = np.full(N, np.nan)
     view = ClusterView(2e5, gj, gs, JobTable(**f), np.array([], np.int64), np.arange(N, dtype=np.int64), TYPES,
                        Topology.uniform(G, size))
     return Case(freeze(view))
