@@ -16,6 +16,10 @@ num_gpus, arrival_time_s, total_steps, duration_v100_s_derived``):
 * Required columns: ``arrival_time_s``, ``job_type``, ``num_gpus`` (numbers >= 0), and a positive
   ``duration_v100_s_derived`` or ``total_steps`` per row; anything else is a :class:`TraceError` naming
   the file, line and column (the CLIs print it and exit 2), never a traceback or a silently dropped job.
+* ``--redraw-types SEED`` (:func:`redraw_job_types`) deals the rows' jobs out again: the job columns
+  (:data:`JOB_COLUMNS`: type, model, batch size, steps, duration) are permuted across the file's rows by
+  ``numpy.random.default_rng(SEED)``, arrivals and GPU counts kept -- a job-type draw nothing was tuned on,
+  reproducible from its seed.
 * ``--window START END`` keeps arrivals in [START, END) seconds of the original trace; ``--max-jobs N``
   keeps the first N of those; ``--load X`` rescales inter-arrival times so the *training* offered load
   (isolated GPU-seconds / (training GPUs x arrival span)) equals X. Training GPUs are the GPUs static
@@ -61,6 +65,9 @@ from services.allocator.policy.forecast import BIN_S as FORECAST_BIN_S
 from services.allocator.policy.inference import slo_margin
 
 BIN_S = FORECAST_BIN_S  # demand profile resolution, s: the forecaster's bins
+# the columns that describe a training row's job (what it runs and for how long), as against when it arrives
+# and on how many GPUs: what --redraw-types permutes
+JOB_COLUMNS = ("job_type", "model", "batch_size", "total_steps", "duration_v100_s_derived")
 
 
 @dataclass
@@ -120,11 +127,20 @@ def _optional(path, row: dict, col: str) -> float:
         raise TraceError(f"{path}:{row['_line']}: column {col} must be a number or empty, got {v!r}") from None
 
 
+def redraw_job_types(rows: list[dict], seed: int) -> list[dict]:
+    """The rows (in file order) with their :data:`JOB_COLUMNS` permuted across rows by
+    ``numpy.random.default_rng(seed)``; every other column (arrival, GPU count, ...) stays with its row."""
+    perm = np.random.default_rng(seed).permutation(len(rows))
+    return [{**r, **{c: rows[k][c] for c in JOB_COLUMNS if c in rows[k]}} for r, k in zip(rows, perm.tolist())]
+
+
 def load_training(path: str | Path, types: TypeTable, gpus: float, window: tuple[float, float] | None = None,
-                  max_jobs: int | None = None, load: float | None = None) -> TrainingJobs:
+                  max_jobs: int | None = None, load: float | None = None,
+                  redraw_seed: int | None = None) -> TrainingJobs:
     """Read a training trace (schema above) into arrays; see the module docstring for the mapping.
 
-    ``gpus`` is the capacity the offered load is counted against (the training GPUs, module docstring).
+    ``gpus`` is the capacity the offered load is counted against (the training GPUs, module docstring);
+    ``redraw_seed``: the job columns dealt out again first (:func:`redraw_job_types`).
     """
     with open(path, newline="") as fh:
         reader = csv.DictReader(fh)
@@ -135,6 +151,8 @@ def load_training(path: str | Path, types: TypeTable, gpus: float, window: tuple
         rows = list(reader)
     if not rows:
         raise TraceError(f"{path}: no data rows")
+    if redraw_seed is not None:
+        rows = redraw_job_types(rows, redraw_seed)
     for i, r in enumerate(rows):
         r["_line"] = i + 2  # 1-based, after the header: what an operator finds in an editor
     arr = np.array([_number(path, r, "arrival_time_s") for r in rows])

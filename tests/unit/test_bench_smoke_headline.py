@@ -206,3 +206,10 @@ def test_summary_table_agrees_with_the_cells(smoke):
                        f"{f['avg_jct_h'] / e['avg_jct_h']:.2f}x | {lead} | {f['work_gpu_h_per_h']:.1f} → "
                        f"{e['work_gpu_h_per_h']:.1f} [{c['work_gpu_h_per_h']:.1f}] | {f['eff_util']:.1%} → "
                        f"{e['eff_util']:.1%} [{c['eff_util']:.1%}] | {e['slo_attainment']:.4f} |"), row
+
+
+def test_a_negative_redraw_seed_is_a_usage_error(capsys):
+    from bench.headline import main
+    with pytest.raises(SystemExit) as ex:
+        main(["--redraw-types", "-1", "--smoke"])
+    assert ex.value.code == 2 and "--redraw-types must be >= 0" in capsys.readouterr().err

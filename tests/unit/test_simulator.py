@@ -14,7 +14,7 @@ from services.allocator.policy.view import Decision
 from simulator.engine import ARRIVAL, COMPLETE, ROUND, Engine, OversubscribedError, SimConfig
 from simulator.metrics import best_gang_speed, summarise, throughput_ceiling
 from simulator.run import build_workload, run_policies
-from simulator.traces import TraceError
+from simulator.traces import TraceError, redraw_job_types
 from tests.unit._policy_builders import INFERENCE_TRACES, write_small_trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,6 +235,43 @@ def test_total_steps_and_unknown_types_are_mapped(tmp_path):
     assert w.train.unknown_types == 1
     t = w.types.index("ResNet-18 (batch size 16)")
     assert w.train.duration_s[0] == pytest.approx(1000 / w.types.iso_tput_steps_s[t])
+
+
+def test_redrawn_job_types_keep_arrivals_and_gpu_counts_and_deal_out_the_same_jobs(small_trace):
+    base = build_workload(str(small_trace), 8, estimator="rule")
+    a = build_workload(str(small_trace), 8, estimator="rule", redraw_types=3)
+    b = build_workload(str(small_trace), 8, estimator="rule", redraw_types=3)
+    c = build_workload(str(small_trace), 8, estimator="rule", redraw_types=4)
+    assert np.array_equal(a.train.arrival_s, base.train.arrival_s)
+    assert np.array_equal(a.train.num_gpus, base.train.num_gpus)
+    # the same (type, duration) jobs, dealt to other rows: a permutation, deterministic in its seed
+    jobs = lambda w: sorted(zip(w.train.type_idx.tolist(), w.train.duration_s.tolist()))  # noqa: E731
+    assert jobs(a) == jobs(base) == jobs(c)
+    assert np.array_equal(a.train.type_idx, b.train.type_idx) and np.array_equal(a.train.duration_s, b.train.duration_s)
+    assert not np.array_equal(a.train.type_idx, base.train.type_idx)
+    assert not np.array_equal(a.train.duration_s, c.train.duration_s)
+
+
+def test_redraw_moves_every_job_column_with_its_job(tmp_path):
+    tr = tmp_path / "t.csv"
+    tr.write_text("vc,arrival_time_s,job_type,model,batch_size,num_gpus,total_steps,duration_v100_s_derived\n"
+                  + "".join(f"v{i},{i * 10},T{i},M{i},{i},{i % 3 + 1},{100 + i},{1000 + i}\n" for i in range(20)))
+    rows = list(csv.DictReader(open(tr, newline="")))
+    out = redraw_job_types(rows, 7)
+    for r, o in zip(rows, out):
+        assert (o["vc"], o["arrival_time_s"], o["num_gpus"]) == (r["vc"], r["arrival_time_s"], r["num_gpus"])
+        i = int(o["job_type"][1:])  # the row whose job this row now runs: all of its job columns came along
+        assert (o["model"], o["batch_size"], o["total_steps"], o["duration_v100_s_derived"]) == (
+            f"M{i}", str(i), str(100 + i), str(1000 + i))
+    assert sorted(o["job_type"] for o in out) == sorted(r["job_type"] for r in rows)
+    assert [o["job_type"] for o in out] != [r["job_type"] for r in rows]
+
+
+def test_cli_redraw_seed_must_be_a_whole_number_at_least_zero(tmp_path, capsys):
+    from simulator.__main__ import main
+    with pytest.raises(SystemExit) as ex:
+        main(["--trace", str(TRACE), "--out", str(tmp_path / "o"), "--redraw-types", "-1"])
+    assert ex.value.code == 2 and "--redraw-types" in capsys.readouterr().err
 
 
 def test_event_order_same_instant_is_arrival_then_completion_then_round():
