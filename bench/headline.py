@@ -97,7 +97,7 @@ def run_part(spec: dict, common: dict, variant: int | None) -> dict:
     ElastiCo variant ``VARIANTS[variant]`` alone -- a cell's variants spread over the workers."""
     w = build_workload(common["trace"], spec["gpus"], common["inference"], common["seed"], spec["load"], None,
                        spec["jobs"], inference_fraction=spec["share"], estimator=common["estimator"],
-                       pairs=common["pairs"], redraw_types=common["redraw_types"])
+                       pairs=common["pairs"], redraw_seed=common["redraw_seed"])
     cfg = SimConfig(gpus=spec["gpus"], node_gpus=common["node_gpus"], max_tenants=common["max_tenants"])
     if variant is not None:
         label, opts, est = VARIANTS[variant]
@@ -114,7 +114,7 @@ def run_part(spec: dict, common: dict, variant: int | None) -> dict:
             f"average under static allocation; {len(w.train.arrival_s)} training jobs at offered load "
             f"{w.train.offered_load:.2f} on the {w.training_gpus:.1f} GPUs left to training; estimate: "
             f"{w.estimator_name}; ground truth: {w.truth.measured_pairs} measured pairs"
-            + (f"; job types redrawn with seed {common['redraw_types']}" if common["redraw_types"] is not None else ""))
+            + (f"; job types redrawn with seed {common['redraw_seed']}" if common["redraw_seed"] is not None else ""))
     return {**spec, "head": head, "sums": sums, "results": results, "ceiling": ceiling}
 
 
@@ -207,20 +207,20 @@ def evaluate(cell: dict) -> tuple[list[str], list[tuple[str, bool]]]:
 
 
 def _speed_run(trace: str, inf: list[str] | None, seed: int, estimator: str, pairs: str | None, options: dict,
-               redraw_types: int | None = None) -> dict:
+               redraw_seed: int | None = None) -> dict:
     w = build_workload(trace, 512, inf, seed, None, None, None, estimator=estimator, pairs=pairs,
-                       redraw_types=redraw_types)
+                       redraw_seed=redraw_seed)
     (r,), _ = run_policies(w, ["elastico"], SimConfig(gpus=512, progress=True), options)
     return {"wall_s": r.wall_s, "cpu_s": r.cpu_s, "rounds": r.rounds, "jobs": len(w.train.arrival_s),
             "load": w.train.offered_load, "unfinished": int(np.isnan(r.completion_s).sum())}
 
 
 def full_trace_speed(trace: str, inf: list[str] | None, seed: int, estimator: str, pairs: str | None,
-                     options: dict, redraw_types: int | None = None) -> dict:
+                     options: dict, redraw_seed: int | None = None) -> dict:
     """ElastiCo on the whole trace at 512 GPUs in a fresh (spawned) interpreter, so the runs before it do not
     weigh on the timing; returns its wall/CPU seconds."""
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_speed_run, trace, inf, seed, estimator, pairs, options, redraw_types).result()
+        return pool.submit(_speed_run, trace, inf, seed, estimator, pairs, options, redraw_seed).result()
 
 
 def summary_rows(cells: list[dict]) -> list[str]:
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs-64", type=int, default=400, help="training jobs at <= 64 GPUs (default 400)")
     ap.add_argument("--jobs-512", type=int, default=2000, help="training jobs above 64 GPUs (default 2000)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the inference services' draw and demand")
-    ap.add_argument("--redraw-types", type=int, default=None, metavar="SEED",
+    ap.add_argument("--redraw-types", dest="redraw_seed", type=int, default=None, metavar="SEED",
                     help="deal the trace's jobs (type, model, batch size, steps, duration) out again over its rows "
                          "with this seed (>= 0), arrivals and GPU counts kept: a job-type draw nothing was tuned on")
     ap.add_argument("--no-inference", action="store_true", help="training only (no shares to sweep)")
@@ -271,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-speed", action="store_true",
                     help=f"skip the speed target (ElastiCo on the whole trace at 512 GPUs in <= {TARGET_FULL_TRACE_S:.0f} s)")
     a = ap.parse_args(argv)
-    if a.redraw_types is not None and a.redraw_types < 0:
-        ap.error(f"--redraw-types must be >= 0, got {a.redraw_types}")
+    if a.redraw_seed is not None and a.redraw_seed < 0:
+        ap.error(f"--redraw-types must be >= 0, got {a.redraw_seed}")
     t0 = time.perf_counter()
     inf = None if a.no_inference else [str(p) for p in INFERENCE if p.exists()]
     if a.shares is None and inf and PODS.exists():
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                       for x in a.extra_loads]
     common = {"trace": a.trace, "inference": inf, "seed": a.seed, "estimator": a.estimator, "pairs": a.pairs,
               "node_gpus": a.node_gpus, "max_tenants": AllocatorSettings.max_tenants, "options": options,
-              "redraw_types": a.redraw_types}
+              "redraw_seed": a.redraw_seed}
     out = Path(a.out)
     cells, misses, report = [], [], {}
     ctx = multiprocessing.get_context("spawn")
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             cell["tag"], cell["notes"] = tag, _notes(lines, checks)
             cells.append(cell)
     if not a.skip_speed:
-        speed = full_trace_speed(a.trace, inf, a.seed, a.estimator, a.pairs, options, a.redraw_types)
+        speed = full_trace_speed(a.trace, inf, a.seed, a.estimator, a.pairs, options, a.redraw_seed)
         ok = speed["wall_s"] <= TARGET_FULL_TRACE_S
         print(f"\n== speed: elastico, whole trace ({speed['jobs']} training jobs, offered load {speed['load']:.2f}, "
               f"inference share 0.25), 512 GPUs, fresh process: {speed['wall_s']:.1f} s wall, {speed['cpu_s']:.1f} s "

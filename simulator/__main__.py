@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(rescales arrivals)")
     ap.add_argument("--window", type=float, nargs=2, metavar=("START", "END"), default=None,
                     help="keep training jobs arriving in [START, END) seconds of the trace")
-    ap.add_argument("--redraw-types", type=_ranged(0, cast=int), default=None, metavar="SEED",
+    ap.add_argument("--redraw-types", dest="redraw_seed", type=_ranged(0, cast=int), default=None, metavar="SEED",
                     help="deal the trace's jobs (type, model, batch size, steps, duration) out again over its rows "
                          "with this seed, arrivals and GPU counts kept: a job-type draw nothing was tuned on")
     ap.add_argument("--max-jobs", type=_ranged(1, cast=int), default=None, help="keep the first N jobs (after --window)")
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         w = build_workload(a.trace, a.gpus, a.inference_trace, a.seed, a.load, a.window, a.max_jobs,
                            a.inference_fraction, estimator=a.estimator, pairs=a.pairs, gpu_type=a.gpu_type,
-                           campaign_dir=campaign, redraw_types=a.redraw_types)
+                           campaign_dir=campaign, redraw_seed=a.redraw_seed)
     except (TraceError, OSError) as exc:
         ap.error(str(exc))
     ninf = 0 if w.inf is None else len(w.inf.start_s)

@@ -58,7 +58,7 @@ def build_workload(trace: str, gpus: int, inference_traces: list[str] | None = N
                    load: float | None = None, window=None, max_jobs: int | None = None,
                    inference_fraction: float = 0.25, slo_factor: float = 10.0, estimator: str = "auto",
                    data_dir: Path = DATA_DIR, pairs: str | Path | None = None, gpu_type: str = "v100",
-                   campaign_dir: str | Path | None = None, redraw_types: int | None = None) -> Workload:
+                   campaign_dir: str | Path | None = None, redraw_seed: int | None = None) -> Workload:
     """Load traces and profiles once; every policy of a comparison then runs on this same workload.
 
     ``pairs``: the measured-pairs CSV the ground truth reads (``coloc_gavel_pairs.csv`` schema; default
@@ -72,7 +72,7 @@ def build_workload(trace: str, gpus: int, inference_traces: list[str] | None = N
     rows keep their Philly (V100) durations; their job types map to the GPU type's types as unknown ones do
     (model family, else the median-utilisation type).
 
-    ``redraw_types``: a seed to deal the trace's jobs out again over its rows (:func:`simulator.traces.redraw_job_types`).
+    ``redraw_seed``: a seed to deal the trace's jobs out again over its rows (:func:`simulator.traces.redraw_job_types`).
 
     ``load`` is the training offered load against the GPUs static allocation leaves to training
     (:func:`simulator.traces.static_inference_gpus`): the services are drawn first (which ones, and their
@@ -94,7 +94,7 @@ def build_workload(trace: str, gpus: int, inference_traces: list[str] | None = N
     if gpus - static < 1.0:
         raise TraceError(f"inference share {inference_fraction}: static allocation leaves {gpus - static:.2f} of {gpus} "
                          f"GPUs to training, too few to count a training load against")
-    train = load_training(trace, types, gpus - static, window, max_jobs, load, redraw_types)
+    train = load_training(trace, types, gpus - static, window, max_jobs, load, redraw_seed)
     inf = None
     if inference_traces:
         inf = load_inference(inference_traces, gpus, float(train.arrival_s.max()) or 1.0, seed, inference_fraction,

@@ -107,6 +107,11 @@ class InferenceServices:
 TRAINING_COLUMNS = ("arrival_time_s", "job_type", "num_gpus")  # plus a duration: see load_training
 
 
+def _line(row: dict, col: str) -> int:
+    """The file line ``row[col]`` was read from: a redrawn job's columns keep the line they came from."""
+    return row.get("_job_line", row["_line"]) if col in JOB_COLUMNS else row["_line"]
+
+
 def _number(path, row: dict, col: str) -> float:
     """``row[col]`` as a finite number >= 0, or a :class:`TraceError` naming the file, line and column."""
     try:
@@ -114,7 +119,7 @@ def _number(path, row: dict, col: str) -> float:
     except (TypeError, ValueError):
         x = float("nan")
     if not (np.isfinite(x) and x >= 0):
-        raise TraceError(f"{path}:{row['_line']}: column {col} must be a finite number >= 0, got {row[col]!r}")
+        raise TraceError(f"{path}:{_line(row, col)}: column {col} must be a finite number >= 0, got {row[col]!r}")
     return x
 
 
@@ -124,14 +129,22 @@ def _optional(path, row: dict, col: str) -> float:
     try:
         return float(v) if v else float("nan")
     except ValueError:
-        raise TraceError(f"{path}:{row['_line']}: column {col} must be a number or empty, got {v!r}") from None
+        raise TraceError(f"{path}:{_line(row, col)}: column {col} must be a number or empty, got {v!r}") from None
 
 
 def redraw_job_types(rows: list[dict], seed: int) -> list[dict]:
     """The rows (in file order) with their :data:`JOB_COLUMNS` permuted across rows by
-    ``numpy.random.default_rng(seed)``; every other column (arrival, GPU count, ...) stays with its row."""
+    ``numpy.random.default_rng(seed)``; every other column (arrival, GPU count, ...) stays with its row. A row's
+    ``_line``, where present, comes along as ``_job_line`` (errors in a job column name the line it came from)."""
     perm = np.random.default_rng(seed).permutation(len(rows))
-    return [{**r, **{c: rows[k][c] for c in JOB_COLUMNS if c in rows[k]}} for r, k in zip(rows, perm.tolist())]
+    out = []
+    for r, k in zip(rows, perm.tolist()):
+        src = rows[k]
+        job = {c: src[c] for c in JOB_COLUMNS if c in src}
+        if "_line" in src:
+            job["_job_line"] = src["_line"]
+        out.append({**r, **job})
+    return out
 
 
 def load_training(path: str | Path, types: TypeTable, gpus: float, window: tuple[float, float] | None = None,
@@ -151,10 +164,10 @@ def load_training(path: str | Path, types: TypeTable, gpus: float, window: tuple
         rows = list(reader)
     if not rows:
         raise TraceError(f"{path}: no data rows")
-    if redraw_seed is not None:
-        rows = redraw_job_types(rows, redraw_seed)
     for i, r in enumerate(rows):
         r["_line"] = i + 2  # 1-based, after the header: what an operator finds in an editor
+    if redraw_seed is not None:
+        rows = redraw_job_types(rows, redraw_seed)
     arr = np.array([_number(path, r, "arrival_time_s") for r in rows])
     order = np.argsort(arr, kind="stable")
     rows = [rows[i] for i in order]
@@ -185,7 +198,7 @@ def load_training(path: str | Path, types: TypeTable, gpus: float, window: tuple
         if not (d > 0):
             d = _optional(path, r, "total_steps") / types.iso_tput_steps_s[t]
             if not (np.isfinite(d) and d > 0):
-                raise TraceError(f"{path}:{r['_line']}: job {r.get('job_index', '?')} has no positive "
+                raise TraceError(f"{path}:{_line(r, 'duration_v100_s_derived')}: job {r.get('job_index', '?')} has no positive "
                                  f"duration_v100_s_derived, and total_steps ({r.get('total_steps')!r}) cannot "
                                  f"give one for job type {types.names[t]!r}")
         dur.append(d)

@@ -239,9 +239,9 @@ def test_total_steps_and_unknown_types_are_mapped(tmp_path):
 
 def test_redrawn_job_types_keep_arrivals_and_gpu_counts_and_deal_out_the_same_jobs(small_trace):
     base = build_workload(str(small_trace), 8, estimator="rule")
-    a = build_workload(str(small_trace), 8, estimator="rule", redraw_types=3)
-    b = build_workload(str(small_trace), 8, estimator="rule", redraw_types=3)
-    c = build_workload(str(small_trace), 8, estimator="rule", redraw_types=4)
+    a = build_workload(str(small_trace), 8, estimator="rule", redraw_seed=3)
+    b = build_workload(str(small_trace), 8, estimator="rule", redraw_seed=3)
+    c = build_workload(str(small_trace), 8, estimator="rule", redraw_seed=4)
     assert np.array_equal(a.train.arrival_s, base.train.arrival_s)
     assert np.array_equal(a.train.num_gpus, base.train.num_gpus)
     # the same (type, duration) jobs, dealt to other rows: a permutation, deterministic in its seed
@@ -265,6 +265,19 @@ def test_redraw_moves_every_job_column_with_its_job(tmp_path):
             f"M{i}", str(i), str(100 + i), str(1000 + i))
     assert sorted(o["job_type"] for o in out) == sorted(r["job_type"] for r in rows)
     assert [o["job_type"] for o in out] != [r["job_type"] for r in rows]
+
+
+def test_a_bad_value_in_a_redrawn_job_names_the_line_it_came_from(tmp_path):
+    tr = tmp_path / "t.csv"
+    rows = [f"{i * 10},ResNet-18 (batch size 16),ResNet-18,1,{1000 + i}" for i in range(12)]
+    rows[4] = "40,ResNet-18 (batch size 16),ResNet-18,1,soon"  # line 6 of the file
+    tr.write_text("arrival_time_s,job_type,model,num_gpus,duration_v100_s_derived\n" + "\n".join(rows) + "\n")
+    with pytest.raises(TraceError, match=r"t\.csv:6: column duration_v100_s_derived"):
+        build_workload(str(tr), 8, estimator="rule")
+    perm = np.random.default_rng(1).permutation(12).tolist()
+    assert perm.index(4) != 4  # the bad job lands on another row
+    with pytest.raises(TraceError, match=r"t\.csv:6: column duration_v100_s_derived"):
+        build_workload(str(tr), 8, estimator="rule", redraw_seed=1)
 
 
 def test_cli_redraw_seed_must_be_a_whole_number_at_least_zero(tmp_path, capsys):
