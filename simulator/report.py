@@ -190,26 +190,43 @@ def _write_plots(out: Path, results: list, meta: dict) -> list[Path]:
     return [out / "jct_cdf.png", out / "utilisation.png"]
 
 
-def write_work_plot(path: Path, summaries: list[dict], ceiling: dict, title: str = "") -> Path | None:
-    """Bar chart of each policy's normalised work/h against the workload's ceiling (``throughput_ceiling``)."""
+def write_work_plot(path: Path, summaries: list[dict], ceiling: dict, title: str = "", slo_floor: float | None = None,
+                    target: float | None = None, target_label: str = "target") -> Path | None:
+    """Bar chart of each policy's normalised work/h against the workload's ceiling (``throughput_ceiling``).
+
+    ``slo_floor``: policies whose inference SLO attainment is below it are drawn hatched and grey (their work is
+    bought with the services' latency); ``target``: a work/h target drawn as a line, named ``target_label``."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
     except ImportError:  # pragma: no cover
         return None
     path.parent.mkdir(parents=True, exist_ok=True)
     names = [s["policy"] for s in summaries]
     vals = [s["work_gpu_h_per_h"] for s in summaries]
+    starved = [slo_floor is not None and s["slo_attainment"] < slo_floor for s in summaries]
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.bar(range(len(vals)), vals, color=["tab:red" if n == "elastico" else "tab:blue" for n in names])
+    bars = ax.bar(range(len(vals)), vals, color=["lightgrey" if x else "tab:red" if n == "elastico" else "tab:blue"
+                                                 for n, x in zip(names, starved)])
+    for bar, x in zip(bars, starved):
+        if x:
+            bar.set_hatch("//")
     ax.axhline(ceiling["work_gpu_h_per_h"], color="k", ls="--", lw=1, label="ceiling (every job alone from arrival)")
+    if target is not None:
+        ax.axhline(target, color="tab:green", ls=":", lw=1.5, label=f"{target_label} {target:.2f}")
+    handles, _ = ax.get_legend_handles_labels()
+    if any(starved):
+        handles.append(Patch(facecolor="lightgrey", hatch="//", label=f"inference SLO < {slo_floor:.0%}"))
     ax.set_xticks(range(len(vals)), names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("normalised work (isolated GPU-h) per hour")
     ax.set_title(title, fontsize=9)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    top = max([*vals, ceiling["work_gpu_h_per_h"], target or 0.0])
+    ax.set_ylim(0, 1.3 * top if top > 0 else 1.0)  # room above the bars for the legend
+    ax.legend(handles=handles, fontsize=8, loc="upper left", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
