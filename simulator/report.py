@@ -147,6 +147,33 @@ def write_run_report(path: Path, summaries: Sequence[Mapping], meta: Mapping, im
                                                       config=meta)])
 
 
+def _styles(names: Sequence[str]) -> dict[str, dict]:
+    """A line style per policy, none repeated: ElastiCo thick red, its variants (``elastico/...``) dashed, the
+    baselines solid, colours from a 20-colour table (the default cycle repeats after 10)."""
+    import matplotlib
+
+    palette = [c for i, c in enumerate(matplotlib.colormaps["tab20"].colors) if i not in (6, 7)]  # reds: elastico's
+    out, k = {}, 0
+    for n in names:
+        if n == "elastico":
+            out[n] = {"color": "tab:red", "lw": 2.0, "ls": "-", "zorder": 3}
+        else:
+            out[n] = {"color": palette[k % len(palette)], "lw": 1.0, "ls": "--" if "/" in n else "-"}
+            k += 1
+    return out
+
+
+def _smoothed(t: np.ndarray, y: np.ndarray, width: float, points: int = 600) -> tuple[np.ndarray, np.ndarray]:
+    """A step series (``y[i]`` holds from ``t[i]`` to ``t[i + 1]``) on a regular grid, averaged over ``width``."""
+    if len(t) < 2 or width <= 0:
+        return t, y
+    grid = np.linspace(t[0], t[-1], points)
+    held = y[np.clip(np.searchsorted(t, grid, side="right") - 1, 0, len(y) - 1)]
+    box = np.ones(max(1, int(round(width / max(grid[1] - grid[0], 1e-12)))))
+    # the window shrinks at both ends (no zeros averaged in)
+    return grid, np.convolve(held, box, mode="same") / np.convolve(np.ones_like(held), box, mode="same")
+
+
 def _write_plots(out: Path, results: list, meta: dict) -> list[Path]:
     """``jct_cdf.png`` and ``utilisation.png`` under ``out`` (none without matplotlib)."""
     try:
@@ -156,34 +183,40 @@ def _write_plots(out: Path, results: list, meta: dict) -> list[Path]:
         import matplotlib.pyplot as plt
     except ImportError:  # pragma: no cover
         return []
+    style = _styles([r.policy for r in results])
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in results:
         done = ~np.isnan(r.completion_s)
         jct = np.sort((r.completion_s[done] - r.arrival_s[done]) / 3600)
         if len(jct):
-            ax.plot(jct, np.arange(1, len(jct) + 1) / len(jct), label=r.policy)
+            ax.plot(jct, np.arange(1, len(jct) + 1) / len(jct), label=r.policy, **style[r.policy])
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (h, log)")
     ax.set_ylabel("fraction of jobs")
     ax.set_title(f"JCT CDF - {meta.get('gpus')} GPUs, training load {meta.get('offered_load', 0):.2f}")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7 if len(results) > 6 else 9)
     fig.tight_layout()
     fig.savefig(out / "jct_cdf.png", dpi=120)
     plt.close(fig)
     fig, axes = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    span = max((float(r.timeline[-1, 0]) for r in results if len(r.timeline)), default=0.0)
     for r in results:
         if len(r.timeline):
-            axes[0].plot(r.timeline[:, 0] / 3600, r.timeline[:, 1], label=r.policy, lw=0.8)
-            axes[1].plot(r.timeline[:, 0] / 3600, r.timeline[:, 2], label=r.policy, lw=0.8)
+            for a, col in ((axes[0], 1), (axes[1], 2)):
+                x, y = _smoothed(r.timeline[:, 0], r.timeline[:, col], span / 100)
+                a.plot(x / 3600, y, label=r.policy, **{**style[r.policy], "lw": style[r.policy]["lw"] * 0.8})
+    ends = [r.window_end_s for r in results if r.window_end_s > 0]
+    for a in axes:
+        if ends:
+            a.axvline(ends[0] / 3600, color="k", ls=":", lw=1, label="end of the loaded period (metrics average before it)")
+        a.grid(alpha=0.3)
+        a.set_ylim(0, 1.05)
     axes[0].set_ylabel("allocated")
     axes[1].set_ylabel("effective")
     axes[1].set_xlabel("time (h)")
-    axes[0].legend(fontsize=7, ncol=3)
-    for a in axes:
-        a.grid(alpha=0.3)
-        a.set_ylim(0, 1.05)
-    fig.suptitle("GPU utilisation over time")
+    axes[0].legend(fontsize=6, ncol=3)
+    fig.suptitle(f"GPU utilisation over time (moving average over {span / 100 / 3600:.3g} h)")
     fig.tight_layout()
     fig.savefig(out / "utilisation.png", dpi=120)
     plt.close(fig)

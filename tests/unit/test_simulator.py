@@ -384,3 +384,17 @@ def test_every_training_share_a_limit_is_elastico_before_unlimited_training(work
     digest = hashlib.sha256(np.nan_to_num(times, nan=-1.0).tobytes()).hexdigest()[:16]
     assert (r.rounds, r.restarts_training, r.restarts_inference, round(r.alloc_gpu_s, 1), digest) == \
         (1229, 43, 0, 1543440.6, "6bcc8d7bdcb7c70e")
+
+
+def test_utilisation_is_smoothed_as_a_step_series_without_edge_dips():
+    from simulator.report import _smoothed
+    t = np.array([0.0, 10.0, 20.0, 30.0])
+    y = np.array([0.5, 0.5, 1.0, 1.0])  # 0.5 over [0, 20), 1.0 from 20 on
+    x, s = _smoothed(t, y, width=0.0)
+    assert np.array_equal(x, t) and np.array_equal(s, y)  # no width: the samples as they are
+    x, s = _smoothed(t, y, width=3.0, points=301)
+    assert x[0] == 0.0 and x[-1] == 30.0
+    assert s[0] == pytest.approx(0.5) and s[-1] == pytest.approx(1.0)  # flat ends stay flat
+    assert s[100] == pytest.approx(0.5) and s[250] == pytest.approx(1.0)
+    assert 0.5 < s[200] < 1.0  # the step at 20 is spread over the window
+    assert np.all(np.diff(s) >= -1e-12)  # a rising step stays monotone
