@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import math
 import re
+import shlex
 from dataclasses import dataclass, field
 
 from elastico import limits as L
@@ -351,8 +352,8 @@ def validate_shape(shape: Shape, path: str) -> None:
     if not 1 <= shape.num_gpus <= MAX_GPUS_PER_JOB:
         raise InvalidSpec(f"{path}.num_gpus", f"must be in [1, {MAX_GPUS_PER_JOB}], got {shape.num_gpus}")
     _finite_positive(shape.compute_share_pct, f"{path}.compute_share_pct", lower=L.SHARE_PCT_MIN, upper=100.0)
-    if shape.mem_mib <= 0:
-        raise InvalidSpec(f"{path}.mem_mib", f"must be > 0, got {shape.mem_mib}")
+    if not 0 < shape.mem_mib <= L.GPU_MEM_MIB_MAX:
+        raise InvalidSpec(f"{path}.mem_mib", f"must be in [1, {L.GPU_MEM_MIB_MAX}] MiB, got {shape.mem_mib}")
     _batch_size(shape.batch_size, f"{path}.batch_size")
     _rate_or_zero(shape.throughput, f"{path}.throughput")
     _max_chars(shape.gpu_type, L.GPU_TYPE_MAX_CHARS, f"{path}.gpu_type")
@@ -423,6 +424,19 @@ def validate_labels(labels: tuple[tuple[str, str], ...], path: str) -> None:
             raise InvalidSpec(f"{path}{field_key(key)}", "key and value must not contain control or other non-printable characters")
 
 
+def _command(command: str, path: str) -> None:
+    """A command (empty: none) must split into argv as the node agent splits it (``shlex``), into at least one word:
+    a blank line or an unterminated quote would be accepted and then fail at start."""
+    if not command:
+        return
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise InvalidSpec(path, f"must split into words as a shell line does ({exc})") from None
+    if not argv:
+        raise InvalidSpec(path, "is blank (leave it empty for a job without a command)")
+
+
 def validate_job_spec(spec: JobSpec, path: str = "spec") -> None:
     """Raise InvalidSpec naming the first malformed field of ``spec``.
 
@@ -435,6 +449,7 @@ def validate_job_spec(spec: JobSpec, path: str = "spec") -> None:
     _max_chars(spec.model_family, L.MODEL_FAMILY_MAX_CHARS, f"{path}.model_family")
     _max_chars(spec.precision, L.PRECISION_MAX_CHARS, f"{path}.precision")
     _max_chars(spec.command, L.COMMAND_MAX_CHARS, f"{path}.command")
+    _command(spec.command, f"{path}.command")
     validate_labels(spec.labels, f"{path}.labels")
     _batch_size(spec.batch_size, f"{path}.batch_size")
     if not -L.PRIORITY_MAX <= spec.priority <= L.PRIORITY_MAX:

@@ -50,6 +50,8 @@ Limit                           Value       Field(s)                            
 ``LATENCY_SLO_MS_MIN`` / _MAX   1e-3 / 8.64e7  ``spec.inference.latency_slo_ms``    a microsecond to a day
 ``SHARE_PCT_MIN``               1           ``spec.shapes[i].compute_share_pct``    the least MPS thread
                                                                                     share a job can run at
+``GPU_MEM_MIB_MAX``             16,777,216  ``spec.shapes[i].mem_mib``,             16 TiB: beyond any GPU,
+                                            the kube extender's memory annotation   a typo
 ``BATCH_SIZE_MAX``              1,048,576   ``spec.batch_size``,                    beyond it a typo
                                             ``spec.shapes[i].batch_size``
 ``TOTAL_STEPS_MAX``             1e12        ``spec.training.total_steps``           beyond it a typo
@@ -108,6 +110,7 @@ RATE_MIN = 1e-6  # steps/s or requests/s: the smallest non-zero declared or meas
 RATE_MAX = 1e9
 LATENCY_SLO_MS_MIN = 1e-3
 LATENCY_SLO_MS_MAX = 86_400_000.0
+GPU_MEM_MIB_MAX = 1 << 24  # MiB per GPU
 SHARE_PCT_MIN = 1.0
 BATCH_SIZE_MAX = 1 << 20
 TOTAL_STEPS_MAX = 10**12

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from elastico import limits as L
 from elastico.domain import (
     GANG_LABEL,
     GANG_SIZE_LABEL,
@@ -37,6 +38,7 @@ from elastico.domain import (
     validate_metrics_endpoint,
 )
 from elastico.errors import InvalidSpec
+from elastico.limits import clip
 
 OPT_IN_LABEL = "elastico.io/enabled"  # value "true" opts the pod in; anything else (or absent) leaves it alone
 
@@ -76,6 +78,9 @@ MPS_MEM_LIMIT = "elastico.io/mps-pinned-mem-limit"  # "0=8192M,1=8192M" (CUDA_MP
 GANG_NODE = "elastico.io/gang-node"  # a gang member's node, written when its bind arrives (the gang barrier)
 GANG_ARRIVAL = "elastico.io/gang-arrival"  # token of that arrival: part of the member's job request id
 
+# every annotation the extender writes: a pod created with one would carry a slice nobody committed
+BIND_ANNOTATIONS = (JOB_ID, NODE, GPU_INDICES, SLICE, MPS_THREAD_PCT, MPS_MEM_LIMIT, GANG_NODE, GANG_ARRIVAL)
+
 # container environment -> the annotation it is resolved from (downward API, at container start)
 DOWNWARD_ENV = {"NVIDIA_VISIBLE_DEVICES": GPU_INDICES, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": MPS_THREAD_PCT,
                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": MPS_MEM_LIMIT}
@@ -83,6 +88,7 @@ DOWNWARD_ENV = {"NVIDIA_VISIBLE_DEVICES": GPU_INDICES, "CUDA_MPS_ACTIVE_THREAD_P
 DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu"
 GANG_SIZE_MAX = 64
 _MODEL_RE = re.compile(r"^[A-Za-z0-9._+-]{0,64}$")
+_INT_RE = re.compile(r"[+-]?[0-9]{1,19}", re.ASCII)
 _TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
@@ -150,13 +156,14 @@ def owner(pod: Mapping[str, Any]) -> str:
 
 
 def _int(ann: Mapping[str, str], key: str, default: int, lo: int, hi: int | None = None) -> int:
+    """An integer annotation as Kubernetes tools read one: ASCII digits with an optional sign, nothing else (Python's
+    ``int`` would also take "2_0", surrounding spaces and non-ASCII digits)."""
     raw = ann.get(key)
     if raw is None:
         return default
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise InvalidSpec(key, f"must be an integer, got {raw!r}") from None
+    if not isinstance(raw, str) or not _INT_RE.fullmatch(raw):
+        raise InvalidSpec(key, f"must be an integer (ASCII digits, optional sign), got {clip(str(raw))!r}")
+    value = int(raw)
     if value < lo or (hi is not None and value > hi):
         raise InvalidSpec(key, f"must be in [{lo}, {hi if hi is not None else 'inf'}], got {value}")
     return value
@@ -241,7 +248,7 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
     family_shares = shares(ann)
     if MEM not in ann:
         raise InvalidSpec(MEM, "is required (the model's memory need on each GPU, MiB: its pinned limit)")
-    mem = _int(ann, MEM, 0, 1)
+    mem = _int(ann, MEM, 0, 1, L.GPU_MEM_MIB_MAX)
     model = str(ann.get(MODEL, "")).strip()
     if not _MODEL_RE.match(model):
         raise InvalidSpec(MODEL, f"must be at most 64 characters of [A-Za-z0-9._+-], got {model!r}")

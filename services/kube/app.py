@@ -112,6 +112,9 @@ def build_app(settings: KubeSettings, extender: Extender | None) -> web.Applicat
             except (json.JSONDecodeError, UnicodeDecodeError):
                 REQUESTS.labels(name, "bad_request").inc()
                 return web.json_response({"error": "body must be JSON"}, status=400)
+            except RecursionError:  # valid JSON nested deeper than the decoder can follow (no request of ours is)
+                REQUESTS.labels(name, "bad_request").inc()
+                return web.json_response({"error": "body is nested too deeply"}, status=400)
             try:
                 schema.check(name, body)
                 answer = await handler(body)

@@ -77,6 +77,24 @@ def pod_patch(pod: Mapping[str, Any], settings: KubeSettings) -> list[dict]:
     return ops
 
 
+def check_unplaced(pod: Mapping[str, Any]) -> None:
+    """An opted-in pod is created unplaced: the extender's bind chooses its node and writes its slice annotations
+    (which the patched environment reads). A pod created with a node or with any of those annotations would get GPUs
+    no allocator decision committed.
+
+    Raises:
+        InvalidSpec: naming the annotation, or ``spec.nodeName``.
+    """
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    for key in a.BIND_ANNOTATIONS:
+        if key in ann:
+            raise InvalidSpec(key, "is written by ElastiCo's scheduler extender at bind; a pod cannot be created "
+                                   "with it")
+    if (pod.get("spec") or {}).get("nodeName"):
+        raise InvalidSpec("spec.nodeName", "must be unset: ElastiCo's scheduler extender places the pod on a node "
+                                           "and a GPU slice together")
+
+
 def review(body: Mapping[str, Any], settings: KubeSettings) -> dict:
     """Answer one AdmissionReview (the whole response object, same apiVersion/kind, the request's uid).
 
@@ -98,6 +116,7 @@ def review(body: Mapping[str, Any], settings: KubeSettings) -> dict:
     meta.setdefault("name", request.get("name") or meta.get("generateName") or "")
     pod["metadata"] = meta
     try:
+        check_unplaced(pod)
         a.pod_request(pod)  # validation only: the shape is the policy's choice, made at bind
     except InvalidSpec as exc:
         response["allowed"] = False

@@ -489,6 +489,14 @@ async def test_extender_answers_400_to_a_body_that_is_not_json(cluster):
         assert r.status == 400
 
 
+@pytest.mark.parametrize("verb", ["filter", "bind"])
+async def test_json_nested_past_the_decoders_stack_is_400_not_a_server_error(cluster, verb):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    async with cluster["http"].post(f"{cluster['url']}/{verb}", data=deep,
+                                    headers={"Content-Type": "application/json"}) as r:
+        assert r.status == 400 and "nested too deeply" in (await r.json())["error"]
+
+
 def test_settings_fail_fast():
     from elastico.errors import ConfigError
     with pytest.raises(ConfigError, match="ELASTICO_ALLOCATOR_ADDRESS"):

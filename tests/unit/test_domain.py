@@ -60,6 +60,8 @@ BAD_SPECS = [
     (make_spec(shapes=(Shape(1, 1e-300, 10),)), "spec.shapes[0].compute_share_pct"),
     (make_spec(shapes=(Shape(1, 50, 10, batch_size=2**32 - 1),)), "spec.shapes[0].batch_size"),
     (make_spec(batch_size=2**32 - 1), "spec.batch_size"),
+    (make_spec(shapes=(Shape(1, 50, 2**64 - 1),)), "spec.shapes[0].mem_mib"),
+    (make_spec(shapes=(Shape(1, 50, (1 << 24) + 1),)), "spec.shapes[0].mem_mib"),
     (make_spec(training=TrainingWork(total_steps=2**64 - 1)), "spec.training.total_steps"),
     (make_spec(training=TrainingWork(total_steps=10, max_slowdown=1e308)), "spec.training.max_slowdown"),
     # control characters (terminal escapes) in text an operator reads
@@ -67,6 +69,9 @@ BAD_SPECS = [
     (make_spec(model_family="ResNet\x00"), "spec.model_family"),
     (make_spec(precision="fp\n32"), "spec.precision"),
     (make_spec(command="/bin/echo\x1b[31m"), "spec.command"),
+    # commands that could never start (the node agent splits them with shlex)
+    (make_spec(command="   "), "spec.command"),
+    (make_spec(command="/bin/echo 'unterminated"), "spec.command"),
     (make_spec(labels=(("k\x00", "v"),)), 'spec.labels["k\\u0000"]'),
     (make_spec(labels=(("k", "v\x1b"),)), 'spec.labels["k"]'),
     (make_spec(shapes=(Shape(1, 50, 10, gpu_type="\x00"),)), "spec.shapes[0].gpu_type"),

@@ -66,6 +66,25 @@ def test_malformed_hints_name_the_annotation(ann, labels, field):
     assert exc.value.field == field, exc.value
 
 
+@pytest.mark.parametrize("value", ["2_0", "+ 2", " 2 ", "2 ", "\uff11", "\u0663", "2.0", "0x2", "", "1" * 20])
+def test_integer_annotations_are_ascii_digits_only(value):
+    with pytest.raises(InvalidSpec) as exc:
+        a.pod_request(pod({a.GPUS: value}))
+    assert exc.value.field == a.GPUS
+    with pytest.raises(InvalidSpec) as exc:
+        a.pod_request(pod({a.PRIORITY: value}))
+    assert exc.value.field == a.PRIORITY
+
+
+def test_integer_annotations_take_a_sign_and_the_memory_need_is_bounded():
+    assert a.pod_request(pod({a.GPUS: "+2", a.PRIORITY: "-5"})).spec.priority == -5
+    assert a.pod_request(pod({a.MEM: str(1 << 24)})).spec.shapes[0].mem_mib == 1 << 24
+    for mem in (str((1 << 24) + 1), "9" * 19):
+        with pytest.raises(InvalidSpec) as exc:
+            a.pod_request(pod({a.MEM: mem}))
+        assert exc.value.field == a.MEM
+
+
 def test_labels_pod_owner_and_gang():
     bare = a.pod_request(pod())
     assert dict(bare.spec.labels) == {POD_LABEL: "team-a/p", POD_UID_LABEL: "u-1"} and bare.gang is None
@@ -110,6 +129,27 @@ def test_webhook_env_reads_the_bind_s_annotations_through_the_downward_api():
         "NVIDIA_VISIBLE_DEVICES": "metadata.annotations['elastico.io/gpu-indices']",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "metadata.annotations['elastico.io/mps-active-thread-pct']",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "metadata.annotations['elastico.io/mps-pinned-mem-limit']"}
+
+
+def _review(p: dict) -> dict:
+    settings = KubeSettings.from_env({}, insecure=True, role="both", allocator_address="x:1")
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "r-1", "kind": {"kind": "Pod"}, "operation": "CREATE", "object": p}}
+    return webhook.review(body, settings)["response"]
+
+
+@pytest.mark.parametrize("key", a.BIND_ANNOTATIONS)
+def test_a_pod_cannot_be_created_with_the_extenders_slice_annotations(key):
+    assert _review(pod())["allowed"] is True
+    r = _review(pod({key: "0,1,2,3"}))
+    assert r["allowed"] is False and "patch" not in r and key in r["status"]["message"]
+
+
+def test_a_pod_cannot_be_created_on_a_node():
+    p = pod()
+    p["spec"]["nodeName"] = "gpu-node-1"
+    r = _review(p)
+    assert r["allowed"] is False and "spec.nodeName" in r["status"]["message"]
 
 
 def test_pod_state_helpers():
