@@ -424,6 +424,18 @@ def validate_labels(labels: tuple[tuple[str, str], ...], path: str) -> None:
             raise InvalidSpec(f"{path}{field_key(key)}", "key and value must not contain control or other non-printable characters")
 
 
+#: the numeric precisions a job may declare (``JobSpec.precision``, the kube annotation, the predictor's profiles),
+#: each with whether it computes in reduced precision (the predictor's one precision feature); spellings are
+#: compared lower-cased
+PRECISIONS: dict[str, bool] = {"fp32": False, "float32": False, "tf32": False, "amp": True, "mixed": True,
+                               "fp16": True, "bf16": True, "int8": True}
+
+
+def _precision(value: str, path: str) -> None:
+    if value.strip().lower() not in PRECISIONS:
+        raise InvalidSpec(path, f"must be one of {', '.join(PRECISIONS)}, got {value[:L.PRECISION_MAX_CHARS]!r}")
+
+
 def _command(command: str, path: str) -> None:
     """A command (empty: none) must split into argv as the node agent splits it (``shlex``), into at least one word:
     a blank line or an unterminated quote would be accepted and then fail at start."""
@@ -448,6 +460,7 @@ def validate_job_spec(spec: JobSpec, path: str = "spec") -> None:
     _max_chars(spec.name, L.NAME_MAX_CHARS, f"{path}.name")
     _max_chars(spec.model_family, L.MODEL_FAMILY_MAX_CHARS, f"{path}.model_family")
     _max_chars(spec.precision, L.PRECISION_MAX_CHARS, f"{path}.precision")
+    _precision(spec.precision, f"{path}.precision")
     _max_chars(spec.command, L.COMMAND_MAX_CHARS, f"{path}.command")
     _command(spec.command, f"{path}.command")
     validate_labels(spec.labels, f"{path}.labels")

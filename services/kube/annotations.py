@@ -26,6 +26,7 @@ from elastico.domain import (
     POD_LABEL,
     POD_OWNER_LABEL,
     POD_UID_LABEL,
+    PRECISIONS,
     SHARES_PCT,
     InferenceWork,
     JobKind,
@@ -253,8 +254,8 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
     if not _MODEL_RE.match(model):
         raise InvalidSpec(MODEL, f"must be at most 64 characters of [A-Za-z0-9._+-], got {model!r}")
     precision = str(ann.get(PRECISION, "fp32")).strip() or "fp32"
-    if precision not in ("fp32", "fp16", "amp", "bf16", "tf32", "int8"):
-        raise InvalidSpec(PRECISION, f"must be one of fp32, fp16, amp, bf16, tf32, int8, got {precision!r}")
+    if precision.lower() not in PRECISIONS:
+        raise InvalidSpec(PRECISION, f"must be one of {', '.join(PRECISIONS)}, got {clip(precision)!r}")
     training = inference = None
     if kind is JobKind.TRAINING:
         for key in (SLO_MS, RPS, METRICS_PORT, METRICS_PATH, METRICS_FORMAT):

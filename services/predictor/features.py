@@ -26,6 +26,8 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from elastico.domain import PRECISIONS
+
 #: Version of the feature schema (column list and vocabularies below). Bump on any change (an environment
 #: appended to KNOWN_ENVS excepted: no existing value moves); the model artifact records it and refuses to
 #: load under a different version.
@@ -98,7 +100,7 @@ KNOWN_GPUS: tuple[str, ...] = tuple(GPU_SPECS)
 #: this schema was trained on, stays as it was); reordering or removing one needs a new SCHEMA_VERSION.
 KNOWN_ENVS: tuple[str, ...] = ("", "gavel", "gavel-oracle", "lucid", "campaign")
 
-_PRECISIONS = {"fp32": 0.0, "tf32": 0.0, "amp": 1.0, "fp16": 1.0, "bf16": 1.0, "mixed": 1.0}
+_PRECISIONS = {name: float(reduced) for name, reduced in PRECISIONS.items()}  # the model's feature: 1 = reduced
 
 
 def canonical_family(name: str) -> str:
@@ -126,11 +128,11 @@ def canonical_precision(name: str) -> str:
     key = name.strip().lower()
     if not key:
         return ""
-    if key in ("0", "false", "fp32", "float32", "tf32"):
+    if key in ("0", "false") or _PRECISIONS.get(key) == 0.0:
         return "fp32"
     if key in ("1", "true") or _PRECISIONS.get(key) == 1.0:
         return "amp"
-    raise ValueError(f"precision: unknown value {name!r} (expected fp32, amp, fp16, bf16 or empty)")
+    raise ValueError(f"precision: unknown value {name!r} (expected one of {', '.join(PRECISIONS)}, or empty)")
 
 
 # --------------------------------------------------------------------------------------------------

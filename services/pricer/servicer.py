@@ -21,7 +21,7 @@ import numpy as np
 
 from elastico import limits as L
 from elastico.errors import InvalidSpec
-from elastico.limits import clip, too_long
+from elastico.limits import clip
 from elastico.v1 import pricer_pb2 as ppb
 from elastico.v1 import pricer_pb2_grpc
 from services.pricer.core import PricingInputError, PricingProblem, PricingResult, SolverOptions, SolveStatus, solve
@@ -77,8 +77,9 @@ def problem_from_pb(request: ppb.ComputeAllocationRequest, max_jobs: int, max_ce
     for i, p in enumerate(pools):
         if not p.name:
             raise InvalidSpec(f"pools[{i}].name", "must not be empty")
-        if len(p.name) > L.POOL_NAME_MAX_CHARS:
-            raise InvalidSpec(f"pools[{i}].name", too_long(len(p.name), L.POOL_NAME_MAX_CHARS))
+        problem = L.text_problem(p.name, L.POOL_NAME_MAX_CHARS)
+        if problem:
+            raise InvalidSpec(f"pools[{i}].name", problem)
         if p.name in names:
             raise InvalidSpec(f"pools[{i}].name", f"duplicate pool {clip(p.name)!r}")
         names.add(p.name)
@@ -92,8 +93,9 @@ def problem_from_pb(request: ppb.ComputeAllocationRequest, max_jobs: int, max_ce
         job_id = job.job_id
         if not job_id:
             raise InvalidSpec(f"jobs[{j}].job_id", "must not be empty")
-        if len(job_id) > L.JOB_ID_MAX_CHARS:
-            raise InvalidSpec(f"jobs[{j}].job_id", too_long(len(job_id), L.JOB_ID_MAX_CHARS))
+        problem = L.text_problem(job_id, L.JOB_ID_MAX_CHARS)
+        if problem:
+            raise InvalidSpec(f"jobs[{j}].job_id", problem)
         if job_id in seen:
             raise InvalidSpec(f"jobs[{j}].job_id", f"duplicate job id {clip(job_id)!r}")
         seen.add(job_id)
@@ -136,7 +138,7 @@ def _first_bad(values: np.ndarray, path) -> None:
     bad = ~np.isfinite(values) | (values < 0) | (values > L.PRICER_VALUE_MAX)
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise InvalidSpec(path(idx), f"must be a number in [0, {L.PRICER_VALUE_MAX:g}], got {values[idx]!r}")
+        raise InvalidSpec(path(idx), f"must be a number in [0, {L.PRICER_VALUE_MAX:g}], got {float(values[idx])!r}")
 
 
 def result_to_pb(request: ppb.ComputeAllocationRequest, result: PricingResult) -> ppb.ComputeAllocationResponse:

@@ -131,7 +131,7 @@ async def test_oversized_request_id_is_invalid_with_a_short_message(suite):
 
 async def test_a_spec_at_every_limit_is_accepted_and_its_reply_is_small(suite):
     labels = {f"k{i:02d}": "v" * 200 for i in range(L.LABELS_MAX_COUNT)}  # 64 x ~210 B: ~13 KiB
-    m = spec(name="n" * L.NAME_MAX_CHARS, model_family="m" * L.MODEL_FAMILY_MAX_CHARS, precision="p" * L.PRECISION_MAX_CHARS,
+    m = spec(name="n" * L.NAME_MAX_CHARS, model_family="m" * L.MODEL_FAMILY_MAX_CHARS, precision="fp32".rjust(L.PRECISION_MAX_CHARS),
              command="c" * L.COMMAND_MAX_CHARS,
              labels=labels, shapes=[shape(gpu_type="v100")] * L.SHAPES_PER_JOB_MAX,
              allowed_nodes=[f"node-{i}" for i in range(L.ALLOWED_NODES_MAX_COUNT)])

@@ -94,7 +94,17 @@ BAD = [
     (lambda r: r.pools.extend(ppb.ResourcePool(name=f"p{i}", capacity=1) for i in range(limits.PRICER_POOLS_MAX)), "pools"),
     (lambda r: setattr(r.pools[0], "name", "n" * (limits.POOL_NAME_MAX_CHARS + 1)), "pools[0].name"),
     (lambda r: setattr(r.jobs[2], "job_id", "j" * (limits.JOB_ID_MAX_CHARS + 1)), "jobs[2].job_id"),
+    # text an operator reads in logs: no control characters (terminal escapes, NUL, bidi overrides)
+    (lambda r: setattr(r.pools[0], "name", "v100\x1b[31m"), "pools[0].name"),
+    (lambda r: setattr(r.jobs[1], "job_id", "j\x00"), "jobs[1].job_id"),
+    (lambda r: setattr(r.jobs[1], "job_id", "j\u202e"), "jobs[1].job_id"),
 ]
+
+
+async def test_a_bad_number_is_quoted_as_a_plain_number(pricer):
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await pricer.ComputeAllocation(_bad(lambda r: setattr(r.pools[0], "capacity", 1e308)), timeout=10)
+    assert exc.value.details().endswith("got 1e+308"), exc.value.details()
 
 
 @pytest.mark.parametrize(("mutate", "field"), BAD, ids=[f"{f}-{i}" for i, (_, f) in enumerate(BAD)])

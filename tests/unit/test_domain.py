@@ -68,6 +68,7 @@ BAD_SPECS = [
     (make_spec(name="\x1b[2J\x1b[31mPWNED\x1b]0;title\x07\rX"), "spec.name"),
     (make_spec(model_family="ResNet\x00"), "spec.model_family"),
     (make_spec(precision="fp\n32"), "spec.precision"),
+    (make_spec(precision="fp64"), "spec.precision"),  # no precision the predictor knows
     (make_spec(command="/bin/echo\x1b[31m"), "spec.command"),
     # commands that could never start (the node agent splits them with shlex)
     (make_spec(command="   "), "spec.command"),
@@ -102,7 +103,7 @@ def test_invalid_spec_names_field(spec, field):
 
 def test_a_spec_at_every_limit_is_valid():
     validate_job_spec(make_spec(
-        name="n" * L.NAME_MAX_CHARS, model_family="m" * L.MODEL_FAMILY_MAX_CHARS, precision="p" * L.PRECISION_MAX_CHARS,
+        name="n" * L.NAME_MAX_CHARS, model_family="m" * L.MODEL_FAMILY_MAX_CHARS, precision="fp32".rjust(L.PRECISION_MAX_CHARS),
         command="c" * L.COMMAND_MAX_CHARS, labels=tuple((f"k{i:03d}", "v" * L.LABEL_VALUE_MAX_CHARS) for i in range(L.LABELS_MAX_COUNT)),
         shapes=(Shape(1, 50, 100, gpu_type="g" * L.GPU_TYPE_MAX_CHARS),) * L.SHAPES_PER_JOB_MAX,
         allowed_nodes=tuple("n" * L.NODE_ID_MAX_CHARS for _ in range(L.ALLOWED_NODES_MAX_COUNT))))

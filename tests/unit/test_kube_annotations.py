@@ -157,3 +157,17 @@ def test_pod_state_helpers():
     assert a.going({"metadata": {}, "status": {"conditions": [{"type": "DisruptionTarget", "status": "True"}]}})
     assert not a.going({"metadata": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
     assert a.finished({"status": {"phase": "Failed"}}) and not a.finished({"status": {"phase": "Running"}})
+
+
+def test_one_precision_vocabulary_for_submissions_pods_and_the_predictor():
+    from elastico.domain import PRECISIONS, JobKind, JobSpec, TrainingWork, validate_job_spec
+    from services.predictor.features import canonical_precision
+    for name, reduced in PRECISIONS.items():
+        for spelled in (name, name.upper()):
+            assert a.pod_request(pod({a.PRECISION: spelled})).spec.precision == spelled
+            validate_job_spec(JobSpec(kind=JobKind.TRAINING, tenant="t", model_family="ResNet-50", precision=spelled,
+                                      training=TrainingWork(total_steps=1)))
+            assert canonical_precision(spelled) == ("amp" if reduced else "fp32")
+    with pytest.raises(InvalidSpec) as exc:
+        a.pod_request(pod({a.PRECISION: "fp64"}))
+    assert exc.value.field == a.PRECISION
