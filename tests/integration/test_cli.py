@@ -151,7 +151,7 @@ def test_malformed_file_names_field_and_line(suite):
     bad = d / "bad.yaml"
     bad.write_text(MALFORMED)
     r = run(env, "submit", "-f", str(bad))
-    assert r.returncode == 2 and f"{bad}:9: spec.shapes[0].mem_mib: must be > 0" in r.stderr, r.stderr
+    assert r.returncode == 2 and f"{bad}:9: spec.shapes[0].mem_mib: must be in [1, 16777216] MiB, got -5" in r.stderr, r.stderr
     bad.write_text(FITS.replace("  total_steps: 1000000", "  total_steps: 1000000\n  colour: red"))
     r = run(env, "submit", "-f", str(bad))
     assert r.returncode == 2 and f"{bad}:7: spec.training.colour: unknown field" in r.stderr, r.stderr
