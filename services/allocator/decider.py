@@ -15,7 +15,10 @@ pricer service, the worker owns the gRPC solver too and hands back its state (la
 degradation) with each decision, so the scheduler reports it exactly as in thread mode.
 
 A worker that dies or cannot start is not fatal: rounds decide in a thread (logged) and a fresh worker is
-tried again after ``RETRY_S``.
+tried again after ``RETRY_S``. A worker that does not answer within ``timeout_s`` (stopped, swapping, or a
+decide that never ends) is killed and its round fails with :class:`DecideTimeout` (the round loop logs it and
+goes on): the next round starts a fresh worker. Not a thread: a decide that never ends there could not be
+stopped, and would hold scheduling while the leader's lease keeps renewing.
 """
 
 from __future__ import annotations
@@ -181,14 +184,20 @@ def _decide_in_worker(spec: PolicySpec, view: ClusterView, rows: Sequence[int], 
 
 
 # --- scheduler side ---------------------------------------------------------------------------------------
+class DecideTimeout(RuntimeError):
+    """The worker did not answer a round's decide in time; it was killed and the round decides nothing."""
+
+
 class ProcessDecider:
     """One spawned worker process running the round's policy for the scheduler (see module docstring)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, timeout_s: float = 60.0) -> None:
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._clock = clock
         self._retry_at = 0.0
+        self.timeout_s = timeout_s
         self.failures = 0
+        self.timeouts = 0
 
     def start(self) -> None:
         """Start the worker (spawn: a fresh interpreter, no forked gRPC or event-loop state) and warm it up."""
@@ -204,8 +213,14 @@ class ProcessDecider:
             return await asyncio.to_thread(local), None
         self.start()
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, _decide_in_worker, spec, view,
-                                                                    tuple(rows), decide)
+            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
+                self._pool, _decide_in_worker, spec, view, tuple(rows), decide), self.timeout_s)
+        except TimeoutError:
+            self.timeouts += 1
+            log.error(f"decide worker process gave no answer in {self.timeout_s:g}s: killed, this round decides "
+                      "nothing, the next one starts a fresh worker", pid=self.pid)
+            self.close(kill=True)
+            raise DecideTimeout(f"decide worker gave no answer in {self.timeout_s:g}s") from None
         except (concurrent.futures.process.BrokenProcessPool, OSError, RuntimeError) as exc:
             self.failures += 1
             self._retry_at = self._clock() + RETRY_S
@@ -220,7 +235,11 @@ class ProcessDecider:
         procs = self._pool._processes if self._pool is not None else None  # the executor has no public accessor
         return next(iter(procs or {}), None)
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        """Stop the worker after its task in flight; ``kill``: at once (SIGKILL also ends a stopped process)."""
         if self._pool is not None:
+            if kill:
+                for proc in list((self._pool._processes or {}).values()):  # the executor has no public accessor
+                    proc.kill()
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None

@@ -161,7 +161,7 @@ class Scheduler:
         self._policies: dict[str, Policy] = {}
         self._policy_key = 0  # names the current policy for the decide worker process (bumped on every new one)
         self._spec: PolicySpec | None = None  # how the worker builds the current policy; None = decide in a thread
-        self._decider = ProcessDecider() if settings.decide_worker == "process" else None
+        self._decider = ProcessDecider(timeout_s=settings.decide_timeout_s) if settings.decide_worker == "process" else None
         self._policy_attempts = 0  # the policy's per-round placement cap, as its last report gave it
         self.metrics = RoundMetrics()
         self.estimate = PairEstimate(settings.estimator, predictor, self.types, self.kappa, settings.estimate_refresh_s)

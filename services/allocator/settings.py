@@ -86,6 +86,9 @@ class AllocatorSettings(Settings):
     max_watches_per_caller: int = 32
     max_watches: int = 1024
     decide_worker: str = "process"  # where policy.decide runs: "process" (own core, loop keeps serving) or "thread"
+    # a worker process that has not answered a round's decide after this long is killed and the round skipped (a
+    # fresh worker decides the next one): a stuck worker would otherwise hold scheduling while the lease renews, s
+    decide_timeout_s: float = 60.0
     # --- finished-job retention: the leader's sweep (Store.sweep_finished_jobs) -------------------------------
     job_retention_s: float = 7 * 86400.0  # a finished job (succeeded/failed/cancelled) is deleted this long after, s
     job_retention_max: int = 100_000  # finished jobs kept at most; beyond, the oldest-finished are deleted first
@@ -107,7 +110,7 @@ class AllocatorSettings(Settings):
         if self.estimator not in ESTIMATORS:
             raise ConfigError(f"ELASTICO_ESTIMATOR={self.estimator!r}: must be one of {', '.join(ESTIMATORS)}")
         for name in ("round_interval_s", "report_poll_s", "lease_ttl_s", "pricer_timeout_s", "predictor_timeout_s",
-                     "sync_timeout_s", "estimate_refresh_s", "time_scale", "forecast_window_s"):
+                     "sync_timeout_s", "estimate_refresh_s", "time_scale", "forecast_window_s", "decide_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"ELASTICO_{name.upper()}={getattr(self, name)}: must be > 0")
         if not 0 <= self.round_min_gap_s <= self.round_interval_s:

@@ -435,6 +435,41 @@ async def test_decide_worker_process_decides_as_a_thread_and_survives_its_death(
         _WORKER.clear()
 
 
+async def test_a_stuck_decide_worker_is_killed_and_the_next_round_places_with_a_fresh_one(store):
+    """A worker that stops answering (here SIGSTOP) held every later round while the lease kept renewing; after
+    decide_timeout_s it is killed, that round raises DecideTimeout, and the next round spawns a new worker."""
+    import os
+    import signal
+
+    from services.allocator.decider import DecideTimeout
+
+    await heartbeat(store, "n1", gpus=4)
+    lease, epoch = await leader(store, "a")
+    sch = Scheduler(store, settings(decide_worker="process", decide_timeout_s=3.0), lease)
+    try:
+        await store.create_job(make_job(spec=make_spec(model_family="ResNet-18", batch_size=64)))
+        assert len((await sch.round(epoch)).placed) == 1
+        stuck = sch._decider.pid
+        os.kill(stuck, signal.SIGSTOP)
+        await store.create_job(make_job(spec=make_spec(model_family="ResNet-18", batch_size=64)))
+        t = time.monotonic()
+        with pytest.raises(DecideTimeout):
+            await sch.round(epoch)
+        assert 3.0 <= time.monotonic() - t < 10.0 and sch._decider.timeouts == 1
+        for _ in range(50):  # the stopped worker was killed (SIGKILL ends a stopped process)
+            try:
+                os.kill(stuck, 0)
+            except ProcessLookupError:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"worker {stuck} still exists")
+        rep = await sch.round(epoch)
+        assert len(rep.placed) == 1 and sch._decider.pid not in (None, stuck)
+    finally:
+        await sch.close()
+
+
 async def test_marks_encoded_during_a_worker_decide_are_written_for_the_jobs_left_only(store):
     """decide_worker=process with a per-round cap below the queue: the UNSCHEDULABLE_NOW marks are encoded
     while the worker decides; the round writes them for the jobs it left queued, none for those it placed."""
