@@ -449,8 +449,8 @@ class Reconciler(MeasureStep):
             self.runner.signal_group(e, signal.SIGTERM)
         await asyncio.to_thread(self.ledger.save)  # a crash mid-stop still classifies them as stopped
 
-    async def _reap(self, victims: list[LedgerEntry]) -> int:
-        """Wait for signalled ``victims`` (SIGKILL after ``stop_grace_s``), then classify and forget them."""
+    async def _exited(self, victims: list[LedgerEntry]) -> None:
+        """Wait for signalled ``victims`` to exit (SIGKILL after ``stop_grace_s``)."""
         deadline = time.monotonic() + self.stop_grace_s
         while any(self.runner.alive(e) for e in victims) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -460,6 +460,10 @@ class Reconciler(MeasureStep):
                 self.runner.signal_group(e, signal.SIGKILL)
         while any(self.runner.alive(e) for e in victims):
             await asyncio.sleep(0.02)
+
+    async def _reap(self, victims: list[LedgerEntry]) -> int:
+        """Wait for signalled ``victims`` to exit, then classify and forget them."""
+        await self._exited(victims)
         now = time.time()
         for e in victims:
             # stopped on request: the allocator already knows why (it released or re-placed the job),
@@ -590,13 +594,28 @@ class Reconciler(MeasureStep):
         await self.scrapes.close()
 
     async def stop_all(self) -> int:
-        """Stop every workload and quit MPS (``stop_workloads_on_exit``; the default leaves them running)."""
+        """Stop every workload and quit MPS (``stop_workloads_on_exit``; the default leaves them running).
+
+        Unlike a stop the allocator asked for, nobody knows of this one: each stopped workload stays in the ledger,
+        ended (killed, PREEMPTED, with its progress), and the node's actual state is reported once more. The
+        allocator requeues the job with its progress, and a restarted agent never starts that placement again
+        (it did, from step 0, when these entries were forgotten). Ended entries and pods' stay as they are.
+        """
         async with self._lock:
-            victims = self._unwanted({})
-            n = await self._stop(victims) if victims else 0
+            victims = [e for e in self.ledger.entries.values() if e.running and not e.is_pod]
+            if victims:
+                await self._signal_stop(victims)
+                await self._exited(victims)
+                now = time.time()
+                for e in victims:
+                    self.ledger.entries[e.job_id] = self._classify(self.ledger.entries[e.job_id], now)
             await asyncio.to_thread(self.ledger.save)
+            try:
+                await self.store.report_workloads(self.node_id, self.ledger.applied_generation, self.workloads())
+            except Unavailable as exc:  # the agent's next start reports them
+                log.warning("could not report the stopped workloads at exit", error=str(exc))
             await asyncio.to_thread(self.mps.stop)
-            return n
+            return len(victims)
 
 
 _EMPTY_PLACEMENT = Placement(job_id="", shape_index=0, shape=None, slices=())  # type: ignore[arg-type]

@@ -345,6 +345,44 @@ async def test_outcomes_are_classified_and_never_rerun(agent):
     assert find_tagged(str(a.state_dir.resolve())) == {}
 
 
+@pytest.mark.parametrize("workload_env", [{**synthetic_workload_env(), "ELASTICO_STOP_WORKLOADS_ON_EXIT": "1"}])
+async def test_workloads_stopped_at_a_graceful_exit_are_reported_and_never_rerun_by_the_next_agent(agent):
+    """ELASTICO_STOP_WORKLOADS_ON_EXIT (make up's agents): a SIGTERMed agent stops its workloads. They used to leave
+    the ledger, so the restarted agent ran the same placement again from step 0 and the allocator never knew. Now
+    each is reported killed (PREEMPTED) with its progress -- the allocator requeues it from there -- and the next
+    agent does not start that placement again."""
+    a, store = agent
+    epoch = await registered(store)
+    job = await place(store, epoch, 0, 50.0, 1024, "ResNet-18", 16)
+
+    async def progressing():
+        w = (await workloads(store)).get(job)
+        return w if w is not None and w.status == "running" and w.progress_steps > 0 else None
+
+    before = await eventually(progressing)
+    assert a.proc is not None
+    a.proc.send_signal(signal.SIGTERM)  # the agent alone (its workloads have process groups of their own)
+    a.proc.wait(15)
+    assert find_tagged(str(a.state_dir.resolve())) == {}  # its workloads are stopped
+    w = (await workloads(store))[job]
+    assert (w.status, w.reason) == ("killed", StateReason.PREEMPTED) and w.progress_steps >= before.progress_steps
+    a.start()  # the same desired state: the placement is still there
+    await eventually(_node_known_again(store, a))
+    await asyncio.sleep(1.0)  # several reconcile passes (0.2 s)
+    again = (await workloads(store))[job]
+    assert (again.status, again.started_at_s) == ("killed", w.started_at_s)
+    assert find_tagged(str(a.state_dir.resolve())) == {}  # nothing started again
+
+
+def _node_known_again(store: RedisStore, a: AgentProc):
+    started = time.time()
+
+    async def fresh():
+        node = await store.get_node(NODE)
+        return node.last_heartbeat_s >= started
+    return fresh
+
+
 @pytest.mark.parametrize("workload_env", [{**synthetic_workload_env(), "ELASTICO_FENCE_S": "2"}])
 async def test_a_workload_whose_agent_is_silent_past_the_fence_is_stopped_by_its_supervisor(agent):
     """An agent stopped (SIGSTOP) longer than ELASTICO_FENCE_S: each workload's shim stops its workload before
