@@ -68,6 +68,8 @@ class StoreFence:
             self._asked_at = now
             answers = await asyncio.gather(*(asyncio.to_thread(self._ask, a, STORE_SERVICE, ASK_TIMEOUT_S, self.tls)
                                              for a in self.allocators))
+            if self._clock() - self._answered <= self.silence_s:
+                return True  # a heartbeat got through while they were asked (e.g. the agent was just resumed)
             self._shared_outage = bool(answers) and all(a == "NOT_SERVING" for a in answers)
             state = "outage" if self._shared_outage else "fenced"
             if state != self._state:

@@ -89,6 +89,24 @@ async def test_the_allocators_are_asked_at_most_once_per_period_and_a_heartbeat_
     assert len(ask.asked) == 2
 
 
+async def test_a_heartbeat_that_gets_through_while_the_allocators_are_asked_ends_the_silence_without_a_fence():
+    """An agent resumed after a long stop: its clock says silent, so it asks the allocators (who see the store); its
+    heartbeat succeeds meanwhile. It used to log "cut off from the store" and fence for that round anyway."""
+    clock = Clock()
+    f: StoreFence
+
+    class Answering(Allocators):
+        def __call__(self, address, service, timeout_s, tls):
+            f.store_answered()  # the heartbeat lands during the question
+            return super().__call__(address, service, timeout_s, tls)
+
+    ask = Answering(a="SERVING")
+    f = fence(clock, ask, "a")
+    clock.t += 75.0
+    assert await f.may_run()
+    assert f._state == "connected" and len(ask.asked) == 1
+
+
 class FlakyStore(MemoryStore):
     def __init__(self) -> None:
         super().__init__()
