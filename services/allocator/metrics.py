@@ -20,7 +20,8 @@ RELEASES = Counter("elastico_allocator_releases_total", "Jobs taken off their GP
 EVICTIONS = Counter("elastico_allocator_evictions_requested_total",
                     "Kubernetes pod jobs given EVICTION_REQUESTED instead of a release, by what the policy meant "
                     "(preempted, resized)", ["reason"])
-GPU_ALLOCATED = Gauge("elastico_allocator_gpu_allocated_ratio", "MPS share committed / GPUs of usable nodes")
+GPU_ALLOCATED = Gauge("elastico_allocator_gpu_allocated_ratio",
+                      "Compute handed out / GPUs of usable nodes: MPS shares, a whole GPU for training its share does not limit")
 GPU_UTILISATION = Gauge("elastico_allocator_gpu_utilisation_ratio", "Mean SM utilisation the node agents report, 0-1")
 GPU_EFFECTIVE = Gauge("elastico_allocator_gpu_effective_ratio",
                       "MPS share committed, each tenant's weighted by its observed normalised speed / GPUs of usable nodes")

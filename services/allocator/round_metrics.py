@@ -21,6 +21,7 @@ from elastico.domain import Job, JobState, NodeInfo, StateReason, Workload
 from services.allocator import metrics as m
 from services.allocator.plan import ViewIndex
 from services.allocator.policy import ClusterView
+from services.allocator.policy.view import TRAINING
 
 # elastico_allocator_degraded{component} -> how its degradation notes (RoundReport.degraded) begin
 DEGRADED_PREFIXES = {"pricer": ("pricer",), "predictor": ("predictor",), "nodes": ("nodes", "node ")}
@@ -78,6 +79,21 @@ def pending_reasons(jobs: Iterable[Job]) -> dict[str, int]:
         if j.state is JobState.PENDING:
             out[j.reason.value] = out.get(j.reason.value, 0) + 1
     return out
+
+
+def allocated_ratio(view: ClusterView) -> float:
+    """Compute handed out over the view's GPUs (0-1), as the simulator's ``alloc_util`` counts it: each tenant's
+    share, but a whole GPU for a training job its share does not limit (``JobTable.limited``: it runs unlimited,
+    its share is the slice it books, not what it may use); at most one GPU per GPU."""
+    if view.num_gpus == 0:
+        return 0.0
+    jobs, share = view.gpu_job, view.gpu_share
+    limited = view.jobs.limited
+    if limited is not None:
+        rows = np.maximum(jobs, 0)
+        unlimited = (jobs >= 0) & (view.jobs.kind[rows] == TRAINING) & ~limited[rows]
+        share = np.where(unlimited, 100.0, share)
+    return float(np.minimum(share.sum(axis=1), 100.0).sum() / 100.0 / view.num_gpus)
 
 
 def effective_utilisation(view: ClusterView, observed: Mapping[int, float], predicted: Mapping[int, float]) -> float:
@@ -175,7 +191,7 @@ class RoundMetrics:
                 m.SLOWDOWN_ERROR.observe(observed - predicted)
                 self._errors.append((view.now_s, observed - predicted))
         self._record_drift(view.now_s)
-        m.GPU_ALLOCATED.set(float(np.minimum(view.gpu_share.sum(axis=1), 100).sum() / 100 / max(view.num_gpus, 1)))
+        m.GPU_ALLOCATED.set(allocated_ratio(view))
         m.GPU_EFFECTIVE.set(effective_utilisation(view, outcome.observed, outcome.predicted))
         sm = [g.counters.sm_util_pct for n in outcome.fresh_nodes for g in n.gpus if g.counters.sm_util_pct is not None]
         if sm:

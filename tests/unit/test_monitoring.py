@@ -11,6 +11,7 @@ import math
 import os
 import re
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from services.allocator.round_metrics import (
     RoundMetrics,
     RoundOutcome,
     RoundReport,
+    allocated_ratio,
     effective_utilisation,
     pending_reasons,
 )
@@ -303,6 +305,16 @@ def test_pending_reasons_count_pending_jobs_only():
     jobs = [make_job(), make_job(reason=StateReason.UNSCHEDULABLE_NOW), make_job(reason=StateReason.UNSCHEDULABLE_NOW),
             make_job(reason=StateReason.PREEMPTED), make_job(state=JobState.RUNNING, reason=StateReason.STARTED)]
     assert pending_reasons(jobs) == {"submitted": 1, "unschedulable_now": 2, "preempted": 1}
+
+
+def test_allocated_ratio_counts_unlimited_training_as_a_whole_gpu_as_the_simulator_does():
+    # GPU 0: job 0 alone at a 50 % slice, unlimited; GPU 1: job 1 at 50 % limited next to service 2 at 40 %;
+    # GPU 2: job 3 at 25 %, limited (its service has left); GPU 3 empty
+    v = pb.view([{}, {}, {"kind": 1}, {}], gpus=4, placed={0: ([0], 50.0), 1: ([1], 50.0), 2: ([1], 40.0), 3: ([2], 25.0)})
+    assert allocated_ratio(v) == pytest.approx((0.5 + 0.9 + 0.25) / 4)  # without flags: the shares
+    v = replace(v, jobs=replace(v.jobs, limited=np.array([False, True, False, True])))
+    assert allocated_ratio(v) == pytest.approx((1.0 + 0.9 + 0.25) / 4)
+    assert allocated_ratio(pb.view([{}], gpus=0)) == 0.0
 
 
 def test_effective_utilisation_weights_shares_by_speed():
