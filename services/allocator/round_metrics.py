@@ -88,10 +88,10 @@ def allocated_ratio(view: ClusterView) -> float:
     if view.num_gpus == 0:
         return 0.0
     jobs, share = view.gpu_job, view.gpu_share
-    limited = view.jobs.limited
-    if limited is not None:
-        rows = np.maximum(jobs, 0)
-        unlimited = (jobs >= 0) & (view.jobs.kind[rows] == TRAINING) & ~limited[rows]
+    limited, used = view.jobs.limited, jobs >= 0
+    if limited is not None and used.any():
+        rows = np.where(used, jobs, 0)
+        unlimited = used & (view.jobs.kind[rows] == TRAINING) & ~limited[rows]
         share = np.where(unlimited, 100.0, share)
     return float(np.minimum(share.sum(axis=1), 100.0).sum() / 100.0 / view.num_gpus)
 

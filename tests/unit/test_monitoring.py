@@ -315,6 +315,8 @@ def test_allocated_ratio_counts_unlimited_training_as_a_whole_gpu_as_the_simulat
     v = replace(v, jobs=replace(v.jobs, limited=np.array([False, True, False, True])))
     assert allocated_ratio(v) == pytest.approx((1.0 + 0.9 + 0.25) / 4)
     assert allocated_ratio(pb.view([{}], gpus=0)) == 0.0
+    idle = pb.view([], gpus=2)  # GPUs and no job at all (the live view's first rounds)
+    assert allocated_ratio(replace(idle, jobs=replace(idle.jobs, limited=np.zeros(0, bool)))) == 0.0
 
 
 def test_effective_utilisation_weights_shares_by_speed():
