@@ -598,8 +598,8 @@ class Reconciler(MeasureStep):
 
         Unlike a stop the allocator asked for, nobody knows of this one: each stopped workload stays in the ledger,
         ended (killed, PREEMPTED, with its progress), and the node's actual state is reported once more. The
-        allocator requeues the job with its progress, and a restarted agent never starts that placement again
-        (it did, from step 0, when these entries were forgotten). Ended entries and pods' stay as they are.
+        allocator requeues the job with its progress, and a restarted agent never starts that placement again.
+        Ended entries and pods' stay as they are.
         """
         async with self._lock:
             victims = [e for e in self.ledger.entries.values() if e.running and not e.is_pod]
