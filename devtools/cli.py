@@ -603,10 +603,12 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", parents=[run_dir], help="start the local cluster (Redis, services, N node agents); "
                        "on a running one, restart its processes that died")
-    p.add_argument("--nodes", type=int, default=int(os.environ.get("ELASTICO_NODES", "2")), help="node agents (default 2)")
+    p.add_argument("--nodes", type=int, default=os.environ.get("ELASTICO_NODES", "2"),
+                   help="node agents (default ELASTICO_NODES or 2)")
     p.add_argument("--timeout-s", type=_positive, default=30.0, help="wait this long for every service (default 30)")
     p.add_argument("--monitoring", action="store_true", default=None, help="also Prometheus and Grafana, where installed")
-    sub.add_parser("down", parents=[run_dir], help="stop the local cluster and remove its state")
+    sub.add_parser("down", parents=[run_dir], help="stop the local cluster; its jobs (Redis's AOF), certificates and "
+                   "tokens stay in the run directory, so the next `up` resumes them (`make clean` removes them)")
     sub.add_parser("status", parents=[run_dir], help="the local cluster's processes, health and GPUs (exit 1 if one died)")
 
     p = sub.add_parser("submit", parents=[conn], help="submit job(s) from a YAML/JSON file")

@@ -107,7 +107,10 @@ def _port_bindable(port: int) -> bool:
 
 def _ports(count: int) -> list[int]:
     """``count`` free ports from ELASTICO_BASE_PORT upwards (skipping busy ones)."""
-    port = int(os.environ.get("ELASTICO_BASE_PORT", "50050"))
+    raw = os.environ.get("ELASTICO_BASE_PORT", "50050")
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise RuntimeError(f"ELASTICO_BASE_PORT={raw!r}: must be a port number in [1, 65535]")
+    port = int(raw)
     out: list[int] = []
     while len(out) < count and port < 65535:
         if _port_free(port):
@@ -218,7 +221,7 @@ def up(nodes: int, timeout_s: float = 30.0, monitoring: bool | None = None) -> d
             env = {**base_env, **sec.get(name, {}), "ELASTICO_REDIS_URL": redis_urls.get(name, redis_url),
                    "ELASTICO_PORT": str(port), "ELASTICO_METRICS_PORT": str(metrics[i]) if metrics else "0",
                    "ELASTICO_PRICER_ADDRESS": addr["pricer"], "ELASTICO_PREDICTOR_ADDRESS": addr["predictor"]}
-            if name == "predictor":  # its retrained models stay in the run dir (removed by `down`), never the checkout
+            if name == "predictor":  # its retrained models stay in the run dir (removed by `make clean`), never the checkout
                 env["ELASTICO_STATE_DIR"] = str(rd / "predictor")
             state["service_env"][name] = {k: v for k, v in env.items() if k.startswith("ELASTICO_")}
             procs.append(_spawn(name, f"services.{name}", env, logs, addr[name]))
@@ -612,7 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m devtools.cluster", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="start Redis, the services and N node agents; restart those of a running cluster that died")
-    p_up.add_argument("--nodes", type=int, default=int(os.environ.get("ELASTICO_NODES", "2")))
+    # a string default goes through type= when the subcommand is used: a bad ELASTICO_NODES is a usage error there
+    p_up.add_argument("--nodes", type=int, default=os.environ.get("ELASTICO_NODES", "2"), help="(default ELASTICO_NODES or 2)")
     p_up.add_argument("--timeout-s", type=float, default=30.0)
     p_up.add_argument("--monitoring", action="store_true", default=None,
                       help="also start Prometheus and Grafana where installed (default: ELASTICO_MONITORING)")
@@ -622,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     p_logs.add_argument("-n", type=int, default=20)
     sub.add_parser("status", help="health and the GPUs each node agent reports")
     args = ap.parse_args(argv)
+    if args.cmd == "logs" and args.n < 1:
+        ap.error("-n must be >= 1")
     if args.cmd == "up":
         if args.nodes < 1:
             ap.error("--nodes must be >= 1")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import typing
 import urllib.parse
@@ -41,6 +42,26 @@ def redis_has_password(url: str) -> bool:
     return bool(parts.password) or "password" in urllib.parse.parse_qs(parts.query)
 
 
+def redis_url_problem(url: str) -> str | None:
+    """Why ``url`` is no usable Redis URL, or None: redis:// and rediss:// name their host (an empty one would quietly
+    mean localhost:6379) with a numeric port and database, unix:// a socket path."""
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        return "must start with redis://, rediss:// or unix://"
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "unix":
+        return None if parts.path else "unix:// needs the socket's path"
+    try:
+        parts.port  # noqa: B018 - parsing it is the check
+    except ValueError:
+        return "the port must be a number in [0, 65535]"
+    if not parts.hostname:
+        return "must name its host (redis://[user:password@]host:port/db)"
+    db = parts.path.lstrip("/")
+    if db and not db.isdigit():
+        return f"the database must be a number, got {db[:16]!r}"
+    return None
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password replaced by ``***`` (for logs and error messages)."""
     parts = urllib.parse.urlsplit(url)
@@ -62,7 +83,10 @@ def _parse(raw: str, tp: Any, var: str) -> Any:
         if tp is int:
             return int(raw)
         if tp is float:
-            return float(raw)
+            x = float(raw)
+            if not math.isfinite(x):  # every comparison with NaN is false, so no range check would refuse it
+                raise ValueError("must be a finite number")
+            return x
         if tp is str:
             return raw
     except ValueError as exc:
@@ -145,8 +169,14 @@ class Settings:
             raise ConfigError(f"ELASTICO_MAX_PENDING_RPCS={self.max_pending_rpcs}: must be in [100, 1000000]")
         if not 0 <= self.shutdown_drain_s <= 300:
             raise ConfigError(f"ELASTICO_SHUTDOWN_DRAIN_S={self.shutdown_drain_s}: must be in [0, 300]")
-        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"ELASTICO_REDIS_URL={redact_url(self.redis_url)!r}: must start with redis://, rediss:// or unix://")
+        if self.redis_url:
+            problem = redis_url_problem(self.redis_url)
+            if problem:
+                raise ConfigError(f"ELASTICO_REDIS_URL={redact_url(self.redis_url)!r}: {problem}")
+        if self.port_file:
+            parent = os.path.dirname(os.path.abspath(self.port_file))
+            if os.path.isdir(self.port_file) or not os.path.isdir(parent):
+                raise ConfigError(f"ELASTICO_PORT_FILE={self.port_file!r}: must be a file path in an existing directory")
 
     def validate_security(self) -> None:
         """Refuse plaintext and unauthenticated Redis unless explicitly allowed (checked after the fields' ranges)."""

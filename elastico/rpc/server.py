@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from elastico.config import Settings, redact_url, redis_has_password, write_port_file
+from elastico.errors import Unavailable
 from elastico.logging import configure_logging, get_logger
 from elastico.rpc.interceptors import ErrorMappingInterceptor
 from elastico.rpc.security import Access, TLSFiles, server_credentials
@@ -127,20 +128,29 @@ async def create_server(settings: Settings, bindings: Sequence[ServiceBinding]) 
     names = tuple(b.name for b in bindings)
     reflection.enable_server_reflection((*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
     address = f"{settings.host}:{settings.port}"
-    if files is None:
-        get_logger(component="security").warning(
-            "ELASTICO_INSECURE=1: plaintext gRPC without client certificates, loopback only", address=address)
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, server_credentials(files, settings.tls_require_client_cert))
+    try:
+        if files is None:
+            get_logger(component="security").warning(
+                "ELASTICO_INSECURE=1: plaintext gRPC without client certificates, loopback only", address=address)
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, server_credentials(files, settings.tls_require_client_cert))
+    except RuntimeError:  # grpc's "Failed to bind", whatever the cause (see the message below)
+        port = 0
     if port == 0:
-        raise OSError(f"could not bind {settings.host}:{settings.port}")
+        tls = "" if files is None else (", or ELASTICO_TLS_CERT_FILE and ELASTICO_TLS_KEY_FILE do not hold a matching "
+                                        "certificate and key")
+        raise Unavailable(f"cannot serve on ELASTICO_HOST={settings.host!r} ELASTICO_PORT={settings.port}: the port is in "
+                          f"use, or the host is not an address of this machine (an IPv6 address goes in brackets){tls}")
     probes = {name: probe for b in bindings for name, probe in b.health_probes.items()}
     es = ElasticoServer(grpc_server=server, health=health, service_names=names, interceptor=interceptor, probes=probes)
     for name in ("", *names, *probes):
         await health.set(name, NOT_SERVING)
     if settings.metrics_port >= 0:
-        http, _thread = start_http_server(settings.metrics_port, addr=settings.host)
+        try:
+            http, _thread = start_http_server(settings.metrics_port, addr=settings.host)
+        except OSError as exc:
+            raise Unavailable(f"cannot serve metrics on ELASTICO_METRICS_PORT={settings.metrics_port}: {exc.strerror}") from None
         es._metrics_http = http
         es.metrics_port = http.server_port
     return es, port
@@ -201,7 +211,10 @@ def run_main(settings_factory: Callable[[], Settings], build_factory: Callable[[
         return 2
     try:
         asyncio.run(serve(settings, build_factory(settings)))
-    except ElasticoError as exc:  # e.g. Redis unreachable at start-up
+    except ConfigError as exc:  # a setting found unusable while building the service (a token file, a certificate)
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    except ElasticoError as exc:  # e.g. Redis unreachable at start-up, the port taken
         print(f"{settings.service_name}: cannot start: {exc}", file=sys.stderr)
         return 3
     return 0

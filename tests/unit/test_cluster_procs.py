@@ -98,3 +98,18 @@ def test_up_does_not_restart_onto_a_port_another_process_holds(monkeypatch, tmp_
     assert dead["pid"] == 1  # nothing started, nothing recorded
     with pytest.raises(RuntimeError, match="cannot restart node-1: the state file does not say how"):
         cluster.restart({"procs": [{**dead, "argv": []}]}, [{**dead, "argv": []}])
+
+
+def test_bad_cluster_environment_and_arguments_are_usage_errors_not_tracebacks(monkeypatch, capsys):
+    monkeypatch.setenv("ELASTICO_NODES", "abc")
+    monkeypatch.setattr(cluster, "status", lambda: True)
+    assert cluster.main(["status"]) == 0  # a bad ELASTICO_NODES matters to `up` only
+    with pytest.raises(SystemExit) as exc:
+        cluster.main(["up"])
+    assert exc.value.code == 2 and "--nodes" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cluster.main(["logs", "-n", "0"])
+    assert exc.value.code == 2
+    monkeypatch.setenv("ELASTICO_BASE_PORT", "abc")
+    with pytest.raises(RuntimeError, match="ELASTICO_BASE_PORT"):
+        cluster._ports(1)

@@ -38,9 +38,20 @@ def test_defaults_and_overrides_parse_types():
          "ELASTICO_ALLOCATOR_ADDRESSES"),
         (AllocatorSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_SERVICE_QUOTA_GPUS": "team-a=1.5"},
          "ELASTICO_SERVICE_QUOTA_GPUS"),
+        # NaN passes every range check written as a comparison, inf every "> 0": refused when parsed
+        (AllocatorSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_NODE_STALE_S": "nan"}, "ELASTICO_NODE_STALE_S"),
+        (AllocatorSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_LEASE_TTL_S": "inf"}, "ELASTICO_LEASE_TTL_S"),
+        (PricerSettings, {"ELASTICO_SHUTDOWN_GRACE_S": "1e309"}, "ELASTICO_SHUTDOWN_GRACE_S"),
+        # a Redis URL naming no host meant localhost:6379, whatever Redis runs there
+        (AllocatorSettings, {"ELASTICO_REDIS_URL": "redis://"}, "ELASTICO_REDIS_URL"),
+        (AllocatorSettings, {"ELASTICO_REDIS_URL": "redis://127.0.0.1:notaport/0"}, "ELASTICO_REDIS_URL"),
+        (AllocatorSettings, {"ELASTICO_REDIS_URL": "redis://127.0.0.1:6390/abc"}, "ELASTICO_REDIS_URL"),
+        (PricerSettings, {"ELASTICO_PORT_FILE": "/nonexistent-dir/port"}, "ELASTICO_PORT_FILE"),
+        (PricerSettings, {"ELASTICO_PORT_FILE": "/tmp"}, "ELASTICO_PORT_FILE"),
     ],
     ids=["port-not-int", "port-range", "log-level", "gap-tolerance", "redis-required", "redis-scheme", "gpu-backend",
-         "sim-gpu-count", "metrics-port", "allocator-address", "allocator-port", "service-quota"],
+         "sim-gpu-count", "metrics-port", "allocator-address", "allocator-port", "service-quota", "nan", "inf",
+         "overflow", "redis-no-host", "redis-port", "redis-db", "port-file-dir-missing", "port-file-is-dir"],
 )
 def test_bad_settings_fail_fast_naming_the_variable(cls, env, var):
     with pytest.raises(ConfigError, match=var):
@@ -67,6 +78,21 @@ def test_service_refuses_to_start_on_bad_config(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "ELASTICO_REDIS_URL is required" in r.stderr
+
+
+def test_a_taken_port_is_one_line_and_exit_3_not_a_traceback():
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for var in ("ELASTICO_PORT", "ELASTICO_METRICS_PORT"):
+            r = subprocess.run([sys.executable, "-m", "services.pricer"], capture_output=True, text=True, timeout=60,
+                               env={"PATH": "/usr/bin:/bin", **INSECURE, "ELASTICO_PORT": "0", var: str(port)})
+            assert r.returncode == 3 and var in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_allocator_addresses_are_a_comma_separated_list():
