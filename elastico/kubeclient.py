@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from kubernetes import client, config
 
+from elastico.errors import ConfigError
+
 
 def api_client(api_url: str = "") -> client.ApiClient:
-    """An ApiClient for ``api_url`` ("" = the in-cluster service account, else ``~/.kube/config``)."""
+    """An ApiClient for ``api_url`` ("" = the in-cluster service account, else ``~/.kube/config``).
+
+    Raises:
+        ConfigError: neither a service account nor a kubeconfig (the process exits 2 saying so).
+    """
     cfg = client.Configuration()
     if api_url:
         cfg.host = api_url
@@ -14,5 +20,9 @@ def api_client(api_url: str = "") -> client.ApiClient:
         try:
             config.load_incluster_config(client_configuration=cfg)
         except config.ConfigException:
-            config.load_kube_config(client_configuration=cfg)
+            try:
+                config.load_kube_config(client_configuration=cfg)
+            except (config.ConfigException, OSError) as exc:
+                raise ConfigError("no Kubernetes API: not in a pod with a service account, and no usable kubeconfig "
+                                  f"({exc}); set ELASTICO_KUBE_API_URL") from None
     return client.ApiClient(cfg)

@@ -66,7 +66,14 @@ def main() -> int:
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except ConfigError as exc:  # found while starting: no Kubernetes API
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the port taken, or the host not an address of this machine
+        print(f"kube: cannot start: {exc}", file=sys.stderr)
+        return 3
     return 0
 
 

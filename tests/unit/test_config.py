@@ -100,3 +100,14 @@ def test_allocator_addresses_are_a_comma_separated_list():
                                     "ELASTICO_ALLOCATOR_ADDRESSES": " alloc-0:50050, 10.0.0.2:50050 ,"})
     assert s.allocator_address_list == ("alloc-0:50050", "10.0.0.2:50050")
     assert NodeAgentSettings.from_env({**INSECURE, "ELASTICO_REDIS_URL": "redis://h:1"}).allocator_address_list == ()
+
+
+def test_no_kubernetes_api_is_a_configuration_error(monkeypatch, tmp_path):
+    from elastico.kubeclient import api_client
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    with pytest.raises(ConfigError, match="ELASTICO_KUBE_API_URL"):
+        api_client("")
+    assert api_client("http://127.0.0.1:9").configuration.host == "http://127.0.0.1:9"
