@@ -177,6 +177,15 @@ class Settings:
             parent = os.path.dirname(os.path.abspath(self.port_file))
             if os.path.isdir(self.port_file) or not os.path.isdir(parent):
                 raise ConfigError(f"ELASTICO_PORT_FILE={self.port_file!r}: must be a file path in an existing directory")
+        # by name: a *_dir setting that exists must be a directory, a *_file or *_path one must not be
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, str) or not value:
+                continue
+            if f.name.endswith("_dir") and os.path.exists(value) and not os.path.isdir(value):
+                raise ConfigError(f"ELASTICO_{f.name.upper()}={value!r}: exists and is not a directory")
+            if f.name.endswith(("_file", "_path")) and os.path.isdir(value):
+                raise ConfigError(f"ELASTICO_{f.name.upper()}={value!r}: is a directory, not a file")
 
     def validate_security(self) -> None:
         """Refuse plaintext and unauthenticated Redis unless explicitly allowed (checked after the fields' ranges)."""

@@ -80,6 +80,18 @@ def test_service_refuses_to_start_on_bad_config(tmp_path):
     assert "ELASTICO_REDIS_URL is required" in r.stderr
 
 
+def test_a_directory_setting_must_not_be_a_file_nor_a_file_setting_a_directory(tmp_path):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    agent = {**INSECURE, "ELASTICO_REDIS_URL": "redis://h:1"}
+    with pytest.raises(ConfigError, match="ELASTICO_STATE_DIR"):
+        NodeAgentSettings.from_env({**agent, "ELASTICO_STATE_DIR": str(a_file)})
+    with pytest.raises(ConfigError, match="ELASTICO_MPS_PIPE_DIR"):
+        NodeAgentSettings.from_env({**agent, "ELASTICO_MPS_PIPE_DIR": str(a_file)})
+    with pytest.raises(ConfigError, match="ELASTICO_MODEL_PATH"):
+        PredictorSettings.from_env({**INSECURE, "ELASTICO_MODEL_PATH": str(tmp_path)})
+
+
 def test_a_taken_port_is_one_line_and_exit_3_not_a_traceback():
     import socket
     import subprocess
