@@ -173,10 +173,8 @@ class Settings:
             problem = redis_url_problem(self.redis_url)
             if problem:
                 raise ConfigError(f"ELASTICO_REDIS_URL={redact_url(self.redis_url)!r}: {problem}")
-        if self.port_file:
-            parent = os.path.dirname(os.path.abspath(self.port_file))
-            if os.path.isdir(self.port_file) or not os.path.isdir(parent):
-                raise ConfigError(f"ELASTICO_PORT_FILE={self.port_file!r}: must be a file path in an existing directory")
+        if self.port_file and not os.path.isdir(os.path.dirname(os.path.abspath(self.port_file))):
+            raise ConfigError(f"ELASTICO_PORT_FILE={self.port_file!r}: its directory does not exist")
         # by name: a *_dir setting that exists must be a directory, a *_file or *_path one must not be
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
