@@ -578,6 +578,16 @@ def _connection_options() -> argparse.ArgumentParser:
     return p
 
 
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
 def _positive(text: str) -> float:
     try:
         v = float(text)
@@ -623,12 +633,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--state", action="append", default=[], help="only these states (repeat or comma-separate: "
                                                                 "pending,placed,running,succeeded,failed,cancelled)")
     p.add_argument("--tenant", default="", help="only this tenant's jobs")
-    p.add_argument("--limit", type=int, default=0, help="at most this many (default all)")
+    p.add_argument("--limit", type=_count, default=0, help="at most this many (default 0: all)")
     _output(p)
     p = sub.add_parser("watch", parents=[conn], help="stream job state changes (Ctrl-C ends)")
     p.add_argument("jobs", nargs="*", metavar="JOB", help="only these jobs (default all)")
-    p.add_argument("--after", default="", help="resume after this event id (default: new events only)")
-    p.add_argument("--from-start", action="store_true", help="replay every recorded event first")
+    since = p.add_mutually_exclusive_group()
+    since.add_argument("--after", default="", help="resume after this event id (default: new events only)")
+    since.add_argument("--from-start", action="store_true", help="replay every recorded event first")
     p = sub.add_parser("cancel", parents=[conn], help="cancel job(s)")
     p.add_argument("jobs", nargs="+", metavar="JOB")
     p = sub.add_parser("describe", parents=[conn], help="a job in full: shape, placement, co-tenants, speed, history, "

@@ -168,3 +168,11 @@ def test_help_everywhere():
         assert all(len(ln) <= 120 for ln in r.stdout.splitlines()), cmd
     sim = subprocess.run([str(ELASTICO), "sim", "--help"], capture_output=True, text=True, timeout=60)
     assert sim.returncode == 0 and "usage: python -m simulator" in sim.stdout
+
+
+def test_hostile_arguments_are_usage_errors_before_any_call():
+    env = {**os.environ, "ELASTICO_NODES": "abc"}  # a bad default of `up` breaks no other subcommand
+    for args, says in ((["list", "--limit", "-5"], "--limit"), (["watch", "--from-start", "--after", "0"], "--after"),
+                       (["up"], "--nodes")):
+        r = subprocess.run([str(ELASTICO), *args], env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
