@@ -27,12 +27,15 @@ ACCESS = Access(PeerPolicy(roles("allocator", "kube", "operator"), {
 
 def build(settings: PredictorSettings):
     async def _build():
-        model = await asyncio.to_thread(load_or_train, settings)
+        log_store: obslog.ObservationLog
         if settings.redis_url:
-            log_store: obslog.ObservationLog = obslog.RedisObservationLog(settings.redis_url, settings.redis_namespace)
+            redis_log = obslog.RedisObservationLog(settings.redis_url, settings.redis_namespace)
+            await redis_log.ping()  # fail fast (exit 3) on a Redis it cannot reach, as the allocator does
+            log_store = redis_log
         else:
             get_logger(component="predictor").warning("no ELASTICO_REDIS_URL: observations are kept in memory only")
             log_store = obslog.MemoryObservationLog()
+        model = await asyncio.to_thread(load_or_train, settings)
         servicer = PredictorServicer(settings, model, log_store)
         task = asyncio.create_task(servicer.refresh_forever()) if settings.refresh_interval_s > 0 else None
 

@@ -90,6 +90,10 @@ class RedisObservationLog:
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise Unavailable(f"redis unavailable: {exc}") from exc
 
+    async def ping(self) -> None:
+        """Raise Unavailable unless the store answers (a start-up check: a wrong URL fails fast)."""
+        await self._call(self._r.ping())
+
     async def append(self, entries: Sequence[str]) -> None:
         pipe = self._r.pipeline(transaction=True)
         for e in entries:

@@ -107,6 +107,20 @@ def test_a_taken_port_is_one_line_and_exit_3_not_a_traceback():
             assert r.returncode == 3 and var in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+def test_a_predictor_that_cannot_reach_its_redis_exits_3():
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "services.predictor"], capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", **INSECURE, "ELASTICO_PORT": "0",
+                            "ELASTICO_REDIS_URL": f"redis://127.0.0.1:{port}/0"})
+    assert r.returncode == 3 and "redis unavailable" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_allocator_addresses_are_a_comma_separated_list():
     s = NodeAgentSettings.from_env({**INSECURE, "ELASTICO_REDIS_URL": "redis://h:1",
                                     "ELASTICO_ALLOCATOR_ADDRESSES": " alloc-0:50050, 10.0.0.2:50050 ,"})
