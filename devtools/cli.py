@@ -579,13 +579,9 @@ def _connection_options() -> argparse.ArgumentParser:
 
 
 def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
+    if not (text.isascii() and text.isdigit()):  # "-5", "1.5" and "x" are usage errors
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return int(text)
 
 
 def _positive(text: str) -> float:
