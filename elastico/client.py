@@ -573,6 +573,7 @@ class ClientConfig:
                 if not os.path.isfile(v):
                     raise ValueError(f"{n}={v!r}: no such file")
             files = TLSFiles(*given)
+            files.checked_read()  # ConfigError (a ValueError) naming a file that is not a usable certificate/key/CA
         if _truthy(env.get("ELASTICO_INSECURE", "")):
             files = None
         token = env.get("ELASTICO_TOKEN", "").strip()

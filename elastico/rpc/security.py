@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import datetime as dt
 import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import NameOID
 
-from elastico.errors import PermissionDenied, Unauthenticated
+from elastico.errors import ConfigError, PermissionDenied, Unauthenticated
 from elastico.logging import get_logger
 
 log = get_logger(component="security")
@@ -52,6 +57,58 @@ class TLSFiles:
         with open(self.cert_file, "rb") as c, open(self.key_file, "rb") as k, open(self.ca_file, "rb") as a:
             return c.read(), k.read(), a.read()
 
+    def checked_read(self) -> tuple[bytes, bytes, bytes]:
+        """:meth:`read`, refusing files grpc would take and fail on only at a handshake (:func:`tls_problem`).
+
+        Raises:
+            ConfigError: naming the variable and the file (an unreadable file included).
+        """
+        try:
+            data = self.read()
+        except OSError as exc:
+            raise ConfigError(f"TLS files unreadable: {exc}") from None
+        problem = tls_problem(self, *data)
+        if problem is not None:
+            raise ConfigError(problem)
+        return data
+
+
+def tls_problem(files: TLSFiles, chain: bytes, key: bytes, ca: bytes) -> str | None:
+    """What makes the files' bytes unusable, naming the variable and the file, or None: each parses as PEM, the key is the certificate's, the
+    certificate (or the top of its chain) is issued by a certificate of the CA bundle, and it has not expired."""
+    where = {"cert": f"ELASTICO_TLS_CERT_FILE={files.cert_file!r}", "key": f"ELASTICO_TLS_KEY_FILE={files.key_file!r}",
+             "ca": f"ELASTICO_TLS_CA_FILE={files.ca_file!r}"}
+    try:
+        certs = x509.load_pem_x509_certificates(chain)
+    except ValueError:
+        return f"{where['cert']}: not a PEM certificate"
+    try:
+        cas = x509.load_pem_x509_certificates(ca)
+    except ValueError:
+        return f"{where['ca']}: not a PEM CA certificate bundle"
+    try:
+        private = serialization.load_pem_private_key(key, password=None)
+    except (ValueError, TypeError):  # TypeError: the key needs a password
+        return f"{where['key']}: not an unencrypted PEM private key"
+    spki = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    if private.public_key().public_bytes(*spki) != certs[0].public_key().public_bytes(*spki):
+        return f"{where['key']}: not the key of the certificate in {files.cert_file!r}"
+    if certs[0].not_valid_after_utc <= dt.datetime.now(dt.UTC):
+        return f"{where['cert']}: expired on {certs[0].not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+    if not any(_issued_by(certs[-1], c) for c in cas):
+        return f"{where['cert']}: not issued by a certificate of {files.ca_file!r}"
+    return None
+
+
+def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    if cert == ca:
+        return True
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
 
 def file_stamp(paths: Sequence[str]) -> tuple[int, ...]:
     """Modification times (ns) of ``paths``, -1 for a missing file: a change means the files were rotated."""
@@ -72,7 +129,7 @@ def server_credentials(files: TLSFiles, require_client_cert: bool = True) -> grp
     def config(chain: bytes, key: bytes, ca: bytes):
         return grpc.ssl_server_certificate_configuration([(key, chain)], root_certificates=ca)
 
-    initial = config(*files.read())
+    initial = config(*files.checked_read())
 
     def fetch():
         stamp = files.stamp()
@@ -80,9 +137,9 @@ def server_credentials(files: TLSFiles, require_client_cert: bool = True) -> grp
             if stamp == state["stamp"]:
                 return None
             try:
-                new = config(*files.read())
-            except OSError as exc:  # a rotation in progress: keep serving the old certificate
-                log.warning("TLS files unreadable; keeping the previous certificate", error=str(exc))
+                new = config(*files.checked_read())
+            except ConfigError as exc:  # a rotation in progress, or a bad file: keep serving the old certificate
+                log.warning("TLS files unusable; keeping the previous certificate", error=str(exc))
                 return None
             state["stamp"] = stamp
         log.info("TLS certificate reloaded", cert_file=files.cert_file)
@@ -106,7 +163,11 @@ class ClientTLS:
 
     @classmethod
     def from_settings(cls, settings, token: str = "") -> ClientTLS:
-        return cls(TLSFiles.from_settings(settings), token=token)
+        """The process's own files, checked (:meth:`TLSFiles.checked_read`: ConfigError names a bad one)."""
+        files = TLSFiles.from_settings(settings)
+        if files is not None:
+            files.checked_read()
+        return cls(files, token=token)
 
     def __getstate__(self) -> dict:  # picklable (the allocator's decide worker): credentials are rebuilt there
         return {**self.__dict__, "_cache": ()}
@@ -210,9 +271,6 @@ class Peer:
 
 def certificate_name(cert_file: str) -> str:
     """The common name of the PEM certificate in ``cert_file`` (a process checks its own identity at start)."""
-    from cryptography import x509
-    from cryptography.x509.oid import NameOID
-
     with open(cert_file, "rb") as f:
         cert = x509.load_pem_x509_certificate(f.read())
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)

@@ -17,8 +17,10 @@ from pathlib import Path
 import grpc
 import pytest
 import redis.asyncio as aioredis
+from cryptography.hazmat.primitives import serialization
 
 from elastico import auth, pki
+from elastico.client import ClientConfig
 from elastico.config import Settings
 from elastico.errors import ConfigError
 from elastico.rpc.security import Access, ClientTLS, PeerPolicy, ReloadingStub, TLSFiles, roles
@@ -145,6 +147,74 @@ async def test_a_long_lived_client_presents_its_rotated_certificate(certs, price
         assert await code_of(stub.ComputeAllocation(pricer_pb2.ComputeAllocationRequest(), timeout=5)) is grpc.StatusCode.INVALID_ARGUMENT
     finally:
         await stub.close()
+
+
+def bad_tls_files(certs, tmp_path: Path) -> dict[str, tuple[dict[str, str], str]]:
+    """Unusable TLS settings for the pricer, each with the variable its error must name."""
+    good = pki.tls_settings(certs["pricer"])
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+    locked = tmp_path / "locked.key"
+    key = serialization.load_pem_private_key(Path(good["tls_key_file"]).read_bytes(), None)
+    locked.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                         serialization.BestAvailableEncryption(b"secret")))
+    return {
+        "garbage CA": ({**good, "tls_ca_file": str(garbage)}, "ELASTICO_TLS_CA_FILE"),
+        "garbage certificate": ({**good, "tls_cert_file": str(garbage)}, "ELASTICO_TLS_CERT_FILE"),
+        "another certificate's key": ({**good, "tls_key_file": certs["operator"].key_file}, "ELASTICO_TLS_KEY_FILE"),
+        "encrypted key": ({**good, "tls_key_file": str(locked)}, "ELASTICO_TLS_KEY_FILE"),
+        "certificate of another CA": ({**good, "tls_cert_file": certs["other-ca"].cert_file,
+                                       "tls_key_file": certs["other-ca"].key_file}, "ELASTICO_TLS_CERT_FILE"),
+        "expired certificate": ({**good, "tls_cert_file": certs["expired"].cert_file,
+                                 "tls_key_file": certs["expired"].key_file}, "ELASTICO_TLS_CERT_FILE"),
+    }
+
+
+@pytest.mark.parametrize("case", ["garbage CA", "garbage certificate", "another certificate's key", "encrypted key",
+                                  "certificate of another CA", "expired certificate"])
+async def test_unusable_tls_files_are_refused_at_start_naming_the_file(certs, tmp_path, case):
+    # grpc takes any bytes as a CA bundle and fails only at each handshake; a server and a client check at start
+    files, var = bad_tls_files(certs, tmp_path)[case]
+    settings = PricerSettings.from_env({}, port=0, **files)
+    with pytest.raises(ConfigError, match=var):
+        await create_server(settings, [ServiceBinding(
+            "elastico.v1.Pricer", PricerServicer(settings), pricer_pb2_grpc.add_PricerServicer_to_server)])
+    with pytest.raises(ConfigError, match=var):
+        ClientTLS.from_settings(settings)
+    with pytest.raises(ValueError, match=var):
+        ClientConfig.from_env({f"ELASTICO_{k.upper()}": v for k, v in files.items()})
+    assert TLSFiles(**{k[4:]: v for k, v in pki.tls_settings(certs["pricer"]).items()}).checked_read()
+
+
+async def test_a_rotation_to_unusable_files_keeps_serving_the_previous_certificate(certs, tmp_path):
+    live = tmp_path / "live"
+    live.mkdir()
+    for src, dst in ((certs["pricer"].cert_file, "pricer.crt"), (certs["pricer"].key_file, "pricer.key"),
+                     (certs["pricer"].ca_file, "ca.crt")):
+        shutil.copy(src, live / dst)
+    files = {"tls_cert_file": str(live / "pricer.crt"), "tls_key_file": str(live / "pricer.key"), "tls_ca_file": str(live / "ca.crt")}
+    settings = PricerSettings.from_env({}, port=0, **files)
+    server, port = await create_server(settings, [ServiceBinding(
+        "elastico.v1.Pricer", PricerServicer(settings), pricer_pb2_grpc.add_PricerServicer_to_server)])
+    await server.start()
+    addr = f"127.0.0.1:{port}"
+    try:
+        def put(src: str, name: str) -> None:
+            shutil.copy(src, live / "tmp")
+            (live / "tmp").replace(live / name)
+
+        # a CA bundle without the issuer of the server's certificate (half a rotation, or the wrong file), then an
+        # expired certificate: new connections still get the previous certificate and CA
+        steps = ([(certs["other-ca"].ca_file, "ca.crt")],
+                 [(certs["pricer"].ca_file, "ca.crt"), (certs["expired"].cert_file, "pricer.crt"),
+                  (certs["expired"].key_file, "pricer.key")])
+        for step in steps:
+            for src, name in step:
+                put(src, name)
+            async with client(certs["operator"]).aio_channel(addr) as ch:
+                assert await code_of(compute(ch)) is grpc.StatusCode.INVALID_ARGUMENT, step
+    finally:
+        await server.stop(0)
 
 
 def test_plaintext_needs_an_explicit_opt_out_and_loopback():
