@@ -39,6 +39,7 @@ from services.allocator.settings import AllocatorSettings
 log = get_logger(component="allocator")
 
 MAX_PAGE_SIZE = 1000
+PAGE_TOKEN_RE = re.compile(r"[1-9][0-9]{0,19}")  # ListJobs tokens: a job's submission sequence (from 1)
 MAX_REPLY_BYTES = 3 << 20  # a ListJobs page stays below gRPC clients' default 4 MiB receive limit
 MAX_WATCH_JOB_IDS = 1000
 EVENT_ID_RE = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")  # a Redis stream id (ASCII digits; Redis refuses longer)
@@ -192,7 +193,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     async def ListJobs(self, request: apb.ListJobsRequest, context: grpc.aio.ServicerContext) -> apb.ListJobsResponse:
         if request.page_size > MAX_PAGE_SIZE:
             raise InvalidSpec("page_size", f"must be at most {MAX_PAGE_SIZE}, got {request.page_size}")
-        if request.page_token and not (request.page_token.isascii() and request.page_token.isdigit() and len(request.page_token) <= 20):
+        if request.page_token and not PAGE_TOKEN_RE.fullmatch(request.page_token):  # a job's sequence, from 1
             raise InvalidSpec("page_token", "is not a token returned by ListJobs")
         if len(request.states) > 16:
             raise InvalidSpec("states", f"at most 16 states, got {len(request.states)}")

@@ -109,7 +109,9 @@ async def test_other_methods_validate(suite):
     await expect_code(a.GetJob(allocator_pb2.GetJobRequest(job_id=""), timeout=5), grpc.StatusCode.INVALID_ARGUMENT, "job_id")
     await expect_code(a.CancelJob(allocator_pb2.CancelJobRequest(job_id=""), timeout=5), grpc.StatusCode.INVALID_ARGUMENT, "job_id")
     await expect_code(a.ListJobs(allocator_pb2.ListJobsRequest(page_size=5000), timeout=5), grpc.StatusCode.INVALID_ARGUMENT, "page_size")
-    await expect_code(a.ListJobs(allocator_pb2.ListJobsRequest(page_token="zz"), timeout=5), grpc.StatusCode.INVALID_ARGUMENT, "page_token")
+    for token in ("zz", "0", "007", "-1", "1" * 21):  # never returned: a job's sequence counts from 1
+        await expect_code(a.ListJobs(allocator_pb2.ListJobsRequest(page_token=token), timeout=5), grpc.StatusCode.INVALID_ARGUMENT,
+                          "page_token")
     await expect_code(a.ListJobs(allocator_pb2.ListJobsRequest(states=[0]), timeout=5), grpc.StatusCode.INVALID_ARGUMENT, "states[0]")
     stream = a.WatchJobs(allocator_pb2.WatchJobsRequest(after_event_id="not-an-id"), timeout=5)
     await expect_code(stream.read(), grpc.StatusCode.INVALID_ARGUMENT, "after_event_id")
