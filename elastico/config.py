@@ -62,6 +62,25 @@ def redis_url_problem(url: str) -> str | None:
     return None
 
 
+def address_problem(address: str) -> str | None:
+    """Why ``address`` is no gRPC ``host:port`` to dial, or None: a host (an IPv6 one in brackets; a resolver
+    prefix such as ``dns:///`` is kept) without blanks or control characters, and a port in [1, 65535]; or a
+    ``unix:`` socket path."""
+    if address.startswith("unix:"):
+        path = address.removeprefix("unix:")
+        return None if path.strip("/") and path.isprintable() and " " not in path else "a unix: address needs a socket path"
+    host, sep, port = address.rpartition(":")
+    if not sep or not host:
+        return "must be host:port"
+    if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        return f"the port must be a number in [1, 65535], got {port[:16]!r}"
+    if not host.isascii() or not host.isprintable() or " " in host:
+        return "the host holds blanks, control or non-ASCII characters"
+    if ":" in host.split("///")[-1] and not (host.endswith("]") and "[" in host):
+        return "an IPv6 host goes in brackets ([::1]:50051)"
+    return None
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password replaced by ``***`` (for logs and error messages)."""
     parts = urllib.parse.urlsplit(url)
@@ -175,11 +194,16 @@ class Settings:
                 raise ConfigError(f"ELASTICO_REDIS_URL={redact_url(self.redis_url)!r}: {problem}")
         if self.port_file and not os.path.isdir(os.path.dirname(os.path.abspath(self.port_file))):
             raise ConfigError(f"ELASTICO_PORT_FILE={self.port_file!r}: its directory does not exist")
-        # by name: a *_dir setting that exists must be a directory, a *_file or *_path one must not be
+        # by name: a *_dir setting that exists must be a directory, a *_file or *_path one must not be; an *_address
+        # is host:port, an *_addresses a comma-separated list of them
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if not isinstance(value, str) or not value:
                 continue
+            if f.name.endswith(("_address", "_addresses")):
+                for a in value.split(",") if f.name.endswith("s") else [value]:
+                    if a.strip() and (problem := address_problem(a.strip())):
+                        raise ConfigError(f"ELASTICO_{f.name.upper()}={value!r}: {a.strip()!r}: {problem}")
             if f.name.endswith("_dir") and os.path.exists(value) and not os.path.isdir(value):
                 raise ConfigError(f"ELASTICO_{f.name.upper()}={value!r}: exists and is not a directory")
             if f.name.endswith(("_file", "_path")) and os.path.isdir(value):

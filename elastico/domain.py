@@ -319,6 +319,8 @@ class JobEvent:
 # Size limits (lengths, counts) are the table of ``elastico.limits``; messages never quote long user input.
 REQUEST_ID_RE = re.compile(rf"^[A-Za-z0-9._:-]{{1,{L.REQUEST_ID_MAX_CHARS}}}$")
 TENANT_RE = re.compile(rf"^[A-Za-z0-9._-]{{1,{L.TENANT_MAX_CHARS}}}$")
+#: a node id (a host or Kubernetes node name): it names the agent's certificate (node/<id>) and its Redis keys
+NODE_ID_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{L.NODE_ID_MAX_CHARS - 1}}}$")
 MAX_GPUS_PER_JOB = 1024
 
 
@@ -496,8 +498,9 @@ def validate_job_spec(spec: JobSpec, path: str = "spec") -> None:
     if len(spec.allowed_nodes) > L.ALLOWED_NODES_MAX_COUNT:
         raise InvalidSpec(f"{path}.allowed_nodes", f"at most {L.ALLOWED_NODES_MAX_COUNT} node ids, got {len(spec.allowed_nodes)}")
     for i, node in enumerate(spec.allowed_nodes):
-        if not node.strip():
-            raise InvalidSpec(f"{path}.allowed_nodes[{i}]", "must be a non-empty node id")
         _max_chars(node, L.NODE_ID_MAX_CHARS, f"{path}.allowed_nodes[{i}]")
+        if not NODE_ID_RE.fullmatch(node):
+            raise InvalidSpec(f"{path}.allowed_nodes[{i}]", "must be a node id: letters, digits, '.', '_' or '-', "
+                              "starting with a letter or digit")
     if not spec.shapes and not spec.model_family:
         raise InvalidSpec(f"{path}.model_family", "is required when no shapes are given (shapes are derived from it)")

@@ -129,10 +129,6 @@ class AllocatorSettings(Settings):
             raise ConfigError(f"ELASTICO_POLICY_MAX_ATTEMPTS={self.policy_max_attempts}: must be >= 0")
         self._validate_policy_options()
         self.service_quotas()
-        for name in ("pricer_address", "predictor_address"):
-            value = getattr(self, name)
-            if value and ":" not in value:
-                raise ConfigError(f"ELASTICO_{name.upper()}={value!r}: must be host:port")
 
     def validate_security(self) -> None:
         super().validate_security()

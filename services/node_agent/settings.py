@@ -15,6 +15,7 @@ from functools import cached_property
 from pathlib import Path
 
 from elastico.config import Settings
+from elastico.domain import NODE_ID_RE
 from elastico.errors import ConfigError
 
 GPU_BACKENDS = ("simulated", "nvml", "auto")
@@ -211,13 +212,9 @@ class NodeAgentSettings(Settings):
             raise ConfigError(f"ELASTICO_OBSERVATION_INTERVAL_S={self.observation_interval_s}: must be >= 0")
         if not 0.1 <= self.scrape_interval_s <= 3600:
             raise ConfigError(f"ELASTICO_SCRAPE_INTERVAL_S={self.scrape_interval_s}: must be in [0.1, 3600]")
-        for a in self.allocator_address_list:
-            host, _, port = a.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ConfigError(f"ELASTICO_ALLOCATOR_ADDRESSES={self.allocator_addresses!r}: {a!r} is not host:port "
-                                  "(give a comma-separated list of host:port)")
-        if self.predictor_address and ":" not in self.predictor_address:
-            raise ConfigError(f"ELASTICO_PREDICTOR_ADDRESS={self.predictor_address!r}: must be host:port")
+        if not NODE_ID_RE.fullmatch(self.effective_node_id):
+            raise ConfigError(f"ELASTICO_NODE_ID={self.effective_node_id!r}: a node id is 1-253 letters, digits, '.', '_' or "
+                              "'-', starting with a letter or digit (it names the node's certificate and keys)")
         if self.kube_timeout_s <= 0:
             raise ConfigError(f"ELASTICO_KUBE_TIMEOUT_S={self.kube_timeout_s}: must be > 0")
         if self.kube_pods and not (self.proc_root.startswith("/") and os.path.isdir(self.proc_root)):

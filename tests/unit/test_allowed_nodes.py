@@ -45,8 +45,11 @@ def running_on(node_id: str, gpu: int, share: float):
 @pytest.mark.parametrize(("nodes", "field"), [
     (("n1", ""), "spec.allowed_nodes[1]"),
     (("  ",), "spec.allowed_nodes[0]"),
-], ids=["empty", "blank"])
-def test_blank_node_ids_are_invalid_and_named(nodes, field):
+    (("n1", "a/b"), "spec.allowed_nodes[1]"),
+    (("-n1",), "spec.allowed_nodes[0]"),
+    (("n 1",), "spec.allowed_nodes[0]"),
+], ids=["empty", "blank", "slash", "leading-dash", "space"])
+def test_malformed_node_ids_are_invalid_and_named(nodes, field):
     with pytest.raises(InvalidSpec) as exc:
         validate_job_spec(make_spec(allowed_nodes=nodes))
     assert exc.value.field == field

@@ -48,10 +48,20 @@ def test_defaults_and_overrides_parse_types():
         (AllocatorSettings, {"ELASTICO_REDIS_URL": "redis://127.0.0.1:6390/abc"}, "ELASTICO_REDIS_URL"),
         (PricerSettings, {"ELASTICO_PORT_FILE": "/nonexistent-dir/port"}, "ELASTICO_PORT_FILE"),
         (PricerSettings, {"ELASTICO_PORT_FILE": "/tmp"}, "ELASTICO_PORT_FILE"),
+        # every *_address / *_addresses is checked as host:port when read, not at the first dial
+        (AllocatorSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_PREDICTOR_ADDRESS": "pred:"},
+         "ELASTICO_PREDICTOR_ADDRESS"),
+        (AllocatorSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_PRICER_ADDRESS": "pri cer:50051"},
+         "ELASTICO_PRICER_ADDRESS"),
+        (NodeAgentSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_ADVERTISE_ADDRESS": "::1:50054"},
+         "ELASTICO_ADVERTISE_ADDRESS"),
+        (NodeAgentSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_NODE_ID": "../n1"}, "ELASTICO_NODE_ID"),
+        (NodeAgentSettings, {"ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_NODE_ID": "a/b"}, "ELASTICO_NODE_ID"),
     ],
     ids=["port-not-int", "port-range", "log-level", "gap-tolerance", "redis-required", "redis-scheme", "gpu-backend",
          "sim-gpu-count", "metrics-port", "allocator-address", "allocator-port", "service-quota", "nan", "inf",
-         "overflow", "redis-no-host", "redis-port", "redis-db", "port-file-dir-missing", "port-file-is-dir"],
+         "overflow", "redis-no-host", "redis-port", "redis-db", "port-file-dir-missing", "port-file-is-dir",
+         "address-no-port", "address-blank", "address-ipv6-unbracketed", "node-id-dots", "node-id-slash"],
 )
 def test_bad_settings_fail_fast_naming_the_variable(cls, env, var):
     with pytest.raises(ConfigError, match=var):
@@ -126,6 +136,18 @@ def test_allocator_addresses_are_a_comma_separated_list():
                                     "ELASTICO_ALLOCATOR_ADDRESSES": " alloc-0:50050, 10.0.0.2:50050 ,"})
     assert s.allocator_address_list == ("alloc-0:50050", "10.0.0.2:50050")
     assert NodeAgentSettings.from_env({**INSECURE, "ELASTICO_REDIS_URL": "redis://h:1"}).allocator_address_list == ()
+
+
+@pytest.mark.parametrize("address", ["alloc-0:50050", "10.0.0.2:1", "[::1]:50051", "dns:///alloc.svc:50050",
+                                     "unix:/run/elastico/pricer.sock"])
+def test_well_formed_addresses_are_accepted(address):
+    s = AllocatorSettings.from_env({**INSECURE, "ELASTICO_REDIS_URL": "redis://h:1", "ELASTICO_PRICER_ADDRESS": address})
+    assert s.pricer_address == address
+
+
+def test_the_hostname_fallback_is_a_valid_node_id():
+    s = NodeAgentSettings.from_env({**INSECURE, "ELASTICO_REDIS_URL": "redis://h:1"})
+    assert s.effective_node_id
 
 
 def test_no_kubernetes_api_is_a_configuration_error(monkeypatch, tmp_path):
