@@ -203,12 +203,15 @@ def evaluate(cell: dict) -> tuple[list[str], list[tuple[str, bool]]]:
         checks.append((f"inference SLO >= {TARGET_SLO:.0%}: {slo:.4f}", slo >= TARGET_SLO))
     variants = [("ablation", label) for label, _, _ in ABLATIONS] + \
         [(f"objective knob work_weight={opts['work_weight']}", label) for label, opts, _ in KNOB_ENDS]
+    need = work_target(cell) if loaded and cell["main"] else None
     for kind, label in variants:
         if label in by:
             a = by[label]
+            gap = "" if need is None else \
+                f"; the work/h target {need:.2f} {'met' if a['work_gpu_h_per_h'] >= need - 1e-9 else 'missed'}"
             lines.append(f"  {kind} {label}: avg JCT {a['avg_jct_h']:.2f} h ({a['avg_jct_h'] / e['avg_jct_h']:.3f}x "
                          f"elastico's), work/h {a['work_gpu_h_per_h']:.2f} ({a['work_gpu_h_per_h'] / e['work_gpu_h_per_h']:.3f}x), "
-                         f"effective util {a['eff_util']:.1%} ({a['eff_util'] / e['eff_util']:.3f}x)")
+                         f"effective util {a['eff_util']:.1%} ({a['eff_util'] / e['eff_util']:.3f}x){gap}")
     return lines, checks
 
 

@@ -185,6 +185,11 @@ def test_every_verdict_agrees_with_its_numbers(smoke):
             assert any(f" {v}: avg JCT {a['avg_jct_h']:.2f} h ({a['avg_jct_h'] / e['avg_jct_h']:.3f}x elastico's), "
                        f"work/h {a['work_gpu_h_per_h']:.2f} ({a['work_gpu_h_per_h'] / e['work_gpu_h_per_h']:.3f}x)" in ln
                        for ln in cell["lines"]), (tag, v)
+        f, c = by["exclusive-fifo"], cell["ceiling"]
+        need = f["work_gpu_h_per_h"] + GAP * (c["work_gpu_h_per_h"] - f["work_gpu_h_per_h"])
+        for v in ("elastico/work-half", "elastico/work-end") if cell["meta"]["main"] else ():
+            met = "met" if by[v]["work_gpu_h_per_h"] >= need - 1e-9 else "missed"
+            assert any(f" {v}: " in ln and ln.endswith(f"; the work/h target {need:.2f} {met}") for ln in cell["lines"]), (tag, v)
     overall = re.search(r"^OVERALL: (PASS|FAIL \((\d+) miss\(es\), as measured\))", stdout, re.M)
     assert overall, stdout[-2000:]
     assert (overall.group(1) == "PASS") is (misses == 0) and int(overall.group(2) or 0) == misses
