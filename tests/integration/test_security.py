@@ -101,19 +101,24 @@ async def test_peer_roles_are_enforced_per_service(certs, pricer):
         assert await code_of(compute(ch)) is grpc.StatusCode.PERMISSION_DENIED
 
 
-async def test_a_rotated_server_certificate_is_served_without_restart(certs, tmp_path):
-    own = pki.throwaway(tmp_path / "a", ["pricer", "operator"])
-    live = tmp_path / "live"
+async def _pricer_on_copies(identity, live: Path):
+    """A started pricer reading copies of ``identity``'s certificate, key and CA in ``live`` (pricer.crt,
+    pricer.key, ca.crt: a test rotates them there); returns (server, address)."""
     live.mkdir()
-    for suffix in ("crt", "key"):
-        shutil.copy(getattr(own["pricer"], f"{'cert' if suffix == 'crt' else 'key'}_file"), live / f"pricer.{suffix}")
-    shutil.copy(own["pricer"].ca_file, live / "ca.crt")
-    files = {"tls_cert_file": str(live / "pricer.crt"), "tls_key_file": str(live / "pricer.key"), "tls_ca_file": str(live / "ca.crt")}
-    settings = PricerSettings.from_env({}, port=0, **files)
+    for src, dst in ((identity.cert_file, "pricer.crt"), (identity.key_file, "pricer.key"), (identity.ca_file, "ca.crt")):
+        shutil.copy(src, live / dst)
+    settings = PricerSettings.from_env({}, port=0, tls_cert_file=str(live / "pricer.crt"),
+                                       tls_key_file=str(live / "pricer.key"), tls_ca_file=str(live / "ca.crt"))
     server, port = await create_server(settings, [ServiceBinding(
         "elastico.v1.Pricer", PricerServicer(settings), pricer_pb2_grpc.add_PricerServicer_to_server)])
     await server.start()
-    addr = f"127.0.0.1:{port}"
+    return server, f"127.0.0.1:{port}"
+
+
+async def test_a_rotated_server_certificate_is_served_without_restart(certs, tmp_path):
+    own = pki.throwaway(tmp_path / "a", ["pricer", "operator"])
+    live = tmp_path / "live"
+    server, addr = await _pricer_on_copies(own["pricer"], live)
     try:
         new = pki.throwaway(tmp_path / "b", ["pricer", "operator"])  # a new CA: old and new clients tell them apart
         async with client(own["operator"]).aio_channel(addr) as ch:
@@ -188,16 +193,7 @@ async def test_unusable_tls_files_are_refused_at_start_naming_the_file(certs, tm
 
 async def test_a_rotation_to_unusable_files_keeps_serving_the_previous_certificate(certs, tmp_path):
     live = tmp_path / "live"
-    live.mkdir()
-    for src, dst in ((certs["pricer"].cert_file, "pricer.crt"), (certs["pricer"].key_file, "pricer.key"),
-                     (certs["pricer"].ca_file, "ca.crt")):
-        shutil.copy(src, live / dst)
-    files = {"tls_cert_file": str(live / "pricer.crt"), "tls_key_file": str(live / "pricer.key"), "tls_ca_file": str(live / "ca.crt")}
-    settings = PricerSettings.from_env({}, port=0, **files)
-    server, port = await create_server(settings, [ServiceBinding(
-        "elastico.v1.Pricer", PricerServicer(settings), pricer_pb2_grpc.add_PricerServicer_to_server)])
-    await server.start()
-    addr = f"127.0.0.1:{port}"
+    server, addr = await _pricer_on_copies(certs["pricer"], live)
     try:
         def put(src: str, name: str) -> None:
             shutil.copy(src, live / "tmp")
