@@ -74,8 +74,9 @@ class TLSFiles:
 
 
 def tls_problem(files: TLSFiles, chain: bytes, key: bytes, ca: bytes) -> str | None:
-    """What makes the files' bytes unusable, naming the variable and the file, or None: each parses as PEM, the key is the certificate's, the
-    certificate (or the top of its chain) is issued by a certificate of the CA bundle, and it has not expired."""
+    """What makes the files' bytes unusable, naming the variable and the file, or None: each parses as PEM, the
+    key is the certificate's, the certificate (or the top of its chain) is issued by a certificate of the CA
+    bundle, and it has not expired."""
     where = {"cert": f"ELASTICO_TLS_CERT_FILE={files.cert_file!r}", "key": f"ELASTICO_TLS_KEY_FILE={files.key_file!r}",
              "ca": f"ELASTICO_TLS_CA_FILE={files.ca_file!r}"}
     try:
