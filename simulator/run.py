@@ -45,7 +45,9 @@ def make_estimate(types, truth: GroundTruth, estimator: str = "auto") -> tuple[n
             from services.predictor.estimator import PredictorEstimator
 
             est = PredictorEstimator.from_artifact()
-            return est.pair_matrix(types), "predictor (models/interference.json)"
+            meta = est.model.meta  # the training data differ with Lucid's shared files present or not: say which
+            return est.pair_matrix(types), (f"predictor (models/interference.json: {meta.get('training_rows', '?')} rows "
+                                            f"from {', '.join(sorted(meta.get('envs_seen', ())))})")
         except Exception as exc:  # noqa: BLE001 - explicit, reported fallback
             if estimator == "predictor":
                 raise

@@ -398,3 +398,14 @@ def test_utilisation_is_smoothed_as_a_step_series_without_edge_dips():
     assert s[100] == pytest.approx(0.5) and s[250] == pytest.approx(1.0)
     assert 0.5 < s[200] < 1.0  # the step at 20 is spread over the window
     assert np.all(np.diff(s) >= -1e-12)  # a rising step stays monotone
+
+
+
+def test_the_predictor_estimate_names_the_data_its_model_was_trained_on(small_trace):
+    """The model differs with Lucid's shared files present or not: a run says which one it used."""
+    from services.predictor.estimator import PredictorEstimator
+
+    meta = PredictorEstimator.from_artifact().model.meta
+    w = build_workload(str(small_trace), 8, None, load=0.5, estimator="predictor")
+    assert w.estimator_name == (f"predictor (models/interference.json: {meta['training_rows']} rows from "
+                                f"{', '.join(sorted(meta['envs_seen']))})")
