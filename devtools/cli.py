@@ -46,6 +46,7 @@ from elastico.client import (
     ClientConfig,
     NodeAgentClient,
 )
+from elastico.config import address_problem
 from elastico.rpc.security import read_token
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,6 +104,8 @@ def context(args: argparse.Namespace) -> Context:
             tls = dataclasses.replace(tls, token=read_token(args.token_file))
         except (OSError, ValueError) as exc:
             raise UsageError(f"--token-file {args.token_file}: {exc}") from None
+    if args.address and (problem := address_problem(args.address)):
+        raise UsageError(f"--address {args.address!r}: {problem}")
     return Context(ClientConfig(args.address or cfg.address, tls), state, args.timeout)
 
 

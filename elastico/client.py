@@ -47,6 +47,7 @@ from elastico.answers import (
     node_from_pb,
     workload_from_pb,
 )
+from elastico.config import address_problem
 from elastico.errors import InvalidSpec
 from elastico.rpc import convert
 from elastico.rpc.security import ClientTLS, ReloadingStub, TLSFiles, read_token
@@ -557,10 +558,13 @@ class ClientConfig:
         ``ELASTICO_INSECURE=1``: plaintext); ``ELASTICO_TOKEN`` or ``ELASTICO_TOKEN_FILE`` (else ``default_tls``'s).
 
         Raises:
-            ValueError: naming the variable (a partial set of TLS files, an unreadable or empty token file).
+            ValueError: naming the variable (an address not host:port, a partial set of TLS files, an unreadable
+                or empty token file).
         """
         env = os.environ if env is None else env
         address = env.get("ELASTICO_ALLOCATOR_ADDRESS", "").strip() or default_address
+        if problem := address_problem(address):
+            raise ValueError(f"ELASTICO_ALLOCATOR_ADDRESS={address!r}: {problem}")
         base = default_tls or ClientTLS(None)
         files = base.files
         names = ("ELASTICO_TLS_CERT_FILE", "ELASTICO_TLS_KEY_FILE", "ELASTICO_TLS_CA_FILE")

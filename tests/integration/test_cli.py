@@ -173,6 +173,6 @@ def test_help_everywhere():
 def test_hostile_arguments_are_usage_errors_before_any_call():
     env = {**os.environ, "ELASTICO_NODES": "abc"}  # a bad default of `up` breaks no other subcommand
     for args, says in ((["list", "--limit", "-5"], "--limit"), (["watch", "--from-start", "--after", "0"], "--after"),
-                       (["up"], "--nodes")):
+                       (["up"], "--nodes"), (["list", "--address", "alloc ator:50050"], "--address")):
         r = subprocess.run([str(ELASTICO), *args], env=env, capture_output=True, text=True, timeout=30)
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)

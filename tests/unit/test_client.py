@@ -289,6 +289,8 @@ def test_split_field_and_config_from_env(tmp_path):
         ClientConfig.from_env({"ELASTICO_TLS_CERT_FILE": str(tok)})
     with pytest.raises(ValueError, match="ELASTICO_TOKEN_FILE"):
         ClientConfig.from_env({"ELASTICO_TOKEN_FILE": str(tmp_path / "missing")})
+    with pytest.raises(ValueError, match="ELASTICO_ALLOCATOR_ADDRESS"):
+        ClientConfig.from_env({"ELASTICO_ALLOCATOR_ADDRESS": "::1:50050"})  # IPv6 goes in brackets
 
 
 def test_a_spec_without_a_tenant_is_sent_without_one():
