@@ -96,11 +96,12 @@ def build(settings: NodeAgentSettings):
             tasks.append(asyncio.create_task(fence.keep_alive(reconciler.runner)))
 
         async def cleanup() -> None:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            async with reconciler.between_passes():  # the loops stop between two passes, not in the middle of one
+                for task in tasks:
+                    task.cancel()
+                for task in tasks:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             if settings.stop_workloads_on_exit:
                 await reconciler.stop_all()
             await reconciler.aclose()

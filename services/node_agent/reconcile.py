@@ -51,6 +51,7 @@ take no new process workload. A pod job on an agent not following pods is report
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import time
@@ -592,6 +593,13 @@ class Reconciler(MeasureStep):
         if self.pods is not None:
             await asyncio.to_thread(self.pods.stop)
         await self.scrapes.close()
+
+    @contextlib.asynccontextmanager
+    async def between_passes(self):
+        """Held, no pass runs: one in progress finishes first, its report included (cancelling it mid-write at exit
+        could leave a workload started but not in the ledger, or a report landing after the last one)."""
+        async with self._lock:
+            yield
 
     async def stop_all(self) -> int:
         """Stop every workload and quit MPS (``stop_workloads_on_exit``; the default leaves them running).

@@ -365,7 +365,8 @@ async def test_workloads_stopped_at_a_graceful_exit_are_reported_and_never_rerun
     a.proc.wait(15)
     assert find_tagged(str(a.state_dir.resolve())) == {}  # its workloads are stopped
     w = (await workloads(store))[job]
-    assert (w.status, w.reason) == ("killed", StateReason.PREEMPTED) and w.progress_steps >= before.progress_steps
+    assert (w.status, w.reason) == ("killed", StateReason.PREEMPTED) and w.progress_steps >= before.progress_steps, \
+        (w, a.log_path.read_text()[-3000:])
     a.start()  # the same desired state: the placement is still there
     await eventually(_node_known_again(store, a))
     await asyncio.sleep(1.0)  # several reconcile passes (0.2 s)
