@@ -157,23 +157,21 @@ def place_training(pol: ElastiCo, view: ClusterView, gj, gs, W, d: Decision, que
     # predictions are made on the GPUs with room for the smallest share only (under contention a
     # handful of 512): same decisions, a fraction of the work
     rows = np.flatnonzero((room >= float(min_sh) - 1e-9) & open_)
-    try_order = np.argsort(-speed, axis=1, kind="stable")  # [J, S'] shapes by speed, once for all
     topo = view.topo
     shrunk_shapes = speed.shape[1] > len(p.shares_pct)
-    # the loop reads the candidates' shapes one by one (often all 256 of them, most failing the
-    # capacity precheck): as Python lists, without a numpy scalar per read
-    cand_l, type_l, choice_l = cand.tolist(), jobs.type_idx[cand].tolist(), choice.tolist()
-    order_l, ok_l, n_l, sh_l = try_order.tolist(), ok.tolist(), n.tolist(), sh.tolist()
+    # the loop reads a candidate's shapes one by one, as Python lists (no numpy scalar per read); only the
+    # few candidates it visits are converted, not the whole [J, S'] tables
+    cand_l, type_l, choice_l, sh_l = cand.tolist(), jobs.type_idx[cand].tolist(), choice.tolist(), sh.tolist()
     # capacity only shrinks in the loop: a candidate none of whose shapes passes the precheck now never will
     fits = (n * sh[None, :] <= free_share + 1e-9) & (np.array([room_cnt[x] for x in sh_l]) >= n)
     first_fits = fits[np.arange(len(cand)), choice]
     for c in np.flatnonzero((choice >= 0) & (first_fits | (fits & ok).any(axis=1))).tolist():
         if attempts >= p.max_attempts or free_slots == 0 or free_share < min_sh:
             break
-        j, t, first, n_c = cand_l[c], type_l[c], choice_l[c], n_l[c]
+        j, t, first, n_c, ok_c = cand_l[c], type_l[c], choice_l[c], n[c].tolist(), ok[c].tolist()
         mask = gpu_mask(jobs, j)  # a job pinned to nodes: its own failures say nothing of other jobs
         declared = bool(shapes_of(jobs, j))  # its declared shares are limits wherever it runs
-        tries = [first] + [s for s in order_l[c] if ok_l[c][s] and s != first]
+        tries = [first] + [s for s in np.argsort(-speed[c], kind="stable").tolist() if ok_c[s] and s != first]
         if shrunk_shapes:  # a shrunk gang only when no full-gang shape fits
             full = [x == n_c[0] for x in n_c]
             tries = [s for s in tries if full[s]] + [s for s in tries if not full[s]]
