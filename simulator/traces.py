@@ -54,7 +54,6 @@ Inference services (optional; only when ``--inference-trace`` files are given):
 from __future__ import annotations
 
 import csv
-import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,12 +255,15 @@ def static_inference_gpus(inf: InferenceServices | None, span_s: float) -> float
 def azure_profile(path: str | Path) -> np.ndarray:
     """[P] per-``BIN_S`` request counts of an Azure LLM inference trace (``TIMESTAMP`` column), normalised to a
     peak of 1; the last, partial bin is dropped. The shape services loop (module docstring)."""
-    ts = []
     with open(path, newline="") as fh:
-        for r in csv.DictReader(fh):
-            ts.append(dt.datetime.strptime(r["TIMESTAMP"].strip()[:26], "%Y-%m-%d %H:%M:%S.%f").timestamp())
-    t = np.array(ts)
-    c = np.bincount(((t - t.min()) // BIN_S).astype(int)).astype(float)
+        stamps = [r["TIMESTAMP"].strip()[:26] for r in csv.DictReader(fh)]  # microseconds: numpy parses 6 digits
+    try:
+        t = np.array(stamps, dtype="datetime64[us]")
+    except ValueError as exc:
+        raise TraceError(f"{path}: TIMESTAMP is not a date and time ({exc})") from exc
+    if len(t) == 0:
+        raise TraceError(f"{path}: no requests")
+    c = np.bincount(((t - t.min()) // np.timedelta64(int(BIN_S * 1e6), "us")).astype(int)).astype(float)
     if len(c) > 2:  # the last bin is partial
         c = c[:-1]
     return c / c.max()

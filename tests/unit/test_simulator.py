@@ -135,6 +135,18 @@ def test_inference_traces_without_an_instance_file_are_an_error_not_zero_service
     assert w.inf is not None and len(w.inf.start_s) > 0
 
 
+@pytest.mark.parametrize("text, says", [("TIMESTAMP,ContextTokens\nyesterday,5\n", "TIMESTAMP is not a date"),
+                                         ("TIMESTAMP,ContextTokens\n", "no requests")])
+def test_a_bad_demand_profile_is_a_clear_error_naming_the_file(tmp_path, text, says):
+    trace = write_small_trace(tmp_path / "t.csv")
+    bad = tmp_path / "azure.csv"
+    bad.write_text(text)
+    inference = [str(p) for p in INFERENCE_TRACES if "azure" not in p.name] + [str(bad)]
+    with pytest.raises(TraceError) as err:
+        build_workload(str(trace), 16, inference, estimator="rule")
+    assert says in str(err.value) and str(bad) in str(err.value)
+
+
 @pytest.mark.parametrize("policy", ["exclusive-fifo", "exclusive-backfill", "lucid"])
 def test_a_long_job_running_alone_is_not_a_stall(tmp_path, policy):
     """A job running alone for longer than the stall window (nothing else left to happen) still completes."""
