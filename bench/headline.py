@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         main_shares = [0.0] if a.no_inference else (a.shares or [0.25])  # 0: no inference at all
     extra = [] if a.no_inference else [s for s in a.extra_shares if s not in main_shares]
     if a.smoke:
-        a.sizes, a.loads, a.jobs_64, a.skip_speed = [16], [1.0], 40, True
+        a.sizes, a.loads, a.jobs_64, a.skip_speed = [16], [1.0], 24, True
         extra = extra[:1]
     options = AllocatorSettings().policy_options()
     print("policy configuration = the live allocator's defaults (services/allocator/settings.py): "

@@ -267,7 +267,8 @@ class Engine:
                 q, r = divmod(k, P)
                 return q * cum[P] + cum[r] + (x - k) * ok[r]
 
-            self.slo_ok += BIN_S * (F(t / BIN_S) - F(t0 / BIN_S))
+            # integrated bin by bin: kept within the segment, so a rounding never lifts attainment past 1
+            self.slo_ok += min(t - t0, BIN_S * (F(t / BIN_S) - F(t0 / BIN_S)))
             self.slo_total += t - t0
         self.slo_seg_t[j] = t
 
