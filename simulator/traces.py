@@ -256,13 +256,15 @@ def azure_profile(path: str | Path) -> np.ndarray:
     """[P] per-``BIN_S`` request counts of an Azure LLM inference trace (``TIMESTAMP`` column), normalised to a
     peak of 1; the last, partial bin is dropped. The shape services loop (module docstring)."""
     with open(path, newline="") as fh:
-        stamps = [r["TIMESTAMP"].strip()[:26] for r in csv.DictReader(fh)]  # microseconds: numpy parses 6 digits
+        stamps = [(r["TIMESTAMP"] or "").strip()[:26] for r in csv.DictReader(fh)]  # microseconds: numpy parses 6 digits
     try:
         t = np.array(stamps, dtype="datetime64[us]")
     except ValueError as exc:
         raise TraceError(f"{path}: TIMESTAMP is not a date and time ({exc})") from exc
     if len(t) == 0:
         raise TraceError(f"{path}: no requests")
+    if np.isnat(t).any():  # an empty or "NaT" field parses without an error
+        raise TraceError(f"{path}:{int(np.argmax(np.isnat(t))) + 2}: TIMESTAMP is not a date and time")
     c = np.bincount(((t - t.min()) // np.timedelta64(int(BIN_S * 1e6), "us")).astype(int)).astype(float)
     if len(c) > 2:  # the last bin is partial
         c = c[:-1]

@@ -136,6 +136,7 @@ def test_inference_traces_without_an_instance_file_are_an_error_not_zero_service
 
 
 @pytest.mark.parametrize("text, says", [("TIMESTAMP,ContextTokens\nyesterday,5\n", "TIMESTAMP is not a date"),
+                                         ("TIMESTAMP,ContextTokens\n2023-11-16 18:17:03.97,5\n,6\n", ":3: TIMESTAMP"),
                                          ("TIMESTAMP,ContextTokens\n", "no requests")])
 def test_a_bad_demand_profile_is_a_clear_error_naming_the_file(tmp_path, text, says):
     trace = write_small_trace(tmp_path / "t.csv")
