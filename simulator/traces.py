@@ -263,8 +263,9 @@ def azure_profile(path: str | Path) -> np.ndarray:
         raise TraceError(f"{path}: TIMESTAMP is not a date and time ({exc})") from exc
     if len(t) == 0:
         raise TraceError(f"{path}: no requests")
-    if np.isnat(t).any():  # an empty or "NaT" field parses without an error
-        raise TraceError(f"{path}:{int(np.argmax(np.isnat(t))) + 2}: TIMESTAMP is not a date and time")
+    nat = np.isnat(t)  # an empty or "NaT" field parses without an error
+    if nat.any():
+        raise TraceError(f"{path}:{int(np.argmax(nat)) + 2}: TIMESTAMP is not a date and time")
     c = np.bincount(((t - t.min()) // np.timedelta64(int(BIN_S * 1e6), "us")).astype(int)).astype(float)
     if len(c) > 2:  # the last bin is partial
         c = c[:-1]
