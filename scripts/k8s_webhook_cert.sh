@@ -11,9 +11,10 @@ SVC=elastico-webhook
 DIR=$(mktemp -d)
 trap 'rm -rf "$DIR"' EXIT
 openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=elastico-webhook-ca" \
-  -keyout "$DIR/ca.key" -out "$DIR/ca.crt" 2>/dev/null
+  -addext "keyUsage=critical,keyCertSign,cRLSign" -keyout "$DIR/ca.key" -out "$DIR/ca.crt" 2>/dev/null
 openssl req -newkey rsa:2048 -nodes -subj "/CN=$SVC.$NS.svc" -keyout "$DIR/tls.key" -out "$DIR/tls.csr" 2>/dev/null
-printf 'subjectAltName=DNS:%s,DNS:%s.%s,DNS:%s.%s.svc\n' "$SVC" "$SVC" "$NS" "$SVC" "$NS" > "$DIR/ext.cnf"
+printf 'subjectAltName=DNS:%s,DNS:%s.%s,DNS:%s.%s.svc\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n' \
+  "$SVC" "$SVC" "$NS" "$SVC" "$NS" > "$DIR/ext.cnf"
 openssl x509 -req -in "$DIR/tls.csr" -CA "$DIR/ca.crt" -CAkey "$DIR/ca.key" -CAcreateserial -days 825 \
   -extfile "$DIR/ext.cnf" -out "$DIR/tls.crt" 2>/dev/null
 kubectl -n "$NS" create secret generic elastico-webhook-tls --type=kubernetes.io/tls --from-file=tls.crt="$DIR/tls.crt" \

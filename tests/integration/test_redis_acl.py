@@ -5,22 +5,16 @@ was; no password or a wrong one gets no access; rediss:// with a CA from the URL
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from elastico import redis_acl
+from elastico import pki, redis_acl
 from elastico.domain import GpuSlice, JobState, Placement, Shape, StateReason, Workload
 from elastico.errors import Unavailable
 from elastico.redis_embedded import EmbeddedRedis
@@ -190,31 +184,7 @@ def test_rules_refuse_names_that_would_widen_a_key_pattern():
 
 # --- rediss:// ----------------------------------------------------------------------------------------
 
-def _tls_files(d: Path) -> tuple[Path, Path, Path]:
-    """A throwaway CA and a server certificate for 127.0.0.1, as PEM files."""
-    now = datetime.datetime.now(datetime.UTC)
-
-    def cert(subject: str, key, issuer: str, issuer_key, ca: bool) -> x509.Certificate:
-        b = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-             .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)])).public_key(key.public_key())
-             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-             .not_valid_after(now + datetime.timedelta(days=1))
-             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-        if not ca:
-            b = b.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        return b.sign(issuer_key, hashes.SHA256())
-
-    ca_key, srv_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca = cert("test-ca", ca_key, "test-ca", ca_key, True)
-    paths = d / "ca.pem", d / "server.pem", d / "server.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert("redis", srv_key, "test-ca", ca_key, False).public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(srv_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
-    return paths
-
-
-async def _tls_front(cert: Path, key: Path, port: int) -> asyncio.Server:
+async def _tls_front(cert: str, key: str, port: int) -> asyncio.Server:
     """A TLS endpoint on a free loopback port relaying each connection to the plain Redis on ``port`` (the
     embedded binaries are built without TLS; what is under test is the client side)."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -240,7 +210,8 @@ async def _tls_front(cert: Path, key: Path, port: int) -> asyncio.Server:
 async def test_rediss_url_with_the_ca_in_its_query_reaches_a_tls_redis(server, tmp_path):
     """redis-py takes ``?ssl_ca_certs=`` from a rediss:// URL: RedisStore and the predictor's log need no setting;
     without the CA (system CAs only) the certificate is refused as Unavailable."""
-    ca, cert, key = _tls_files(tmp_path)
+    issued = pki.throwaway(tmp_path / "pki", ["redis"])["redis"]  # make up's CA and certificates
+    ca, cert, key = issued.ca_file, issued.cert_file, issued.key_file
     front = await _tls_front(cert, key, server.port)
     tls_port = front.sockets[0].getsockname()[1]
 
