@@ -21,6 +21,8 @@ MODEL_SRC := services/predictor/features.py services/predictor/datasets.py $(wil
 all: protos
 
 $(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else f"ElastiCo needs Python 3.11 or newer; $(PYTHON) is {v.major}.{v.minor}: run make <target> PYTHON=python3.11 (or newer)")'
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || rm -rf $(VENV)  # a venv of an older Python
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
