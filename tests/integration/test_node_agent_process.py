@@ -272,8 +272,9 @@ async def test_mps_env_rates_and_restart_readoption(agent):
 
 
 # the simulated MPS daemon finds its clients among the agent's own uid's processes (mps.find_clients), so its
-# fault injection needs workloads of the agent's uid
-@pytest.mark.parametrize("workload_env", [ROOT_WORKLOADS], ids=["root-workloads"])
+# fault injection needs workloads of the agent's uid: root's when the tests run as root, else the default (an
+# agent not running as root runs workloads as itself)
+@pytest.mark.parametrize("workload_env", [ROOT_WORKLOADS if os.getuid() == 0 else {}], ids=["agent-uid-workloads"])
 async def test_mps_fault_drains_gpu_and_reports_victims(agent):
     a, store = agent
     epoch = await registered(store)
