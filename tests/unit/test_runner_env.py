@@ -46,6 +46,8 @@ def _environ(pid: int) -> dict[str, str]:
 
 @pytest.fixture
 def runner(monkeypatch):
+    for k in [k for k in os.environ if k.startswith("LC_") or k == "LANGUAGE"]:  # the caller's locale would pass too
+        monkeypatch.delenv(k)
     for k, v in {**SECRETS, **PASSED}.items():
         monkeypatch.setenv(k, v)
     with reachable_dir() as d:  # a root agent's workloads run as nobody, who must enter the state dir
