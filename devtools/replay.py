@@ -166,6 +166,7 @@ class Observed:
     first_start: dict[int, float] = field(default_factory=dict)
     completed: dict[int, float] = field(default_factory=dict)
     terminal: dict[int, int] = field(default_factory=dict)  # index -> final JobState
+    why_not_succeeded: dict[int, str] = field(default_factory=dict)  # index -> "reason: message" of a job ended otherwise
     restarts: dict[int, int] = field(default_factory=dict)
     samples: list[tuple[float, float, float]] = field(default_factory=list)  # (t, allocated fraction, effective fraction)
     work_at: tuple[float, float] | None = None  # (t, isolated GPU-seconds done) at the first sample after the last arrival
@@ -530,6 +531,8 @@ class Replay:
                 self.obs.restarts[i] = job.restarts
                 if job.state.terminal:
                     self.obs.terminal[i] = state_to_pb(job.state)
+                    if job.state is not d.JobState.SUCCEEDED:
+                        self.obs.why_not_succeeded[i] = f"{job.state.name} {job.reason.name}: {job.message}"
             listed = [j.job_id for j in self._calls(timeout=10).list(page_size=1000)]
             mine = [x for x in listed if x in self._by_id]
             if len(mine) != len(set(mine)) or len(set(mine)) != len(self.obs.job_ids):

@@ -55,7 +55,8 @@ def _agents(state: dict) -> list[str]:
 def _check(obs, jobs) -> None:
     assert obs.violations == []
     assert len(obs.job_ids) == len(jobs) and len(set(obs.job_ids.values())) == len(jobs)
-    assert {i: tpb.JobState.Name(s) for i, s in obs.terminal.items()} == {j.index: "JOB_STATE_SUCCEEDED" for j in jobs}
+    assert {i: tpb.JobState.Name(s) for i, s in obs.terminal.items()} == {j.index: "JOB_STATE_SUCCEEDED" for j in jobs}, \
+        obs.why_not_succeeded
     assert obs.samples and obs.max_share_seen > 0  # the checks did look at a loaded cluster
 
 
