@@ -166,7 +166,7 @@ class Observed:
     first_start: dict[int, float] = field(default_factory=dict)
     completed: dict[int, float] = field(default_factory=dict)
     terminal: dict[int, int] = field(default_factory=dict)  # index -> final JobState
-    why_not_succeeded: dict[int, str] = field(default_factory=dict)  # index -> "reason: message" of a job ended otherwise
+    why_not_succeeded: dict[int, str] = field(default_factory=dict)  # index -> "STATE REASON: message" of a job that ended otherwise
     restarts: dict[int, int] = field(default_factory=dict)
     samples: list[tuple[float, float, float]] = field(default_factory=list)  # (t, allocated fraction, effective fraction)
     work_at: tuple[float, float] | None = None  # (t, isolated GPU-seconds done) at the first sample after the last arrival
