@@ -5,10 +5,11 @@ Workload of a cell (size, inference share F, load): the first ``--jobs-64`` / ``
 Philly-derived trace, arrivals rescaled so the training offered load, counted against the GPUs static
 allocation leaves to training, is ``load``; inference services from the Alibaba 2025 instances, drawn
 until they hold F of the GPUs at peak under static allocation, with Azure LLM demand and Alibaba 2023
-latency-sensitive pod sizes (``simulator/traces.py``). The headline share is the trace's own: the share
-of requested GPU-time latency-sensitive pods hold in the Alibaba 2023 ``openb`` pod list, computed here
-from the file (``--shares`` overrides it). It runs at every load of ``--loads``; the other shares of the
-sweep (``--extra-shares``) at the loads of ``--extra-loads`` only (fewer points, to fit the run time).
+latency-sensitive pod sizes (``simulator/traces.py``; ``--inference-trace`` runs another mix). The headline
+share is the trace's own: the share of requested GPU-time latency-sensitive pods hold in the Alibaba 2023
+``openb`` pod list, computed here from the file (``--shares`` overrides it). It runs at every load of
+``--loads``; the other shares of the sweep (``--extra-shares``) at the loads of ``--extra-loads`` only (fewer
+points, to fit the run time).
 
 The policies run with the live allocator's configuration (``services/allocator/settings.py`` defaults,
 printed): what is measured is what ``make up`` runs.
@@ -60,7 +61,7 @@ from simulator.engine import SimConfig
 from simulator.metrics import throughput_ceiling
 from simulator.report import Section, markdown_table, table, write_html, write_outputs, write_work_plot
 from simulator.run import build_workload, run_policies
-from simulator.traces import TraceError, ls_gpu_share
+from simulator.traces import TraceError, load_inference, ls_gpu_share
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 PODS = DATA / "alibaba2023_openb_pod_list_default.csv"
@@ -271,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redraw-types", dest="redraw_seed", type=int, default=None, metavar="SEED",
                     help="deal the trace's jobs (type, model, batch size, steps, duration) out again over its rows "
                          "with this seed (>= 0), arrivals and GPU counts kept: a job-type draw nothing was tuned on")
+    ap.add_argument("--inference-trace", nargs="+", default=None, metavar="CSV",
+                    help="inference traces instead of the four of data/traces (python -m simulator's files: one "
+                         "instance file, any Azure profiles and pod list); the headline share still comes from the "
+                         "openb pod list unless --shares is given")
     ap.add_argument("--no-inference", action="store_true", help="training only (no shares to sweep)")
     ap.add_argument("--no-ablations", action="store_true", help="skip the ElastiCo ablations")
     ap.add_argument("--estimator", choices=["auto", "predictor", "rule"], default="auto")
@@ -283,7 +288,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.redraw_seed is not None and a.redraw_seed < 0:
         ap.error(f"--redraw-types must be >= 0, got {a.redraw_seed}")
     t0 = time.perf_counter()
-    inf = None if a.no_inference else [str(p) for p in INFERENCE if p.exists()]
+    if a.inference_trace and a.no_inference:
+        ap.error("--inference-trace and --no-inference exclude each other")
+    if a.inference_trace:
+        missing = [p for p in a.inference_trace if not Path(p).is_file()]
+        if missing:
+            ap.error(f"--inference-trace: no such file: {', '.join(missing)}")
+        try:  # the files' kinds, and an instance file among them, before any cell starts
+            load_inference(a.inference_trace, 64, 1.0, a.seed)
+        except (TraceError, OSError, KeyError, ValueError) as exc:
+            ap.error(f"--inference-trace: {exc}")
+    inf = None if a.no_inference else (a.inference_trace or [str(p) for p in INFERENCE if p.exists()])
     if a.shares is None and inf and PODS.exists():
         try:
             pods = ls_gpu_share(PODS)
@@ -299,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.smoke:
         a.sizes, a.loads, a.jobs_64, a.skip_speed = [16], [1.0], 24, True
         extra = extra[:1]
+    if inf:
+        print(f"inference traces: {', '.join(Path(p).name for p in inf)}", flush=True)
     options = AllocatorSettings().policy_options()
     print("policy configuration = the live allocator's defaults (services/allocator/settings.py): "
           + ", ".join(f"{k}={v}" for k, v in options.items()) + f"; tenants per GPU {AllocatorSettings.max_tenants}", flush=True)

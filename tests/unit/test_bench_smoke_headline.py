@@ -218,3 +218,20 @@ def test_a_negative_redraw_seed_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as ex:
         main(["--redraw-types", "-1", "--smoke"])
     assert ex.value.code == 2 and "--redraw-types must be >= 0" in capsys.readouterr().err
+
+
+def test_inference_traces_must_exist_and_include_an_instance_file(capsys, tmp_path):
+    from bench.headline import DATA, main
+    with pytest.raises(SystemExit) as ex:
+        main(["--inference-trace", str(tmp_path / "nope.csv"), "--smoke"])
+    assert ex.value.code == 2 and "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as ex:  # demand profiles alone: no services to shape
+        main(["--inference-trace", str(DATA / "azure2023_llm_inference_conv.csv"), "--smoke"])
+    err = capsys.readouterr().err
+    assert ex.value.code == 2 and "instance_sn" in err, err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(SystemExit) as ex:
+        main(["--inference-trace", str(bad), "--smoke"])
+    err = capsys.readouterr().err
+    assert ex.value.code == 2 and "bad.csv" in err and "unrecognised" in err, err
