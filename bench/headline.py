@@ -272,11 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redraw-types", dest="redraw_seed", type=int, default=None, metavar="SEED",
                     help="deal the trace's jobs (type, model, batch size, steps, duration) out again over its rows "
                          "with this seed (>= 0), arrivals and GPU counts kept: a job-type draw nothing was tuned on")
-    ap.add_argument("--inference-trace", nargs="+", default=None, metavar="CSV",
-                    help="inference traces instead of the four of data/traces (python -m simulator's files: one "
-                         "instance file, any Azure profiles and pod list); the headline share still comes from the "
-                         "openb pod list unless --shares is given")
-    ap.add_argument("--no-inference", action="store_true", help="training only (no shares to sweep)")
+    mix = ap.add_mutually_exclusive_group()
+    mix.add_argument("--inference-trace", nargs="+", default=None, metavar="CSV",
+                     help="inference traces instead of the four of data/traces (python -m simulator's files: one "
+                          "instance file, any Azure profiles and pod list); the headline share still comes from the "
+                          "openb pod list unless --shares is given")
+    mix.add_argument("--no-inference", action="store_true", help="training only (no shares to sweep)")
     ap.add_argument("--no-ablations", action="store_true", help="skip the ElastiCo ablations")
     ap.add_argument("--estimator", choices=["auto", "predictor", "rule"], default="auto")
     ap.add_argument("--workers", type=int, default=2, help="cells simulated in parallel (default 2)")
@@ -288,8 +289,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.redraw_seed is not None and a.redraw_seed < 0:
         ap.error(f"--redraw-types must be >= 0, got {a.redraw_seed}")
     t0 = time.perf_counter()
-    if a.inference_trace and a.no_inference:
-        ap.error("--inference-trace and --no-inference exclude each other")
     if a.inference_trace:
         missing = [p for p in a.inference_trace if not Path(p).is_file()]
         if missing:
