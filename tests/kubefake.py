@@ -37,6 +37,8 @@ from typing import Any
 
 from aiohttp import web
 
+from elastico.tasks import cancel_until_done, wait_event
+
 FAKE_READY = True
 HISTORY = 2000  # watch events kept; a watch from an older resourceVersion gets 410 Expired
 
@@ -48,9 +50,7 @@ def now_iso() -> str:
 async def cancel(task: asyncio.Task | None) -> None:
     """Cancel a background loop and wait until it has ended."""
     if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_until_done([task])
 
 
 def status_body(code: int, reason: str, message: str, details: dict | None = None) -> dict:
@@ -295,7 +295,8 @@ class FakeKube:
                 while not (v := cond()):
                     await self.changed.wait()
                 return v
-        return await asyncio.wait_for(loop(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await loop()
 
     # ------------------------------------------------------------------ internals
     async def _write(self, obj: dict, kind: str) -> None:
@@ -355,8 +356,7 @@ class FakeKube:
                     return resp
                 async with self.changed:
                     if not any(rv > sent for rv, _, _ in self.history):
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self.changed.wait(), left)
+                        await wait_event(self.changed, left)
         except (ConnectionResetError, asyncio.CancelledError):
             return resp
 
@@ -610,8 +610,7 @@ class FakeKubelet:
                     await self._kill_all(uid)
                     self.running.pop(uid, None)
             async with self.kube.changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.kube.changed.wait(), 0.05)
+                await wait_event(self.kube.changed, 0.05)
 
     async def _sync(self, pod: dict) -> None:
         uid, ns, name = pod["metadata"]["uid"], pod["metadata"]["namespace"], pod["metadata"]["name"]
@@ -721,7 +720,8 @@ class FakeKubelet:
         await self._kill_all(uid, signal.SIGTERM)
         procs = [c.proc for c in self.running.get(uid, {}).values() if c.proc is not None]
         try:
-            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs)), max(grace, 0.01))
+            async with asyncio.timeout(max(grace, 0.01)):
+                await asyncio.gather(*(p.wait() for p in procs))
         except TimeoutError:
             await self._kill_all(uid, signal.SIGKILL)
             await asyncio.gather(*(p.wait() for p in procs))
@@ -776,5 +776,4 @@ class FakeReplicaSet:
         while True:
             await self._fill()
             async with self.kube.changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.kube.changed.wait(), 0.1)
+                await wait_event(self.kube.changed, 0.1)

@@ -266,7 +266,8 @@ class MemoryStore(StoreBase):
         async with self._lock:
             if len(self._events) <= after and block_s > 0:
                 try:
-                    await asyncio.wait_for(self._event_cond.wait_for(lambda: len(self._events) > after), block_s)
+                    async with asyncio.timeout(block_s):
+                        await self._event_cond.wait_for(lambda: len(self._events) > after)
                 except TimeoutError:
                     return []
             return [event_from_fields(f"{n}-0", f) for n, f in self._events[after:after + limit]]

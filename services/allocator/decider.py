@@ -213,8 +213,9 @@ class ProcessDecider:
             return await asyncio.to_thread(local), None
         self.start()
         try:
-            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
-                self._pool, _decide_in_worker, spec, view, tuple(rows), decide), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._pool, _decide_in_worker, spec, view, tuple(rows), decide)
         except TimeoutError:
             self.timeouts += 1
             log.error(f"decide worker process gave no answer in {self.timeout_s:g}s: killed, this round decides "

@@ -15,6 +15,7 @@ import time
 from elastico.errors import Unavailable
 from elastico.logging import get_logger
 from elastico.state.store import Store
+from elastico.tasks import cancel_until_done
 
 log = get_logger(component="leader")
 
@@ -91,9 +92,7 @@ class LeaderLease:
     async def stop(self) -> None:
         """Stop renewing and hand the lease back so a standby takes over at once."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_until_done([self._task])
         if self._epoch is not None:
             with contextlib.suppress(Unavailable):
                 await self._store.release_leadership(self.holder)

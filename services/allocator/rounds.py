@@ -55,7 +55,7 @@ from elastico.errors import Conflict, ElasticoError, StaleEpoch, Unavailable, Wr
 from elastico.logging import get_logger
 from elastico.state.store import Store
 from elastico.state.transaction import PreparedUpdates
-from elastico.tasks import cancel_until_done
+from elastico.tasks import cancel_until_done, wait_event
 from services.allocator import reasons, triggers
 from services.allocator.clients import AgentNudger, GrpcSolver, PredictorClient, pool_names
 from services.allocator.decider import Decided, PolicySpec, ProcessDecider, run_policy
@@ -201,8 +201,7 @@ class Scheduler:
     async def run(self) -> None:
         """Forever: wait for a trigger (or the interval), then run a round if leading."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.s.round_interval_s)
+            await wait_event(self._wake, self.s.round_interval_s)
             if self.s.round_min_gap_s:
                 await asyncio.sleep(self.s.round_min_gap_s)  # let a burst of events share one round
             self._wake.clear()

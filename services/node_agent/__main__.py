@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from elastico.logging import get_logger
 from elastico.rpc.security import Access, ClientTLS, PeerPolicy, certificate_name, roles
 from elastico.rpc.server import ServiceBinding, run_main
 from elastico.state.redis_store import RedisStore
+from elastico.tasks import cancel_until_done
 from elastico.v1 import node_agent_pb2, node_agent_pb2_grpc
 from services.node_agent.gpu import make_backend
 from services.node_agent.liveness import StoreFence
@@ -97,11 +97,7 @@ def build(settings: NodeAgentSettings):
 
         async def cleanup() -> None:
             async with reconciler.between_passes():  # the loops stop between two passes, not in the middle of one
-                for task in tasks:
-                    task.cancel()
-                for task in tasks:
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                await cancel_until_done(tasks)
             if settings.stop_workloads_on_exit:
                 await reconciler.stop_all()
             await reconciler.aclose()

@@ -76,6 +76,7 @@ from elastico.errors import NotFound, Unavailable
 from elastico.logging import get_logger
 from elastico.state import codec
 from elastico.state.store import Store
+from elastico.tasks import wait_event
 from services.node_agent.coloc import ColocationTruth
 from services.node_agent.gpu import GpuBackend
 from services.node_agent.measure import MeasureStep
@@ -201,10 +202,7 @@ class Reconciler(MeasureStep):
                 log.warning("reconcile skipped: store unavailable", error=str(exc))
             except Exception:  # noqa: BLE001 - the loop must survive any single bad pass
                 log.exception("reconcile pass failed")
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=interval_s)
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, interval_s)
 
     async def reconcile(self, min_generation: int = 0, deadline_s: float | None = None) -> SyncResult:
         """One pass; with ``min_generation`` first wait (until ``deadline_s``, at most ``MAX_SYNC_WAIT_S``) for

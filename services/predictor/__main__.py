@@ -8,12 +8,12 @@ observations, writing each retrained model to the state dir, never over the ship
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 
 from elastico.logging import get_logger
 from elastico.rpc.security import Access, PeerPolicy, roles
 from elastico.rpc.server import ServiceBinding, run_main
+from elastico.tasks import cancel_until_done
 from elastico.v1 import predictor_pb2, predictor_pb2_grpc
 from services.predictor import observations as obslog
 from services.predictor.servicer import PredictorServicer, load_or_train
@@ -41,9 +41,7 @@ def build(settings: PredictorSettings):
 
         async def cleanup() -> None:
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_until_done([task])
             await log_store.close()
 
         binding = ServiceBinding(predictor_pb2.DESCRIPTOR.services_by_name["Predictor"].full_name, servicer,

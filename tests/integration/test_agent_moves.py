@@ -34,6 +34,7 @@ from elastico.domain import (
     placement_id,
 )
 from elastico.state.memory import MemoryStore
+from elastico.tasks import cancel_until_done
 from services.node_agent.mps import SimulatedMps
 from services.node_agent.reconcile import Reconciler
 from services.node_agent.runner import kill_tagged, proc_start_ticks
@@ -410,8 +411,28 @@ async def test_a_workload_s_end_is_reported_at_once_not_at_the_next_interval(clu
         assert w is not None and w.status == "succeeded", w
         assert time.monotonic() - t0 < 3.0  # the command's second, and the pass its end triggered
     finally:
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
+        await cancel_until_done([loop])
+
+
+async def test_the_loop_stops_when_a_nudge_arrives_with_the_cancel(cluster):
+    """A workload's end nudges the loop while the agent shuts down: the loop still ends on the one cancel (on Python
+    3.11 an asyncio.wait_for around the nudge dropped it, and the agent's exit waited forever)."""
+    agent = cluster["agents"]["n1"]
+    passed = asyncio.Event()
+    reconcile = agent.reconcile
+
+    async def counted(*args, **kwargs):
+        try:
+            return await reconcile(*args, **kwargs)
+        finally:
+            passed.set()
+    agent.reconcile = counted
+    loop = asyncio.create_task(agent.run_forever(30.0))
+    await passed.wait()  # the first pass is over: the loop waits for a nudge
+    agent.nudge()
+    loop.cancel()
+    done, _ = await asyncio.wait([loop], timeout=2.0)
+    assert loop in done and loop.cancelled()
 
 
 async def test_desired_state_with_ids_that_are_not_path_safe_writes_nothing_outside_the_state_dir(cluster):

@@ -152,7 +152,8 @@ async def test_a_stream_step_that_loses_a_cancel_still_ends_at_the_drain():
     await asyncio.sleep(0.05)
     started = time.monotonic()
     stop.set()
-    assert await asyncio.wait_for(task, 2.0) == [1]
+    async with asyncio.timeout(2.0):
+        assert await task == [1]
     assert len(cancels) == 2 and time.monotonic() - started < 0.5
 
 

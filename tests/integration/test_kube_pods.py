@@ -30,6 +30,7 @@ import pytest
 from elastico.domain import POD_UID_LABEL, JobState, StateReason, label
 from elastico.rpc import convert
 from elastico.state.redis_store import RedisStore
+from elastico.tasks import cancel_until_done
 from elastico.v1 import allocator_pb2 as apb
 from elastico.v1 import allocator_pb2_grpc
 from elastico.v1 import types_pb2 as tpb
@@ -142,9 +143,7 @@ async def suite(redis_server) -> AsyncIterator[dict]:
                 yield {"fake": fake, "kubelet": kubelet, "store": store, "reconciler": reconciler, "root": root,
                        "stub": allocator_pb2_grpc.AllocatorStub(channel)}
             finally:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await cancel_until_done(tasks)
                 await reconciler.aclose()
                 await channel.close()
                 kube_api.close()

@@ -359,7 +359,8 @@ async def test_a_tenant_watch_sees_only_its_jobs(api):
     await asyncio.sleep(0.3)  # the watch starts from the stream's end
     theirs = await submit(a)
     mine = await submit(b)
-    await asyncio.wait_for(read(), 10)
+    async with asyncio.timeout(10):
+        await read()
     watch.cancel()
     assert mine.job_id in seen and theirs.job_id not in seen
 

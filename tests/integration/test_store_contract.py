@@ -159,7 +159,8 @@ async def test_blocking_read_wakes_on_new_event(store):
     reader = asyncio.create_task(store.read_events(last, block_s=3.0))
     await asyncio.sleep(0.1)
     job, _ = await store.create_job(make_job())
-    events = await asyncio.wait_for(reader, 5)
+    async with asyncio.timeout(5):
+        events = await reader
     assert [e.job_id for e in events] == [job.job_id]
 
 
