@@ -372,6 +372,7 @@ class ReloadingStub:
 
     def __init__(self, tls: ClientTLS, address: str, stub_class: type) -> None:
         self._tls, self._address, self._stub_class = tls, address, stub_class
+        self._retiring: set[asyncio.Task] = set()  # old channels' closes (the loop holds tasks only weakly)
         self._connect()
 
     def _connect(self) -> None:
@@ -383,7 +384,9 @@ class ReloadingStub:
         if self._tls.files is not None and self._tls.stamp() != self._stamp:
             old = self._channel
             self._connect()
-            asyncio.get_running_loop().create_task(old.close(grace=30.0))
+            task = asyncio.get_running_loop().create_task(old.close(grace=30.0))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
         return getattr(self._stub, name)
 
     async def close(self, grace: float | None = None) -> None:

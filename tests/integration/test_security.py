@@ -146,10 +146,16 @@ async def test_a_long_lived_client_presents_its_rotated_certificate(certs, price
                          pricer_pb2_grpc.PricerStub)
     try:
         assert await code_of(stub.ComputeAllocation(pricer_pb2.ComputeAllocationRequest(), timeout=5)) is grpc.StatusCode.UNAVAILABLE
+        old = stub._channel
         for src, dst in ((certs["operator"].cert_file, "c.crt"), (certs["operator"].key_file, "c.key")):
             shutil.copy(src, live / f"{dst}.tmp")
             (live / f"{dst}.tmp").replace(live / dst)
         assert await code_of(stub.ComputeAllocation(pricer_pb2.ComputeAllocationRequest(), timeout=5)) is grpc.StatusCode.INVALID_ARGUMENT
+        for _ in range(100):  # the old channel is closed in the background, its calls having ended
+            if old.get_state() is grpc.ChannelConnectivity.SHUTDOWN and not stub._retiring:
+                break
+            await asyncio.sleep(0.05)
+        assert old.get_state() is grpc.ChannelConnectivity.SHUTDOWN and not stub._retiring
     finally:
         await stub.close()
 
