@@ -570,6 +570,7 @@ class FakeKubelet:
         self._task: asyncio.Task | None = None
         self._cgroups: list[Path] = []
         self._stopping: set[str] = set()
+        self._terminating: set[asyncio.Task] = set()  # held: the loop keeps only weak references to tasks
 
     async def start(self) -> None:
         self.overlay.mkdir(parents=True, exist_ok=True)
@@ -577,6 +578,7 @@ class FakeKubelet:
 
     async def stop(self) -> None:
         await cancel(self._task)
+        await cancel_until_done(self._terminating)
         for conts in self.running.values():
             for c in conts.values():
                 if c.proc is not None and c.proc.returncode is None:
@@ -618,7 +620,9 @@ class FakeKubelet:
         if pod["metadata"].get("deletionTimestamp"):
             if uid not in self._stopping:
                 self._stopping.add(uid)
-                asyncio.create_task(self._terminate(pod))
+                task = asyncio.create_task(self._terminate(pod))
+                self._terminating.add(task)
+                task.add_done_callback(self._terminating.discard)
             return
         if phase in ("Succeeded", "Failed"):
             return
