@@ -90,6 +90,18 @@ async def test_jobs_are_placed_started_and_completed_from_agent_reports(store):
         assert (await store.get_desired(n))[1] == {}
 
 
+async def test_the_round_loop_stops_when_a_wake_up_arrives_with_the_cancel(store):
+    """A wake-up (an arrival) and the cancel of ``Scheduler.close()`` land together: the loop ends on the one cancel
+    (on Python 3.11 an asyncio.wait_for around the wake-up dropped it, and the loop outlived close)."""
+    sch = Scheduler(store, settings(round_interval_s=30.0, round_min_gap_s=0.0), LeaderLease(store, "a", ttl_s=30))
+    loop = asyncio.create_task(sch.run())
+    await asyncio.sleep(0.05)  # not leading: the loop waits for the next wake-up
+    sch.wake("arrival")
+    loop.cancel()
+    done, _ = await asyncio.wait([loop], timeout=2.0)
+    assert loop in done and loop.cancelled()
+
+
 async def test_cotenant_fault_requeues_with_progress_and_is_placed_again(store):
     await heartbeat(store, "n1", gpus=1)
     lease, epoch = await leader(store, "a")
