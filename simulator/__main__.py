@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-floor", type=_ranged(0.0, 1.0, lo_open=True), default=None,
                     help=f"ElastiCo: min fraction of isolated speed (default: the policy's, {FLOOR})")
     ap.add_argument("--work-weight", type=_ranged(0.0, 1.0), default=None,
-                    help="ElastiCo's objective knob (ELASTICO_WORK_WEIGHT): 0 = JCT first (the default), "
-                         "1 = the most work per hour")
+                    help="ElastiCo's objective knob (ELASTICO_WORK_WEIGHT): 0 = JCT first, "
+                         "1 = the most work per hour (default: the policy's, 0.5)")
     ap.add_argument("--estimator", choices=["auto", "predictor", "rule"], default="auto",
                     help="what the policies see as interference: the trained predictor, the utilisation rule, "
                          "or auto (predictor if models/interference.json loads)")

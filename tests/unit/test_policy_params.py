@@ -147,11 +147,11 @@ def test_allocator_settings_check_the_policy_options_naming_the_variable(env, va
 
 
 def test_the_objective_knob_reaches_the_live_policy():
-    """ELASTICO_WORK_WEIGHT configures the policy the allocator builds (its default: the policy's own, 0)."""
+    """ELASTICO_WORK_WEIGHT configures the policy the allocator builds (its default: the policy's own, 0.5)."""
     base = ALLOCATOR_ENV
-    assert AllocatorSettings.from_env(base).policy_options()["work_weight"] == ElastiCoParams().work_weight == 0.0
-    opts = AllocatorSettings.from_env({**base, "ELASTICO_WORK_WEIGHT": "0.5"}).policy_options()
-    assert make_policy("elastico", np.zeros((4, 4)), 0.9, **opts).params.work_weight == 0.5
+    assert AllocatorSettings.from_env(base).policy_options()["work_weight"] == ElastiCoParams().work_weight == 0.5
+    opts = AllocatorSettings.from_env({**base, "ELASTICO_WORK_WEIGHT": "0"}).policy_options()
+    assert make_policy("elastico", np.zeros((4, 4)), 0.9, **opts).params.work_weight == 0.0
 
 
 def test_unlimited_training_reaches_the_live_policy_and_is_on_by_default():

@@ -13,7 +13,7 @@ measurements behind them: ``docs/results.md`` (its ElastiCo sections and "Measur
    ``weight = priority x (1 + waiting_s / age_scale_s) / (1 + num_gpus ** gang_exponent x remaining_s /
    size_scale_gpu_s)``: shortest remaining GPU-work first (a gang needs all its GPUs at once), and an ageing
    term without bound (no starvation); least attained service without runtime estimates. ``work_weight``
-   (the objective knob, 0 by default) mixes that size term with the requested GPUs: at 1 the utility is the
+   (the objective knob, 0.5 by default) mixes that size term with the requested GPUs: at 1 the utility is the
    job's rate of work (GPUs x speed), and the round does the most work it can. The pricer core
    chooses "one shape or wait per job" within free share and tenant slots; prices are warm-started and
    re-solved at most every ``reprice_interval_s`` (jobs best-respond to the posted ones in between).

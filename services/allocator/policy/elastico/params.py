@@ -29,8 +29,9 @@ class ElastiCoParams(PolicyParams):
     size_scale_gpu_s: float = option(3600.0, 0.0, lo_open=True)  # remaining GPU-seconds that halve a job's weight
     gang_exponent: float = option(1.5, 0.0)  # the size term counts a job's GPUs as num_gpus ** this
     # the objective knob: 0 weighs a job by its size term (JCT first), 1 by its requested GPUs (its work per
-    # unit of speed: work done first); between, the geometric mix size_term ** (1 - w) x num_gpus ** w
-    work_weight: float = option(0.0, 0.0, 1.0)
+    # unit of speed: work done first); between, the geometric mix size_term ** (1 - w) x num_gpus ** w. The
+    # default, halfway, keeps the JCT lead and widens the thin work/h and utilisation leads (docs/results.md)
+    work_weight: float = option(0.5, 0.0, 1.0)
     max_candidates: int = option(256, 1)  # queued jobs priced per round at most
     price_depth: float = option(4.0, 0.0, lo_open=True)  # priced queue head: minimal demand up to this x the free share
     pricing: bool = option(True)  # shadow prices choose the shapes; False = each job its best shape (ablation)
