@@ -55,7 +55,9 @@ class ElastiCoParams(PolicyParams):
     # --- 6. elastic expand (GPU-count shapes) ------------------------------------------------------------
     elastic_gpus: bool = option(True)  # GPU-count shapes: grow gangs onto idle GPUs, give them back
     shrink_gpus: bool = option(True)  # also offer queued jobs shapes on halvings of their gang (needs elastic_gpus)
-    min_count_speed: float = option(0.25, 0.0, 1.0, lo_open=True)  # a shrunk gang keeps at least this of its isolated speed
+    # a shrunk gang keeps at least this of its isolated speed; 0.125 lets a linearly scaling gang take every offered
+    # halving down to an eighth (docs/results.md: the work it adds at load 2)
+    min_count_speed: float = option(0.125, 0.0, 1.0, lo_open=True)
     keep_heavy_growth: bool = option(True)  # give back only grown gangs lighter than a waiting job
     defrag_moves: int = option(4, 0)  # jobs moved per round at most to clear nodes for shrunk gangs (0 = off)
     expand_gain: float = option(4.0, 0.0)  # expand only if the predicted saving exceeds this x restart_s
