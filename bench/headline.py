@@ -158,6 +158,18 @@ def work_target(cell: dict) -> float:
     return f + TARGET_GAP * (cell["ceiling"]["work_gpu_h_per_h"] - f)
 
 
+def empty_window(cell: dict) -> None:
+    """Raise TraceError when the cell's loaded period (up to its last training arrival) admits no finished job or no
+    work: a ceiling of 0 leaves no jobs/h, work/h or utilisation figure or target to read off the cell."""
+    c, r = cell["ceiling"], cell["results"][0]
+    if min(c["jobs_per_h_loaded"], c["work_gpu_h_per_h"], c["eff_util"]) > 0:
+        return
+    raise TraceError(f"{cell['gpus']} GPUs, share {cell['share']:.2f}, load {cell['load']:g}: the loaded period (up to "
+                     f"the last of {len(r.arrival_s)} training arrivals) is {r.window_end_s:.0f} s, too short for any "
+                     f"job to finish in it (ceilings: {c['jobs_per_h_loaded']:.3f} jobs/h, {c['work_gpu_h_per_h']:.2f} "
+                     f"work/h); use more jobs (--jobs-64 / --jobs-512)")
+
+
 def evaluate(cell: dict) -> tuple[list[str], list[tuple[str, bool]]]:
     """Leader lines and PASS/FAIL checks of one cell."""
     by = {s["policy"]: s for s in cell["sums"]}
@@ -339,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         for futures in submit_cells(pool, specs, common):
             try:
                 cell = gather_cell(futures)
+                empty_window(cell)
             except (TraceError, OSError) as exc:
+                pool.shutdown(wait=False, cancel_futures=True)
                 ap.error(str(exc))
             lines, checks = evaluate(cell)
             print("\n" + cell["head"])

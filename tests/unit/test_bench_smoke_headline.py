@@ -235,3 +235,25 @@ def test_inference_traces_must_exist_and_include_an_instance_file(capsys, tmp_pa
         main(["--inference-trace", str(bad), "--smoke"])
     err = capsys.readouterr().err
     assert ex.value.code == 2 and "bad.csv" in err and "unrecognised" in err, err
+
+
+def test_a_loaded_period_no_job_can_finish_in_is_refused_with_the_option_to_change():
+    """The trace's first 14 rows arrive within seconds: at 16 GPUs their loaded period admits no finished job, so the
+    ceilings are 0 and the bench refuses the cell (naming --jobs-64) instead of dividing by them."""
+    from types import SimpleNamespace
+
+    from bench.headline import DATA, INFERENCE, empty_window
+    from simulator.metrics import throughput_ceiling
+    from simulator.run import build_workload
+    from simulator.traces import TraceError
+
+    def cell(n: int) -> dict:
+        w = build_workload(str(DATA / "gavel_philly_vc_traces_seed0.csv"), 16, [str(p) for p in INFERENCE], 0, 1.0,
+                           None, n, inference_fraction=0.8, estimator="rule")
+        end = float(w.train.arrival_s.max())
+        return {"gpus": 16, "share": 0.8, "load": 1.0, "ceiling": throughput_ceiling(w.train, w.types, end, 16, w.inf),
+                "results": [SimpleNamespace(arrival_s=w.train.arrival_s, window_end_s=end)]}
+
+    with pytest.raises(TraceError, match=r"last of 14 training arrivals.*--jobs-64"):
+        empty_window(cell(14))
+    empty_window(cell(24))  # the smoke's workload: a loaded period of about 1,900 h
