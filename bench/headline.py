@@ -57,6 +57,7 @@ import numpy as np
 
 from services.allocator.policy import POLICY_NAMES, RuleEstimator
 from services.allocator.settings import AllocatorSettings
+from simulator.args import ranged
 from simulator.engine import SimConfig
 from simulator.metrics import throughput_ceiling
 from simulator.report import Section, markdown_table, table, write_html, write_outputs, write_work_plot
@@ -270,18 +271,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", default=str(DATA / "gavel_philly_vc_traces_seed0.csv"), help="training trace CSV")
     ap.add_argument("--pairs", default=None, metavar="CSV",
                     help="measured pairs used as ground truth (coloc_gavel_pairs.csv schema; default: data/'s)")
-    ap.add_argument("--sizes", type=int, nargs="+", default=[64, 512], help="cluster sizes (default 64 512)")
-    ap.add_argument("--node-gpus", type=int, default=8, help="GPUs per node (default 8)")
-    ap.add_argument("--shares", type=float, nargs="+", default=None,
+    ap.add_argument("--sizes", type=ranged(1, cast=int), nargs="+", default=[64, 512], help="cluster sizes (default 64 512)")
+    ap.add_argument("--node-gpus", type=ranged(1, cast=int), default=8, help="GPUs per node (default 8)")
+    ap.add_argument("--shares", type=ranged(0.0, 1.0, lo_open=True), nargs="+", default=None,
                     help="headline inference share(s) (default: the trace-derived one)")
-    ap.add_argument("--loads", type=float, nargs="+", default=[1.0, 2.0], help="loads at the headline share")
-    ap.add_argument("--extra-shares", type=float, nargs="*", default=[0.25, 0.5, 0.75],
+    ap.add_argument("--loads", type=ranged(0.0, lo_open=True), nargs="+", default=[1.0, 2.0], help="loads at the headline share")
+    ap.add_argument("--extra-shares", type=ranged(0.0, 1.0, lo_open=True), nargs="*", default=[0.25, 0.5, 0.75],
                     help="the sweep's other inference shares (default 0.25 0.5 0.75)")
-    ap.add_argument("--extra-loads", type=float, nargs="*", default=[1.0], help="loads at the other shares (default 1)")
-    ap.add_argument("--jobs-64", type=int, default=400, help="training jobs at <= 64 GPUs (default 400)")
-    ap.add_argument("--jobs-512", type=int, default=2000, help="training jobs above 64 GPUs (default 2000)")
+    ap.add_argument("--extra-loads", type=ranged(0.0, lo_open=True), nargs="*", default=[1.0], help="loads at the other shares (default 1)")
+    ap.add_argument("--jobs-64", type=ranged(1, cast=int), default=400, help="training jobs at <= 64 GPUs (default 400)")
+    ap.add_argument("--jobs-512", type=ranged(1, cast=int), default=2000, help="training jobs above 64 GPUs (default 2000)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the inference services' draw and demand")
-    ap.add_argument("--redraw-types", dest="redraw_seed", type=int, default=None, metavar="SEED",
+    ap.add_argument("--redraw-types", dest="redraw_seed", type=ranged(0, cast=int), default=None, metavar="SEED",
                     help="deal the trace's jobs (type, model, batch size, steps, duration) out again over its rows "
                          "with this seed (>= 0), arrivals and GPU counts kept: a job-type draw nothing was tuned on")
     mix = ap.add_mutually_exclusive_group()
@@ -292,14 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     mix.add_argument("--no-inference", action="store_true", help="training only (no shares to sweep)")
     ap.add_argument("--no-ablations", action="store_true", help="skip the ElastiCo ablations")
     ap.add_argument("--estimator", choices=["auto", "predictor", "rule"], default="auto")
-    ap.add_argument("--workers", type=int, default=2, help="cells simulated in parallel (default 2)")
+    ap.add_argument("--workers", type=ranged(1, cast=int), default=2, help="cells simulated in parallel (default 2)")
     ap.add_argument("--out", default="out/headline", help="folder for JSON and plots (default out/headline)")
     ap.add_argument("--smoke", action="store_true", help="tiny run (< 60 s) exercising the whole path")
     ap.add_argument("--skip-speed", action="store_true",
                     help=f"skip the speed target (ElastiCo on the whole trace at 512 GPUs in <= {TARGET_FULL_TRACE_S:.0f} s)")
     a = ap.parse_args(argv)
-    if a.redraw_seed is not None and a.redraw_seed < 0:
-        ap.error(f"--redraw-types must be >= 0, got {a.redraw_seed}")
     t0 = time.perf_counter()
     if a.inference_trace:
         missing = [p for p in a.inference_trace if not Path(p).is_file()]
@@ -347,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     cells, misses, report = [], [], {}
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=max(1, a.workers), mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=a.workers, mp_context=ctx) as pool:
         for futures in submit_cells(pool, specs, common):
             try:
                 cell = gather_cell(futures)

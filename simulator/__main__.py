@@ -9,25 +9,13 @@ from pathlib import Path
 
 from elastico.coloc.profiles import campaign_tables, default_campaign_dir
 from services.allocator.policy import POLICY_NAMES, ElastiCoParams
+from simulator.args import ranged
 from simulator.engine import SimConfig
 from simulator.report import table, write_outputs
 from simulator.run import build_workload, run_policies
 from simulator.traces import TraceError
 
 FLOOR = ElastiCoParams().train_floor
-
-
-def _ranged(lo: float, hi: float = float("inf"), cast=float, lo_open: bool = False):
-    """argparse type: a number in [lo, hi] ((lo, hi] with ``lo_open``), else a usage error naming the range."""
-    def parse(text: str):
-        try:
-            x = cast(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a {cast.__name__}: {text!r}") from None
-        if not ((x > lo if lo_open else x >= lo) and x <= hi):
-            raise argparse.ArgumentTypeError(f"must be in {'(' if lo_open else '['}{lo}, {hi}], got {text}")
-        return x
-    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,31 +32,31 @@ def main(argv: list[str] | None = None) -> int:
                     help="a GPU campaign's derived tables (python3 -m bench.gpu_campaign.derive): they add its GPU "
                          "type's job types, pairs and training+inference pairs to the ground truth (default: "
                          "data/h200 when a GPU session has committed tables there, else none)")
-    ap.add_argument("--gpus", type=_ranged(1, cast=int), default=64, help="cluster size (default 64)")
-    ap.add_argument("--node-gpus", type=_ranged(1, cast=int), default=8,
+    ap.add_argument("--gpus", type=ranged(1, cast=int), default=64, help="cluster size (default 64)")
+    ap.add_argument("--node-gpus", type=ranged(1, cast=int), default=8,
                     help="GPUs per node (default 8): a gang that fits one node runs inside one, a larger one takes "
                          "whole nodes plus at most one partial node")
     ap.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated policy names (default: all)")
     ap.add_argument("--out", default="out/sim", help="folder for summary.json, jct_cdf.png, utilisation.png and report.html (default out/sim)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the inference services' sampling and demand")
-    ap.add_argument("--load", type=_ranged(0.0, lo_open=True), default=None,
+    ap.add_argument("--load", type=ranged(0.0, lo_open=True), default=None,
                     help="target training offered load, counted against the GPUs static allocation leaves to training "
                          "(rescales arrivals)")
     ap.add_argument("--window", type=float, nargs=2, metavar=("START", "END"), default=None,
                     help="keep training jobs arriving in [START, END) seconds of the trace")
-    ap.add_argument("--redraw-types", dest="redraw_seed", type=_ranged(0, cast=int), default=None, metavar="SEED",
+    ap.add_argument("--redraw-types", dest="redraw_seed", type=ranged(0, cast=int), default=None, metavar="SEED",
                     help="deal the trace's jobs (type, model, batch size, steps, duration) out again over its rows "
                          "with this seed, arrivals and GPU counts kept: a job-type draw nothing was tuned on")
-    ap.add_argument("--max-jobs", type=_ranged(1, cast=int), default=None, help="keep the first N jobs (after --window)")
-    ap.add_argument("--inference-fraction", type=_ranged(0.0, 1.0, lo_open=True), default=0.25,
+    ap.add_argument("--max-jobs", type=ranged(1, cast=int), default=None, help="keep the first N jobs (after --window)")
+    ap.add_argument("--inference-fraction", type=ranged(0.0, 1.0, lo_open=True), default=0.25,
                     help="share of GPUs inference would hold at peak under static allocation (default 0.25)")
-    ap.add_argument("--restart-s", type=_ranged(0.0), default=60.0,
+    ap.add_argument("--restart-s", type=ranged(0.0), default=60.0,
                     help="cost of each preemption/resize (checkpoint + relaunch), seconds (default 60)")
-    ap.add_argument("--round-interval-s", type=_ranged(0.0, lo_open=True), default=300.0,
+    ap.add_argument("--round-interval-s", type=ranged(0.0, lo_open=True), default=300.0,
                     help="scheduling round period, seconds (default 300; rounds also run on arrivals/completions)")
-    ap.add_argument("--train-floor", type=_ranged(0.0, 1.0, lo_open=True), default=None,
+    ap.add_argument("--train-floor", type=ranged(0.0, 1.0, lo_open=True), default=None,
                     help=f"ElastiCo: min fraction of isolated speed (default: the policy's, {FLOOR})")
-    ap.add_argument("--work-weight", type=_ranged(0.0, 1.0), default=None,
+    ap.add_argument("--work-weight", type=ranged(0.0, 1.0), default=None,
                     help="ElastiCo's objective knob (ELASTICO_WORK_WEIGHT): 0 = JCT first, "
                          "1 = the most work per hour (default: the policy's, 0.5)")
     ap.add_argument("--estimator", choices=["auto", "predictor", "rule"], default="auto",
