@@ -54,8 +54,9 @@ from pathlib import Path
 import numpy as np
 
 from devtools import cluster
+from simulator.args import ranged
 from simulator.engine import Engine
-from simulator.traces import BIN_S
+from simulator.traces import BIN_S, TraceError
 
 TRACE = "data/traces/gavel_philly_vc_traces_seed0.csv"
 TRACE_DIR = Path("data/traces")
@@ -325,6 +326,11 @@ def _rel(a: float, b: float) -> float:
     return (a - b) / b if b else math.nan
 
 
+def _x(a: dict, b: dict, key: str) -> str:
+    """``a[key] / b[key]`` as a ratio, n/a where ``b[key]`` is 0."""
+    return f"{a[key] / b[key]:.2f}x" if b[key] else "n/a"
+
+
 def _ms(x: float) -> str:
     return "inf" if math.isinf(x) else ("n/a" if math.isnan(x) else f"{x:.0f}")
 
@@ -372,9 +378,8 @@ def print_report(policies, sims, lives, svc_defs, svc_sim, svc_live) -> list[tup
             if rs is None:
                 continue
             a, b = rs[0], rs[1]
-            print(f"  {src:<4}  avg JCT {a['avg_jct_h'] / b['avg_jct_h']:.2f}x   work/h "
-                  f"{a['work_gpu_h_per_h'] / b['work_gpu_h_per_h']:.2f}x   effective utilisation "
-                  f"{a['eff_util'] / b['eff_util']:.2f}x   allocated {a['alloc_util'] / b['alloc_util']:.2f}x")
+            print(f"  {src:<4}  avg JCT {_x(a, b, 'avg_jct_h')}   work/h {_x(a, b, 'work_gpu_h_per_h')}   effective "
+                  f"utilisation {_x(a, b, 'eff_util')}   allocated {_x(a, b, 'alloc_util')}")
     print("\n== inference services (SLO: mean latency per minute within the SLO; p99 over the run, model time; "
           "sim p99 = M/M/1)")
     print(f"{'service':<22} {'policy':<16} {'SLO ms':>7} {'live SLO':>9} {'sim SLO':>8} {'live p99':>9} {'sim p99':>8} "
@@ -457,18 +462,18 @@ def write_summary(path: Path, policies, sims, lives, svc_defs, svc_sim, svc_live
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", type=int, default=2)
-    ap.add_argument("--gpus-per-node", type=int, default=4)
+    ap.add_argument("--nodes", type=ranged(1, cast=int), default=2)
+    ap.add_argument("--gpus-per-node", type=ranged(1, cast=int), default=4)
     ap.add_argument("--trace", default=TRACE)
     ap.add_argument("--window", type=float, nargs=2, default=DEFAULT_WINDOW, metavar=("START_S", "END_S"),
                     help="trace arrival window, seconds of the original trace")
-    ap.add_argument("--jobs", type=int, default=DEFAULT_JOBS)
+    ap.add_argument("--jobs", type=ranged(1, cast=int), default=DEFAULT_JOBS)
     ap.add_argument("--services", default=DEFAULT_SERVICES,
                     help="inference services, profile:peak_load:phase_bin,... (profiles: code, conv)")
-    ap.add_argument("--mu-full", type=float, default=MU_FULL, help="requests per model second of one whole GPU")
-    ap.add_argument("--time-scale", type=float, default=200.0, help="trace seconds per wall second")
+    ap.add_argument("--mu-full", type=ranged(0.0, lo_open=True), default=MU_FULL, help="requests per model second of one whole GPU")
+    ap.add_argument("--time-scale", type=ranged(0.0, lo_open=True), default=200.0, help="trace seconds per wall second")
     ap.add_argument("--policies", default="elastico,exclusive-fifo")
-    ap.add_argument("--timeout-s", type=float, default=90.0, help="per live run, wall seconds")
+    ap.add_argument("--timeout-s", type=ranged(0.0, lo_open=True), default=90.0, help="per live run, wall seconds")
     ap.add_argument("--sim-only", action="store_true", help="skip the live runs (simulator rows only)")
     ap.add_argument("--out", default=str(OUT_DIR), help="directory of the plots")
     ap.add_argument("--seed", type=int, default=0, help="seeds the services' arrivals")
@@ -484,14 +489,18 @@ def main(argv: list[str] | None = None) -> int:
     slo_factor = float(live_opts.get("slo_factor", 10.0))
     try:
         svc_defs = parse_services(a.services, slo_factor)
-        if not (a.time_scale > 0 and a.mu_full > 0):
-            raise ValueError("--time-scale and --mu-full must be > 0")
     except ValueError as exc:
         ap.error(str(exc))
     gpus = a.nodes * a.gpus_per_node
     policies = [p.strip() for p in a.policies.split(",") if p.strip()]
-    w = build_workload(a.trace, gpus, window=tuple(a.window), max_jobs=a.jobs, estimator="rule")
+    try:
+        w = build_workload(a.trace, gpus, window=tuple(a.window), max_jobs=a.jobs, estimator="rule")
+    except (TraceError, OSError) as exc:
+        ap.error(str(exc))
     end_s = float(w.train.arrival_s.max())
+    if end_s <= 0:
+        ap.error(f"the {len(w.train.arrival_s)} training jobs of --window {a.window[0]:g} {a.window[1]:g} all arrive at "
+                 f"once: no loaded period to measure work/h or utilisation in; widen --window")
     w.inf = build_services(svc_defs, end_s)
     cfg = SimConfig(gpus=gpus, node_gpus=a.gpus_per_node, round_interval_s=300.0, slo_factor=slo_factor,
                     forecast_window_s=float(getattr(settings, "forecast_window_s", 3600.0)))

@@ -230,3 +230,18 @@ def test_live_trace_jobs_declare_only_their_requested_gpu_count() -> None:
     assert len(jobs) == demo.DEFAULT_JOBS
     for j in jobs:
         assert {s.num_gpus for s in j.spec.shapes} == {j.num_gpus}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "0"], "argument --nodes: must be in [1, inf], got 0"),
+    (["--gpus-per-node", "0"], "argument --gpus-per-node: must be in [1, inf], got 0"),
+    (["--jobs", "0"], "argument --jobs: must be in [1, inf], got 0"),
+    (["--time-scale", "0"], "argument --time-scale: must be in (0.0, inf], got 0"),
+    (["--trace", "/no/such/trace.csv"], "/no/such/trace.csv"),
+    (["--window", "0", "1"], "all arrive at once"),  # one burst of arrivals: no loaded period to divide by
+])
+def test_bad_arguments_are_usage_errors_naming_what_is_wrong(tmp_path, capsys, args, message) -> None:
+    with pytest.raises(SystemExit) as ex:
+        demo.main(["--sim-only", "--out", str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert ex.value.code == 2 and message in err, err
