@@ -55,9 +55,9 @@ from pathlib import Path
 
 import numpy as np
 
+from elastico.argtypes import ranged
 from services.allocator.policy import POLICY_NAMES, RuleEstimator
 from services.allocator.settings import AllocatorSettings
-from simulator.args import ranged
 from simulator.engine import SimConfig
 from simulator.metrics import throughput_ceiling
 from simulator.report import Section, markdown_table, table, write_html, write_outputs, write_work_plot

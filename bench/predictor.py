@@ -30,6 +30,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from elastico.argtypes import ranged
 from services.predictor import datasets as D
 from services.predictor.datasets import ProfileCatalog
 from services.predictor.evaluate import check_targets, cross_validate, format_table
@@ -112,7 +113,7 @@ def _pct(xs: Sequence[float], q: float) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.predictor", description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="quick run (< 20 s), reduced model")
-    ap.add_argument("--folds", type=int, default=None, help="CV folds (default 10; 3 with --smoke)")
+    ap.add_argument("--folds", type=ranged(2, cast=int), default=None, help="CV folds (default 10; 3 with --smoke)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target FAILs")
     args = ap.parse_args(argv)

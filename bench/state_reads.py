@@ -22,6 +22,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
+from elastico.argtypes import ranged
 from elastico.domain import (
     GpuInfo,
     GpuSlice,
@@ -132,7 +133,7 @@ async def bench(finished: int, active: int, calls: int) -> dict[str, tuple[float
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.state_reads", description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="reduced sizes for CI (seconds); the target is not judged")
-    ap.add_argument("--active", type=int, default=None, help="active jobs (default 1,000; smoke 100)")
+    ap.add_argument("--active", type=ranged(0, cast=int), default=None, help="active jobs (default 1,000; smoke 100)")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     finished, calls = (2_000, 30) if a.smoke else (10_000, 200)
     active = a.active if a.active is not None else (100 if a.smoke else 1_000)

@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from devtools import cluster
-from simulator.args import ranged
+from elastico.argtypes import ranged
 from simulator.engine import Engine
 from simulator.traces import BIN_S, TraceError
 

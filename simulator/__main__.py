@@ -7,9 +7,9 @@ import sys
 import time
 from pathlib import Path
 
+from elastico.argtypes import ranged
 from elastico.coloc.profiles import campaign_tables, default_campaign_dir
 from services.allocator.policy import POLICY_NAMES, ElastiCoParams
-from simulator.args import ranged
 from simulator.engine import SimConfig
 from simulator.report import table, write_outputs
 from simulator.run import build_workload, run_policies

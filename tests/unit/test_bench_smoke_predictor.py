@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -73,3 +75,11 @@ def test_predictor_bench_smoke() -> None:
     listed = re.findall(r"^FAIL  (?:gavel|latency): (.*?)(?: \(smoke\))?$", summary, re.M)
     assert [t.split(" (")[0] for t in listed] == [t.split(" (")[0] for t in fails], (listed, fails)
     assert elapsed < 60, elapsed  # budget 20 s on an idle machine; generous for a busy CI box
+
+
+def test_fewer_than_two_folds_is_a_usage_error(capsys):
+    from bench.predictor import main
+    with pytest.raises(SystemExit) as ex:
+        main(["--smoke", "--folds", "1"])
+    err = capsys.readouterr().err
+    assert ex.value.code == 2 and "argument --folds: must be in [2, inf], got 1" in err, err

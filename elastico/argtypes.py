@@ -1,4 +1,4 @@
-"""Command-line argument types shared by ``python -m simulator`` and the benchmarks built on it."""
+"""Command-line argument types shared by the project's commands (python -m simulator, the benchmarks, make demo)."""
 
 from __future__ import annotations
 
