@@ -59,7 +59,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastico.coloc.profiles import TraceError, TypeTable
+from elastico.coloc.profiles import TraceError, TypeTable, csv_text
 from services.allocator.policy.forecast import BIN_S as FORECAST_BIN_S
 from services.allocator.policy.inference import slo_margin
 
@@ -154,7 +154,7 @@ def load_training(path: str | Path, types: TypeTable, gpus: float, window: tuple
     ``gpus`` is the capacity the offered load is counted against (the training GPUs, module docstring);
     ``redraw_seed``: the job columns dealt out again first (:func:`redraw_job_types`).
     """
-    with open(path, newline="") as fh:
+    with csv_text(path) as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in TRAINING_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
@@ -223,7 +223,7 @@ def ls_gpu_share(path: str | Path) -> dict:
         TraceError: the file lacks a needed column or holds no GPU request.
     """
     need = ("num_gpu", "gpu_milli", "qos", "scheduled_time", "deletion_time")
-    with open(path, newline="") as fh:
+    with csv_text(path) as fh:
         rows = csv.DictReader(fh)
         missing = [c for c in need if c not in (rows.fieldnames or [])]
         if missing:
@@ -255,7 +255,7 @@ def static_inference_gpus(inf: InferenceServices | None, span_s: float) -> float
 def azure_profile(path: str | Path) -> np.ndarray:
     """[P] per-``BIN_S`` request counts of an Azure LLM inference trace (``TIMESTAMP`` column), normalised to a
     peak of 1; the last, partial bin is dropped. The shape services loop (module docstring)."""
-    with open(path, newline="") as fh:
+    with csv_text(path) as fh:
         stamps = [(r["TIMESTAMP"] or "").strip()[:26] for r in csv.DictReader(fh)]  # microseconds: numpy parses 6 digits
     try:
         t = np.array(stamps, dtype="datetime64[us]")
@@ -273,8 +273,8 @@ def azure_profile(path: str | Path) -> np.ndarray:
 
 
 def _header(path: Path) -> list[str]:
-    with open(path, newline="") as fh:
-        return next(csv.reader(fh))
+    with csv_text(path) as fh:
+        return next(csv.reader(fh), [])  # (an empty file: no header, an unrecognised one)
 
 
 def load_inference(paths: list[str | Path], gpus: int, span_s: float, seed: int,
@@ -287,13 +287,13 @@ def load_inference(paths: list[str | Path], gpus: int, span_s: float, seed: int,
     for p in map(Path, paths):
         h = _header(p)
         if "instance_sn" in h:
-            with open(p, newline="") as fh:
+            with csv_text(p) as fh:
                 inst = list(csv.DictReader(fh))
         elif "TIMESTAMP" in h:
             profs.append(azure_profile(p))
             names.append(p.stem)
         elif "gpu_milli" in h:
-            with open(p, newline="") as fh:
+            with csv_text(p) as fh:
                 need = np.array([int(r["gpu_milli"]) / 1000.0 for r in csv.DictReader(fh)
                                  if r["qos"] == "LS" and r["num_gpu"] == "1" and int(r["gpu_milli"]) > 0])
         else:

@@ -41,6 +41,7 @@ This module is pure (csv + numpy + scipy), no gRPC or Redis.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,15 @@ import numpy as np
 class TraceError(ValueError):
     """A trace or measured-data file that cannot be read as documented (the message names the file, line
     and column)."""
+
+
+def csv_text(path: str | Path) -> io.StringIO:
+    """The text of a CSV file, for :mod:`csv` (as ``open(path, newline="")`` gives it): a file that is not UTF-8
+    text is a :class:`TraceError` naming it, not a decoding error deep inside a reader."""
+    try:
+        return io.StringIO(Path(path).read_text(encoding="utf-8"), newline="")
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
 
 
 #: Project data folder (``data/`` at the repository root).
@@ -118,7 +128,7 @@ class TypeTable:
 
 
 def _read(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as fh:
+    with csv_text(path) as fh:
         return list(csv.DictReader(fh))
 
 
@@ -142,7 +152,7 @@ class CampaignTables:
         """
         path = self.path(table)
         try:
-            with open(path, newline="") as fh:
+            with csv_text(path) as fh:
                 reader = csv.DictReader(fh)
                 missing = [c for c in CAMPAIGN_COLUMNS[table] if c not in (reader.fieldnames or [])]
                 if missing:

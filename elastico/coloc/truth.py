@@ -52,6 +52,7 @@ from elastico.coloc.profiles import (
     at_full_shares,
     campaign_number,
     campaign_tables,
+    csv_text,
     default_campaign_dir,
     load_type_table,
 )
@@ -86,7 +87,7 @@ class GroundTruth:
         self.matrix = np.full((T, T), np.nan)  # [T, T] measured normalised throughput, NaN = rule
         measured: list[tuple[str, str, float, float]] = []
         path = Path(data_dir) / pairs_file  # an absolute ``pairs_file`` replaces ``data_dir``
-        with open(path, newline="") as fh:
+        with csv_text(path) as fh:
             rows = csv.DictReader(fh)
             missing = [c for c in PAIR_COLUMNS if c not in (rows.fieldnames or [])]
             if missing:

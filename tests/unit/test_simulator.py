@@ -135,6 +135,26 @@ def test_inference_traces_without_an_instance_file_are_an_error_not_zero_service
     assert w.inf is not None and len(w.inf.start_s) > 0
 
 
+@pytest.mark.parametrize("role", ["trace", "inference", "pairs"])
+def test_a_file_that_is_not_utf8_text_is_a_trace_error_naming_it(tmp_path, role):
+    """Binary junk given as the training trace, an inference trace or the measured pairs: a TraceError naming the
+    file (the commands turn it into a usage error), never a decoding error from inside the csv reader."""
+    trace = write_small_trace(tmp_path / "t.csv")
+    junk = tmp_path / "junk.csv"
+    junk.write_bytes(b"\xff\xfe\x00\x81 not text")
+    args = {"trace": (str(junk), None, None), "inference": (str(trace), [str(INFERENCE_TRACES[0]), str(junk)], None),
+            "pairs": (str(trace), None, str(junk))}[role]
+    with pytest.raises(TraceError, match=r"junk\.csv: not a UTF-8 text file \(byte 0"):
+        build_workload(args[0], 16, args[1], estimator="rule", pairs=args[2])
+
+
+def test_an_empty_inference_file_is_an_unrecognised_one(tmp_path):
+    trace = write_small_trace(tmp_path / "t.csv")
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(TraceError, match=r"empty\.csv: unrecognised inference trace header"):
+        build_workload(str(trace), 16, [str(INFERENCE_TRACES[0]), str(tmp_path / "empty.csv")], estimator="rule")
+
+
 @pytest.mark.parametrize("text, says", [("TIMESTAMP,ContextTokens\nyesterday,5\n", "TIMESTAMP is not a date"),
                                          ("TIMESTAMP,ContextTokens\n2023-11-16 18:17:03.97,5\n,6\n", ":3: TIMESTAMP"),
                                          ("TIMESTAMP,ContextTokens\n", "no requests")])
