@@ -25,4 +25,4 @@ def test_a_negative_job_count_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as ex:
         main(["--smoke", "--active", "-5"])
     err = capsys.readouterr().err
-    assert ex.value.code == 2 and "argument --active: must be in [0, inf], got -5" in err, err
+    assert ex.value.code == 2 and "argument --active: must be a finite number in [0, inf), got -5" in err, err

@@ -218,7 +218,7 @@ def test_a_negative_redraw_seed_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as ex:
         main(["--redraw-types", "-1", "--smoke"])
     err = capsys.readouterr().err
-    assert ex.value.code == 2 and "--redraw-types: must be in [0, inf], got -1" in err, err
+    assert ex.value.code == 2 and "--redraw-types: must be a finite number in [0, inf), got -1" in err, err
 
 
 @pytest.mark.parametrize("args, named", [(["--sizes", "0"], "--sizes"), (["--node-gpus", "0"], "--node-gpus"),
@@ -230,7 +230,7 @@ def test_out_of_range_numbers_are_usage_errors_naming_the_option(capsys, args, n
     with pytest.raises(SystemExit) as ex:
         main([*args, "--smoke"])
     err = capsys.readouterr().err
-    assert ex.value.code == 2 and f"argument {named}: must be in" in err, err
+    assert ex.value.code == 2 and f"argument {named}: must be a finite number in" in err, err
 
 
 def test_inference_traces_must_exist_and_include_an_instance_file(capsys, tmp_path):

@@ -82,4 +82,4 @@ def test_fewer_than_two_folds_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as ex:
         main(["--smoke", "--folds", "1"])
     err = capsys.readouterr().err
-    assert ex.value.code == 2 and "argument --folds: must be in [2, inf], got 1" in err, err
+    assert ex.value.code == 2 and "argument --folds: must be a finite number in [2, inf), got 1" in err, err

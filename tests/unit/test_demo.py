@@ -233,10 +233,10 @@ def test_live_trace_jobs_declare_only_their_requested_gpu_count() -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--nodes", "0"], "argument --nodes: must be in [1, inf], got 0"),
-    (["--gpus-per-node", "0"], "argument --gpus-per-node: must be in [1, inf], got 0"),
-    (["--jobs", "0"], "argument --jobs: must be in [1, inf], got 0"),
-    (["--time-scale", "0"], "argument --time-scale: must be in (0.0, inf], got 0"),
+    (["--nodes", "0"], "argument --nodes: must be a finite number in [1, inf), got 0"),
+    (["--gpus-per-node", "0"], "argument --gpus-per-node: must be a finite number in [1, inf), got 0"),
+    (["--jobs", "0"], "argument --jobs: must be a finite number in [1, inf), got 0"),
+    (["--time-scale", "0"], "argument --time-scale: must be a finite number in (0.0, inf), got 0"),
     (["--trace", "/no/such/trace.csv"], "/no/such/trace.csv"),
     (["--window", "0", "1"], "all arrive at once"),  # one burst of arrivals: no loaded period to divide by
 ])

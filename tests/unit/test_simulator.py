@@ -202,11 +202,13 @@ def test_cli_reports_bad_trace_without_traceback(tmp_path, capsys):
     assert ex.value.code == 2 and "missing column(s) num_gpus" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag, value, says", [("--gpus", "0", "--gpus: must be in [1"),
-                                               ("--load", "-1", "--load: must be in (0.0"),
-                                               ("--inference-fraction", "2", "--inference-fraction: must be in"),
-                                               ("--train-floor", "0", "--train-floor: must be in (0.0, 1.0]"),
-                                               ("--work-weight", "1.5", "--work-weight: must be in [0.0, 1.0]")])
+@pytest.mark.parametrize("flag, value, says", [("--gpus", "0", "--gpus: must be a finite number in [1"),
+                                               ("--load", "-1", "--load: must be a finite number in (0.0"),
+                                               ("--inference-fraction", "2", "--inference-fraction: must be a finite number in"),
+                                               ("--train-floor", "0", "--train-floor: must be a finite number in (0.0, 1.0]"),
+                                               ("--work-weight", "1.5", "--work-weight: must be a finite number in [0.0, 1.0]"),
+                                               ("--load", "nan", "--load: must be a finite number in (0.0, inf), got nan"),
+                                               ("--load", "inf", "--load: must be a finite number in (0.0, inf), got inf")])
 def test_cli_rejects_out_of_range_options(tmp_path, capsys, flag, value, says):
     from simulator.__main__ import main
 
