@@ -192,6 +192,18 @@ def _train_eff(j: TraceJob, n_run: int, frac: float) -> float:
     return j.solo_util * min(frac / cs, 1.0) * peff if cs > 0 else 0.0
 
 
+def work_done_gpu_s(jobs: dict[int, TraceJob], steps: dict[int, float], completed: set[int]) -> float:
+    """Isolated GPU-seconds of work the training jobs have done: a completed job its whole duration, any other the
+    most progress its workloads have shown (``steps``), so that one relaunched, or finished but not yet reported
+    complete, at the moment of reading keeps the work it did."""
+    done = 0.0
+    for i in completed | steps.keys():
+        j = jobs[i]
+        ran = j.duration_s if i in completed else min(j.duration_s, steps[i] / j.rate if j.rate > 0 else 0.0)
+        done += j.num_gpus * ran
+    return done
+
+
 class Replay:
     """Drives one replay against an allocator and its node agents (all through gRPC)."""
 
@@ -231,6 +243,7 @@ class Replay:
         # (job, placement) -> recent (t, steps) samples: rates are read over a trailing window, as progress reaches
         # the agents in steps of the workloads' progress-file writes
         self._progress: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        self._steps: dict[int, float] = {}  # training job -> the most progress any of its workloads has shown, steps
         self._lock = threading.Lock()
 
     # --- threads ------------------------------------------------------------------------------------
@@ -289,8 +302,6 @@ class Replay:
             share_run: dict[tuple[str, int], float] = {}
             running_where: dict[str, dict[str, str]] = {}
             endpoints: dict[str, str] = {}
-            done_gpu_s = 0.0
-            seen_running: set[int] = set()
             for node_name, workloads in zip(self.agents, lists, strict=True):
                 for w in workloads:
                     if w.status not in ("starting", "running"):
@@ -324,9 +335,7 @@ class Replay:
                         frac = max(0.0, (w.progress_steps - prev[1]) / ((t - prev[0]) * j.rate * self.scale))
                     for gi in w.gpu_indices:
                         eff[(node_name, gi)] = eff.get((node_name, gi), 0.0) + _train_eff(j, len(w.gpu_indices), frac)
-                    if i not in seen_running:
-                        seen_running.add(i)
-                        done_gpu_s += j.num_gpus * min(j.duration_s, w.progress_steps / j.rate if j.rate > 0 else 0.0)
+                    self._steps[i] = max(self._steps.get(i, 0.0), w.progress_steps)
             with self._lock:
                 self._endpoints = endpoints
             for key, sh in share_run.items():
@@ -342,8 +351,7 @@ class Replay:
             G = max(len(gpus), 1)
             self.obs.samples.append((t, alloc / G, sum(min(1.0, v) for v in eff.values()) / G))
             if self.obs.work_at is None and t >= window_end:
-                done_gpu_s += sum(info[i].num_gpus * info[i].duration_s for i in list(self.obs.completed))
-                self.obs.work_at = (t, done_gpu_s)
+                self.obs.work_at = (t, work_done_gpu_s(info, self._steps, set(self.obs.completed)))
 
     def _overlap(self, agents: list[NodeAgentClient], job_id: str, where: dict[str, str]) -> bool:
         """Whether a job seen running on several nodes in one sample did run on two at one instant. The agents

@@ -245,3 +245,19 @@ def test_bad_arguments_are_usage_errors_naming_what_is_wrong(tmp_path, capsys, a
         demo.main(["--sim-only", "--out", str(tmp_path), *args])
     err = capsys.readouterr().err
     assert ex.value.code == 2 and message in err, err
+
+
+def test_work_done_keeps_what_a_relaunched_or_just_finished_job_did() -> None:
+    """The live work snapshot counts a completed job whole and any other at the most progress it has shown: a job
+    read while relaunched (its new workload starting lower) or between its workload's exit and its completion
+    event keeps the work it did, as the simulator's progress does."""
+    from types import SimpleNamespace
+
+    from devtools.replay import work_done_gpu_s
+
+    jobs = {i: SimpleNamespace(num_gpus=n, duration_s=1000.0, rate=2.0) for i, n in ((0, 1), (1, 2), (2, 1), (3, 4))}
+    # job 0 completed; job 1 half done (1,000 steps of 2,000); job 2 beyond its duration (capped); job 3 never ran
+    assert work_done_gpu_s(jobs, {1: 1000.0, 2: 5000.0}, {0}) == pytest.approx(1000.0 + 2 * 500.0 + 1000.0)
+    # completed and also seen running: counted once, whole
+    assert work_done_gpu_s(jobs, {0: 10.0}, {0}) == pytest.approx(1000.0)
+    assert work_done_gpu_s(jobs, {}, set()) == 0.0
